@@ -1,0 +1,184 @@
+package delta
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+)
+
+// Kind names what an [Op] does.
+type Kind string
+
+// The op kinds of CONTRACT section 1.
+const (
+	Set       Kind = "set"
+	Remove    Kind = "remove"
+	Increment Kind = "increment"
+)
+
+// MaxOps is the most ops one delta may carry.
+const MaxOps = 1000
+
+// Op is one validated operation of a delta.
+type Op struct {
+	Kind Kind
+	// Path is the op's JSON Pointer as written by the producer.
+	Path string
+	// Tokens is Path split and unescaped (~1 is "/", ~0 is "~"); never empty.
+	Tokens []string
+	// Value is the JSON value of a set op.
+	Value json.RawMessage
+	// By is the amount of an increment op, as the producer wrote it.
+	By json.Number
+}
+
+// OpError says which op of a delta is malformed and why.
+type OpError struct {
+	Index  int    // position in the ops array; -1 for the array itself
+	Field  string // "ops", "op", "path", "value" or "by"
+	Reason string
+}
+
+func (e *OpError) Error() string {
+	if e.Index < 0 {
+		return fmt.Sprintf("%s: %s", e.Field, e.Reason)
+	}
+	return fmt.Sprintf("ops[%d].%s: %s", e.Index, e.Field, e.Reason)
+}
+
+// ParseOps decodes and validates the ops array of a delta: 1 to [MaxOps]
+// ops, each a known kind with a valid, non-root JSON Pointer and the operand
+// its kind requires. Errors are *[OpError].
+func ParseOps(raw json.RawMessage) ([]Op, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return nil, &OpError{Index: -1, Field: "ops", Reason: "required for a delta"}
+	}
+	if raw[0] != '[' {
+		return nil, &OpError{Index: -1, Field: "ops", Reason: "must be an array"}
+	}
+	var wire []json.RawMessage
+	if err := json.Unmarshal(raw, &wire); err != nil {
+		return nil, &OpError{Index: -1, Field: "ops", Reason: "must be an array of op objects"}
+	}
+	if len(wire) == 0 {
+		return nil, &OpError{Index: -1, Field: "ops", Reason: "must hold at least 1 op"}
+	}
+	if len(wire) > MaxOps {
+		return nil, &OpError{Index: -1, Field: "ops", Reason: fmt.Sprintf("holds %d ops, at most %d allowed", len(wire), MaxOps)}
+	}
+	ops := make([]Op, len(wire))
+	for i, w := range wire {
+		op, err := parseOp(i, w)
+		if err != nil {
+			return nil, err
+		}
+		ops[i] = op
+	}
+	return ops, nil
+}
+
+func parseOp(i int, raw json.RawMessage) (Op, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || raw[0] != '{' {
+		return Op{}, &OpError{Index: i, Field: "op", Reason: "each op must be a JSON object"}
+	}
+	// A map, not a struct: encoding/json matches struct fields without
+	// regard to case, which would let an unknown member such as "PATH"
+	// override "path".
+	var w map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &w); err != nil {
+		return Op{}, &OpError{Index: i, Field: "op", Reason: "malformed op: " + err.Error()}
+	}
+	kind, ok, err := stringMember(w, "op")
+	if err != nil {
+		return Op{}, &OpError{Index: i, Field: "op", Reason: "must be the string set, remove or increment"}
+	}
+	if !ok {
+		return Op{}, &OpError{Index: i, Field: "op", Reason: "required (set, remove or increment)"}
+	}
+	path, ok, err := stringMember(w, "path")
+	if err != nil {
+		return Op{}, &OpError{Index: i, Field: "path", Reason: "must be a JSON Pointer string"}
+	}
+	if !ok {
+		return Op{}, &OpError{Index: i, Field: "path", Reason: "required"}
+	}
+	tokens, err := ParsePointer(path)
+	if err != nil {
+		return Op{}, &OpError{Index: i, Field: "path", Reason: err.Error()}
+	}
+	op := Op{Kind: Kind(kind), Path: path, Tokens: tokens}
+	switch op.Kind {
+	case Set:
+		value := bytes.TrimSpace(w["value"])
+		if len(value) == 0 {
+			return Op{}, &OpError{Index: i, Field: "value", Reason: "required for set (use null to store null)"}
+		}
+		op.Value = value
+	case Remove:
+	case Increment:
+		by := bytes.TrimSpace(w["by"])
+		if len(by) == 0 {
+			return Op{}, &OpError{Index: i, Field: "by", Reason: "required for increment"}
+		}
+		if !isJSONNumber(by) {
+			return Op{}, &OpError{Index: i, Field: "by", Reason: fmt.Sprintf("must be a number, got %s", clip(by))}
+		}
+		op.By = json.Number(by)
+	default:
+		return Op{}, &OpError{Index: i, Field: "op", Reason: fmt.Sprintf("unknown op %q (want set, remove or increment)", clip([]byte(kind)))}
+	}
+	return op, nil
+}
+
+// ParsePointer splits an RFC 6901 JSON Pointer into unescaped reference
+// tokens. The root pointer "" is refused: an op replaces members of the
+// state, never the state object itself.
+func ParsePointer(p string) ([]string, error) {
+	if p == "" {
+		return nil, fmt.Errorf("the root pointer \"\" is not allowed; ops address members of the state")
+	}
+	if p[0] != '/' {
+		return nil, fmt.Errorf("%q is not a JSON Pointer: it must start with \"/\"", p)
+	}
+	parts := strings.Split(p[1:], "/")
+	for i, part := range parts {
+		for j := 0; j < len(part); j++ {
+			if part[j] == '~' && (j+1 >= len(part) || (part[j+1] != '0' && part[j+1] != '1')) {
+				return nil, fmt.Errorf("%q has a bad escape: \"~\" must be followed by 0 or 1", p)
+			}
+		}
+		parts[i] = strings.ReplaceAll(strings.ReplaceAll(part, "~1", "/"), "~0", "~")
+	}
+	return parts, nil
+}
+
+// stringMember reads member name of an op object as a string; ok is false
+// when the member is absent or null.
+func stringMember(w map[string]json.RawMessage, name string) (s string, ok bool, err error) {
+	raw, present := w[name]
+	if !present || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+		return "", false, nil
+	}
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", false, err
+	}
+	return s, true, nil
+}
+
+func isJSONNumber(b []byte) bool {
+	var n json.Number
+	if b[0] != '-' && (b[0] < '0' || b[0] > '9') {
+		return false
+	}
+	return json.Unmarshal(b, &n) == nil
+}
+
+func clip(b []byte) string {
+	if len(b) > 40 {
+		return string(b[:40]) + "..."
+	}
+	return string(b)
+}

@@ -1,0 +1,204 @@
+package event
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/projector/projector/delta"
+)
+
+// Kind is what an event carries: a whole state or a change to one.
+type Kind string
+
+// The two kinds of event.
+const (
+	Snapshot Kind = "snapshot"
+	Delta    Kind = "delta"
+)
+
+// Limits of the wire format.
+const (
+	MaxValueBytes = 1 << 20
+	MaxJobIDBytes = 256
+)
+
+// Event is one decoded, valid job event.
+type Event struct {
+	JobID   string
+	Version int64
+	Kind    Kind
+	// State is the whole job state of a snapshot: a JSON object.
+	State json.RawMessage
+	// Ops is how state(Version-1) becomes state(Version), for a delta.
+	Ops []delta.Op
+	// RawOps is the ops array as the producer sent it, kept so held deltas
+	// can be stored and compared byte for byte.
+	RawOps     json.RawMessage
+	EventID    string
+	OccurredAt time.Time
+}
+
+// FieldError says which field of a record broke the wire format and how.
+type FieldError struct {
+	Field  string // "value", "key", "job_id", "version", "kind", "state", "ops", "event_id", "occurred_at"
+	Reason string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
+
+// Decode decodes a record value and checks it against its key. An empty
+// key is accepted (the value's job_id is used); a non-empty key must equal
+// job_id. Errors are *[FieldError].
+func Decode(key, value []byte) (Event, error) {
+	ev, err := DecodeValue(value)
+	if err != nil {
+		return Event{}, err
+	}
+	if len(key) > 0 && string(key) != ev.JobID {
+		return Event{}, &FieldError{Field: "key", Reason: fmt.Sprintf("record key %q does not match job_id %q", clip(string(key)), clip(ev.JobID))}
+	}
+	return ev, nil
+}
+
+// DecodeValue decodes a record value on its own, as the trusted snapshot
+// endpoint returns it.
+func DecodeValue(value []byte) (Event, error) {
+	if len(value) == 0 {
+		return Event{}, &FieldError{Field: "value", Reason: "empty or null value (a tombstone carries no version and cannot be ordered)"}
+	}
+	if len(value) > MaxValueBytes {
+		return Event{}, &FieldError{Field: "value", Reason: fmt.Sprintf("%d bytes, over the 1 MiB limit", len(value))}
+	}
+	trimmed := bytes.TrimSpace(value)
+	if bytes.Equal(trimmed, []byte("null")) {
+		return Event{}, &FieldError{Field: "value", Reason: "null value (a tombstone carries no version and cannot be ordered)"}
+	}
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return Event{}, &FieldError{Field: "value", Reason: "not a JSON object"}
+	}
+	// A map, not a struct: encoding/json matches struct fields without
+	// regard to case, so an unknown member such as "Version" would
+	// override "version" instead of being ignored.
+	var w map[string]json.RawMessage
+	if err := json.Unmarshal(trimmed, &w); err != nil {
+		return Event{}, &FieldError{Field: "value", Reason: "malformed JSON: " + err.Error()}
+	}
+	var ev Event
+	var err error
+	if ev.JobID, err = jobID(w["job_id"]); err != nil {
+		return Event{}, err
+	}
+	if ev.Version, err = version(w["version"]); err != nil {
+		return Event{}, err
+	}
+	if ev.Kind, err = kind(w["kind"]); err != nil {
+		return Event{}, err
+	}
+	switch ev.Kind {
+	case Snapshot:
+		st := bytes.TrimSpace(w["state"])
+		if len(st) == 0 || bytes.Equal(st, []byte("null")) {
+			return Event{}, &FieldError{Field: "state", Reason: "required for a snapshot"}
+		}
+		if st[0] != '{' {
+			return Event{}, &FieldError{Field: "state", Reason: "must be a JSON object"}
+		}
+		ev.State = st
+	case Delta:
+		ops, err := delta.ParseOps(w["ops"])
+		if err != nil {
+			return Event{}, &FieldError{Field: "ops", Reason: err.Error()}
+		}
+		ev.Ops = ops
+		ev.RawOps = bytes.TrimSpace(w["ops"])
+	}
+	if raw := w["event_id"]; len(raw) > 0 && !isNull(raw) {
+		if err := json.Unmarshal(raw, &ev.EventID); err != nil {
+			return Event{}, &FieldError{Field: "event_id", Reason: "must be a string"}
+		}
+	}
+	if raw := w["occurred_at"]; len(raw) > 0 && !isNull(raw) {
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return Event{}, &FieldError{Field: "occurred_at", Reason: "must be an RFC 3339 time string"}
+		}
+		if ev.OccurredAt, err = time.Parse(time.RFC3339Nano, s); err != nil {
+			return Event{}, &FieldError{Field: "occurred_at", Reason: fmt.Sprintf("%q is not an RFC 3339 time", clip(s))}
+		}
+	}
+	return ev, nil
+}
+
+func jobID(raw json.RawMessage) (string, error) {
+	if len(raw) == 0 || isNull(raw) {
+		return "", &FieldError{Field: "job_id", Reason: "required"}
+	}
+	// Checked on the raw bytes: decoding replaces invalid UTF-8 with U+FFFD,
+	// which would silently merge distinct producer ids into one job.
+	if !utf8.Valid(raw) {
+		return "", &FieldError{Field: "job_id", Reason: "must be valid UTF-8"}
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", &FieldError{Field: "job_id", Reason: "must be a string"}
+	}
+	switch {
+	case s == "":
+		return "", &FieldError{Field: "job_id", Reason: "must not be empty"}
+	case len(s) > MaxJobIDBytes:
+		return "", &FieldError{Field: "job_id", Reason: fmt.Sprintf("%d bytes, at most %d allowed", len(s), MaxJobIDBytes)}
+	}
+	return s, nil
+}
+
+func version(raw json.RawMessage) (int64, error) {
+	if len(raw) == 0 || isNull(raw) {
+		return 0, &FieldError{Field: "version", Reason: "required"}
+	}
+	s := string(raw)
+	if s[0] == '"' {
+		return 0, &FieldError{Field: "version", Reason: fmt.Sprintf("must be a JSON integer, got the string %s", clip(s))}
+	}
+	for i := 0; i < len(s); i++ {
+		if (s[i] < '0' || s[i] > '9') && !(i == 0 && s[i] == '-') {
+			return 0, &FieldError{Field: "version", Reason: fmt.Sprintf("must be an integer from 1 to %d, got %s", int64(math.MaxInt64), clip(s))}
+		}
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, &FieldError{Field: "version", Reason: fmt.Sprintf("%s is out of range: must be from 1 to %d", clip(s), int64(math.MaxInt64))}
+	}
+	if v < 1 {
+		return 0, &FieldError{Field: "version", Reason: fmt.Sprintf("must be at least 1 (version 0 is the empty state), got %d", v)}
+	}
+	return v, nil
+}
+
+func kind(raw json.RawMessage) (Kind, error) {
+	if len(raw) == 0 || isNull(raw) {
+		return "", &FieldError{Field: "kind", Reason: `required ("snapshot" or "delta")`}
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", &FieldError{Field: "kind", Reason: `must be the string "snapshot" or "delta"`}
+	}
+	switch Kind(s) {
+	case Snapshot, Delta:
+		return Kind(s), nil
+	}
+	return "", &FieldError{Field: "kind", Reason: fmt.Sprintf(`unknown kind %q (want "snapshot" or "delta")`, clip(s))}
+}
+
+func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
+
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}

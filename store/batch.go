@@ -1,0 +1,330 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrFenced means another owner claimed the partition after this one: the
+// batch was rolled back and the caller must stop working the partition.
+var ErrFenced = errors.New("store: partition fenced: another owner claimed it")
+
+// StaleError means an [Update] did not apply although its expected version
+// came from this owner's view of the row: another writer moved those rows.
+// The batch was rolled back; reload the jobs and classify their events again.
+type StaleError struct{ Jobs []string }
+
+func (e *StaleError) Error() string {
+	return fmt.Sprintf("store: %d job rows moved under this batch (first %q); reload and retry", len(e.Jobs), e.Jobs[0])
+}
+
+// Claim is a partition's stored position and this owner's fencing epoch.
+type Claim struct {
+	Epoch int64
+	// NextOffset is the next offset to read; -1 when the partition was never
+	// processed.
+	NextOffset int64
+}
+
+// Claim takes partition p of topic for owner: it bumps the epoch, which
+// fences any previous owner's next batch, and returns the stored position.
+func (s *Store) Claim(ctx context.Context, topic string, p int, owner string) (Claim, error) {
+	var c Claim
+	err := s.pool.QueryRow(ctx, `INSERT INTO `+s.partitions+` AS t (projection, topic, partition, epoch, owner)
+		VALUES ($1, $2, $3, 1, $4)
+		ON CONFLICT (projection, topic, partition)
+		DO UPDATE SET epoch = t.epoch + 1, owner = excluded.owner, updated_at = now()
+		RETURNING epoch, next_offset`, s.projection, topic, p, owner).Scan(&c.Epoch, &c.NextOffset)
+	if err != nil {
+		return Claim{}, fmt.Errorf("store: claim %s/%d: %w", topic, p, err)
+	}
+	return c, nil
+}
+
+// Job is one read-model row.
+type Job struct {
+	ID      string
+	Version int64
+	State   json.RawMessage
+}
+
+// LoadJobs reads the rows of ids that exist; a missing job is at version 0.
+func (s *Store) LoadJobs(ctx context.Context, ids []string) (map[string]Job, error) {
+	return loadJobs(ctx, s.pool, s.jobs, ids)
+}
+
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+func loadJobs(ctx context.Context, q querier, table string, ids []string) (map[string]Job, error) {
+	out := make(map[string]Job, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	rows, err := q.Query(ctx, `SELECT job_id, version, state::text FROM `+table+` WHERE job_id = ANY($1::text[])`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("store: load %d jobs: %w", len(ids), err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var j Job
+		var state string
+		if err := rows.Scan(&j.ID, &j.Version, &state); err != nil {
+			return nil, fmt.Errorf("store: load jobs: %w", err)
+		}
+		j.State = json.RawMessage(state)
+		out[j.ID] = j
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: load jobs: %w", err)
+	}
+	return out, nil
+}
+
+// Write is the new state of one job.
+type Write struct {
+	JobID   string
+	Version int64
+	State   json.RawMessage
+	// Expect is the version the row must be at for an [Batch.Updates] write
+	// to apply; 0 means the row must not exist. Ignored for snapshots.
+	Expect int64
+	// Offset and EventID record where the state came from.
+	Offset  int64
+	EventID string
+}
+
+// Held is a delta waiting for the versions before it.
+type Held struct {
+	JobID     string
+	Version   int64
+	Partition int
+	Offset    int64
+	Ops       json.RawMessage
+	EventID   string
+	Since     time.Time
+}
+
+// HeldKey names one held delta.
+type HeldKey struct {
+	JobID   string
+	Version int64
+}
+
+// Bad is a record that broke the wire format.
+type Bad struct {
+	Offset     int64
+	Key, Value []byte
+	Err        string
+}
+
+// Batch is everything one partition's batch changes, committed at once.
+type Batch struct {
+	Topic     string
+	Partition int
+	Epoch     int64
+	// NextOffset is the position after this batch: last offset read + 1.
+	NextOffset int64
+	// Snapshots are applied where the row's version is below theirs; at
+	// most one per job (fold first).
+	Snapshots []Write
+	// Updates are states computed from a known row; applied only where the
+	// row is still at Expect. One per job; not also in Snapshots.
+	Updates []Write
+	Hold    []Held
+	Release []HeldKey
+	Bad     []Bad
+}
+
+// Result tells which writes applied.
+type Result struct {
+	// SnapshotsApplied holds the jobs whose snapshot write applied; the
+	// others were stale.
+	SnapshotsApplied map[string]struct{}
+}
+
+// Apply commits b in one transaction: fence, writes, held rows, quarantine
+// and position. It returns [ErrFenced] if another owner claimed the
+// partition, or a *[StaleError] if an update's row moved; both roll back.
+func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
+	res := Result{SnapshotsApplied: make(map[string]struct{}, len(b.Snapshots))}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return res, fmt.Errorf("store: apply %s/%d@%d: begin: %w", b.Topic, b.Partition, b.NextOffset, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+
+	tag, err := tx.Exec(ctx, `UPDATE `+s.partitions+` SET next_offset = $5, updated_at = now()
+		WHERE projection = $1 AND topic = $2 AND partition = $3 AND epoch = $4`,
+		s.projection, b.Topic, b.Partition, b.Epoch, b.NextOffset)
+	if err != nil {
+		return res, fmt.Errorf("store: apply %s/%d@%d: fence: %w", b.Topic, b.Partition, b.NextOffset, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return res, ErrFenced
+	}
+
+	if len(b.Snapshots) > 0 {
+		ids, vers, states, offs, evs := columns(b.Snapshots)
+		rows, err := tx.Query(ctx, `INSERT INTO `+s.jobs+` AS t
+			(job_id, version, state, updated_at, source_topic, source_partition, source_offset, event_id)
+			SELECT i.job_id, i.version, i.state::jsonb, now(), $6, $7, i.off, NULLIF(i.event_id, '')
+			FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[]) AS i(job_id, version, state, off, event_id)
+			ON CONFLICT (job_id) DO UPDATE SET
+				version = excluded.version, state = excluded.state, updated_at = excluded.updated_at,
+				source_topic = excluded.source_topic, source_partition = excluded.source_partition,
+				source_offset = excluded.source_offset, event_id = excluded.event_id
+			WHERE t.version < excluded.version
+			RETURNING t.job_id`, ids, vers, states, offs, evs, b.Topic, b.Partition)
+		if err != nil {
+			return res, fmt.Errorf("store: apply %s/%d@%d: snapshots: %w", b.Topic, b.Partition, b.NextOffset, err)
+		}
+		applied, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return res, fmt.Errorf("store: apply %s/%d@%d: snapshots: %w", b.Topic, b.Partition, b.NextOffset, err)
+		}
+		for _, id := range applied {
+			res.SnapshotsApplied[id] = struct{}{}
+		}
+	}
+
+	if len(b.Updates) > 0 {
+		if err := s.applyUpdates(ctx, tx, b); err != nil {
+			return res, err
+		}
+	}
+
+	if len(b.Hold) > 0 {
+		ids := make([]string, len(b.Hold))
+		vers := make([]int64, len(b.Hold))
+		parts := make([]int32, len(b.Hold))
+		offs := make([]int64, len(b.Hold))
+		ops := make([]string, len(b.Hold))
+		evs := make([]string, len(b.Hold))
+		since := make([]time.Time, len(b.Hold))
+		for i, h := range b.Hold {
+			ids[i], vers[i], parts[i], offs[i], ops[i], evs[i], since[i] = h.JobID, h.Version, int32(h.Partition), h.Offset, string(h.Ops), h.EventID, h.Since
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+s.held+` (projection, job_id, version, topic, partition, "offset", ops, event_id, held_since)
+			SELECT $1, i.job_id, i.version, $2, i.part, i.off, i.ops::jsonb, i.ev, i.since
+			FROM unnest($3::text[], $4::bigint[], $5::int[], $6::bigint[], $7::text[], $8::text[], $9::timestamptz[])
+				AS i(job_id, version, part, off, ops, ev, since)
+			ON CONFLICT (projection, job_id, version) DO NOTHING`,
+			s.projection, b.Topic, ids, vers, parts, offs, ops, evs, since); err != nil {
+			return res, fmt.Errorf("store: apply %s/%d@%d: hold: %w", b.Topic, b.Partition, b.NextOffset, err)
+		}
+	}
+	if len(b.Release) > 0 {
+		ids := make([]string, len(b.Release))
+		vers := make([]int64, len(b.Release))
+		for i, k := range b.Release {
+			ids[i], vers[i] = k.JobID, k.Version
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM `+s.held+` h USING unnest($2::text[], $3::bigint[]) AS i(job_id, version)
+			WHERE h.projection = $1 AND h.job_id = i.job_id AND h.version = i.version`,
+			s.projection, ids, vers); err != nil {
+			return res, fmt.Errorf("store: apply %s/%d@%d: release: %w", b.Topic, b.Partition, b.NextOffset, err)
+		}
+	}
+
+	if len(b.Bad) > 0 {
+		offs := make([]int64, len(b.Bad))
+		keys := make([][]byte, len(b.Bad))
+		vals := make([][]byte, len(b.Bad))
+		errs := make([]string, len(b.Bad))
+		for i, r := range b.Bad {
+			offs[i], keys[i], vals[i], errs[i] = r.Offset, r.Key, r.Value, r.Err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+s.quarantine+` (projection, topic, partition, "offset", key, value, error)
+			SELECT $1, $2, $3, i.off, i.key, i.value, i.err
+			FROM unnest($4::bigint[], $5::bytea[], $6::bytea[], $7::text[]) AS i(off, key, value, err)
+			ON CONFLICT (projection, topic, partition, "offset") DO NOTHING`,
+			s.projection, b.Topic, b.Partition, offs, keys, vals, errs); err != nil {
+			return res, fmt.Errorf("store: apply %s/%d@%d: quarantine: %w", b.Topic, b.Partition, b.NextOffset, err)
+		}
+	}
+
+	if err := tx.Commit(ctx); err != nil {
+		return res, fmt.Errorf("store: apply %s/%d@%d: commit: %w", b.Topic, b.Partition, b.NextOffset, err)
+	}
+	return res, nil
+}
+
+func (s *Store) applyUpdates(ctx context.Context, tx pgx.Tx, b *Batch) error {
+	var upd, ins []Write
+	for _, w := range b.Updates {
+		if w.Expect == 0 {
+			ins = append(ins, w)
+		} else {
+			upd = append(upd, w)
+		}
+	}
+	applied := make(map[string]struct{}, len(b.Updates))
+	collect := func(rows pgx.Rows, err error) error {
+		if err != nil {
+			return err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		for _, id := range ids {
+			applied[id] = struct{}{}
+		}
+		return err
+	}
+	if len(upd) > 0 {
+		ids, vers, states, offs, evs := columns(upd)
+		expect := make([]int64, len(upd))
+		for i, w := range upd {
+			expect[i] = w.Expect
+		}
+		err := collect(tx.Query(ctx, `UPDATE `+s.jobs+` AS t SET
+				version = i.version, state = i.state::jsonb, updated_at = now(),
+				source_topic = $7, source_partition = $8, source_offset = i.off, event_id = NULLIF(i.event_id, '')
+			FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::bigint[])
+				AS i(job_id, version, state, off, event_id, expect)
+			WHERE t.job_id = i.job_id AND t.version = i.expect
+			RETURNING t.job_id`, ids, vers, states, offs, evs, expect, b.Topic, b.Partition))
+		if err != nil {
+			return fmt.Errorf("store: apply %s/%d@%d: updates: %w", b.Topic, b.Partition, b.NextOffset, err)
+		}
+	}
+	if len(ins) > 0 {
+		ids, vers, states, offs, evs := columns(ins)
+		err := collect(tx.Query(ctx, `INSERT INTO `+s.jobs+`
+			(job_id, version, state, updated_at, source_topic, source_partition, source_offset, event_id)
+			SELECT i.job_id, i.version, i.state::jsonb, now(), $6, $7, i.off, NULLIF(i.event_id, '')
+			FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[]) AS i(job_id, version, state, off, event_id)
+			ON CONFLICT (job_id) DO NOTHING
+			RETURNING job_id`, ids, vers, states, offs, evs, b.Topic, b.Partition))
+		if err != nil {
+			return fmt.Errorf("store: apply %s/%d@%d: inserts: %w", b.Topic, b.Partition, b.NextOffset, err)
+		}
+	}
+	if len(applied) < len(b.Updates) {
+		stale := &StaleError{}
+		for _, w := range b.Updates {
+			if _, ok := applied[w.JobID]; !ok {
+				stale.Jobs = append(stale.Jobs, w.JobID)
+			}
+		}
+		return stale
+	}
+	return nil
+}
+
+func columns(ws []Write) (ids []string, vers []int64, states []string, offs []int64, evs []string) {
+	ids = make([]string, len(ws))
+	vers = make([]int64, len(ws))
+	states = make([]string, len(ws))
+	offs = make([]int64, len(ws))
+	evs = make([]string, len(ws))
+	for i, w := range ws {
+		ids[i], vers[i], states[i], offs[i], evs[i] = w.JobID, w.Version, string(w.State), w.Offset, w.EventID
+	}
+	return
+}

@@ -1,0 +1,11 @@
+// Package store owns everything PostgreSQL: the embedded migrations, the
+// read-model table, the version-conditional batch writes, the partition
+// positions and their fencing epochs, held deltas and the quarantine.
+//
+// It is the only package that imports pgx, and it translates pgx errors into
+// its own ([ErrFenced]) before they leave. It must never write a job row
+// without the version condition in the same statement: the check and the
+// write are one atomic statement, never a read followed by a blind write.
+// Every batch commits in one transaction together with the partition
+// position it covers, and that transaction starts with the fence.
+package store

@@ -1,0 +1,124 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/projector/projector/internal/pgtest"
+	"github.com/projector/projector/store"
+)
+
+func TestMigrateIsIdempotentAndSafeConcurrently(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Go(func() {
+			s, err := store.New(pgtest.Pool(t), store.Config{Schema: schema, Table: "jobs"})
+			if err == nil {
+				err = s.Migrate(ctx)
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	s, err := store.New(pgtest.Pool(t), store.Config{Schema: schema})
+	require.NoError(t, err)
+	require.NoError(t, s.Migrate(ctx), "a second migration run must be a no-op")
+}
+
+func TestConfigRejectsNonIdentifiers(t *testing.T) {
+	t.Parallel()
+	for _, c := range []store.Config{{Schema: "a;drop"}, {Table: "1jobs"}, {Table: `jo"bs`}} {
+		require.Error(t, c.Validate(), "%+v", c)
+	}
+	require.NoError(t, store.Config{}.Validate())
+}
+
+func TestSnapshotWritesAreVersionMonotonic(t *testing.T) {
+	t.Parallel()
+	s := pgtest.Store(t)
+	ctx := context.Background()
+	c, err := s.Claim(ctx, "t", 0, "me")
+	require.NoError(t, err)
+	require.Equal(t, int64(1), c.Epoch)
+	require.Equal(t, int64(-1), c.NextOffset)
+
+	res, err := s.Apply(ctx, &store.Batch{Topic: "t", Partition: 0, Epoch: c.Epoch, NextOffset: 2, Snapshots: []store.Write{
+		{JobID: "a", Version: 2, State: json.RawMessage(`{"s":"completed"}`)},
+		{JobID: "b", Version: 1, State: json.RawMessage(`{"s":"running"}`)},
+	}})
+	require.NoError(t, err)
+	require.Len(t, res.SnapshotsApplied, 2)
+
+	res, err = s.Apply(ctx, &store.Batch{Topic: "t", Partition: 0, Epoch: c.Epoch, NextOffset: 4, Snapshots: []store.Write{
+		{JobID: "a", Version: 1, State: json.RawMessage(`{"s":"running"}`)},
+		{JobID: "b", Version: 3, State: json.RawMessage(`{"s":"failed"}`)},
+	}})
+	require.NoError(t, err)
+	require.Equal(t, map[string]struct{}{"b": {}}, res.SnapshotsApplied, "a's older snapshot is stale")
+
+	jobs, err := s.LoadJobs(ctx, []string{"a", "b", "missing"})
+	require.NoError(t, err)
+	require.Len(t, jobs, 2)
+	require.Equal(t, int64(2), jobs["a"].Version)
+	require.JSONEq(t, `{"s":"completed"}`, string(jobs["a"].State))
+	require.Equal(t, int64(3), jobs["b"].Version)
+
+	c2, err := s.Claim(ctx, "t", 0, "me-again")
+	require.NoError(t, err)
+	require.Equal(t, int64(2), c2.Epoch)
+	require.Equal(t, int64(4), c2.NextOffset, "the position committed with the last batch")
+}
+
+func TestApplyByAnOldEpochIsFencedAndWritesNothing(t *testing.T) {
+	t.Parallel()
+	s := pgtest.Store(t)
+	ctx := context.Background()
+	old, err := s.Claim(ctx, "t", 3, "old")
+	require.NoError(t, err)
+	_, err = s.Claim(ctx, "t", 3, "new")
+	require.NoError(t, err)
+	_, err = s.Apply(ctx, &store.Batch{Topic: "t", Partition: 3, Epoch: old.Epoch, NextOffset: 10,
+		Snapshots: []store.Write{{JobID: "x", Version: 1, State: json.RawMessage(`{}`)}},
+		Bad:       []store.Bad{{Offset: 9, Err: "nope"}}})
+	require.ErrorIs(t, err, store.ErrFenced)
+	jobs, err := s.LoadJobs(ctx, []string{"x"})
+	require.NoError(t, err)
+	require.Empty(t, jobs)
+}
+
+func TestUpdateOnAMovedRowRollsBackWithStaleError(t *testing.T) {
+	t.Parallel()
+	s := pgtest.Store(t)
+	ctx := context.Background()
+	c, err := s.Claim(ctx, "t", 0, "me")
+	require.NoError(t, err)
+	_, err = s.Apply(ctx, &store.Batch{Topic: "t", Epoch: c.Epoch, NextOffset: 1,
+		Updates: []store.Write{{JobID: "j", Version: 1, State: json.RawMessage(`{"n":1}`), Expect: 0}}})
+	require.NoError(t, err)
+	_, err = s.Apply(ctx, &store.Batch{Topic: "t", Epoch: c.Epoch, NextOffset: 2,
+		Updates: []store.Write{{JobID: "j", Version: 2, State: json.RawMessage(`{"n":2}`), Expect: 1}}})
+	require.NoError(t, err)
+
+	_, err = s.Apply(ctx, &store.Batch{Topic: "t", Epoch: c.Epoch, NextOffset: 3,
+		Snapshots: []store.Write{{JobID: "other", Version: 1, State: json.RawMessage(`{}`)}},
+		Updates:   []store.Write{{JobID: "j", Version: 2, State: json.RawMessage(`{"n":99}`), Expect: 1}}})
+	var stale *store.StaleError
+	require.True(t, errors.As(err, &stale), "got %v", err)
+	require.Equal(t, []string{"j"}, stale.Jobs)
+	jobs, err := s.LoadJobs(ctx, []string{"j", "other"})
+	require.NoError(t, err)
+	require.JSONEq(t, `{"n":2}`, string(jobs["j"].State))
+	require.NotContains(t, jobs, "other", "the whole batch rolled back")
+}
