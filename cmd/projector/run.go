@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/projector/projector/projection"
+	"github.com/projector/projector/store"
+)
+
+type runOpts struct {
+	databaseURL string
+	brokers     listFlag
+	topic       string
+	group       string
+	start       string
+	schema      string
+	table       string
+	batchSize   int
+	batchLinger time.Duration
+	httpAddr    string
+	owner       string
+	log         logFlags
+}
+
+var runCommand = &command{
+	name:    "run",
+	summary: "the daemon: consume job events and keep the read model in PostgreSQL",
+	usage: `projector run consumes --topic from --brokers as consumer group --group and
+projects every job event into the read model in DATABASE_URL. Positions are
+stored in PostgreSQL in the same transaction as the writes; each partition's
+owner is fenced so a consumer that lost its partition cannot write.
+
+It serves /healthz, /readyz, /status (JSON) and /metrics on --http-addr.
+SIGINT or SIGTERM finishes the batch in flight, commits and exits 0.
+
+Example:
+  DATABASE_URL=postgres://app@db:5432/app projector run --brokers kafka-1:9092,kafka-2:9092`,
+	flags: func(fs *flag.FlagSet) any {
+		o := &runOpts{}
+		registerStoreFlags(fs, &o.databaseURL, &o.schema, &o.table)
+		fs.Var(&o.brokers, "brokers", "Kafka bootstrap brokers, comma-separated host:port (required)")
+		fs.StringVar(&o.topic, "topic", "job-events", "topic to consume")
+		fs.StringVar(&o.group, "group", "projector", "Kafka consumer group; instances with the same group share the partitions")
+		fs.StringVar(&o.start, "start", "earliest", "where a partition never projected before starts: earliest or latest")
+		fs.IntVar(&o.batchSize, "batch-size", 5000, "most records per batch transaction")
+		fs.DurationVar(&o.batchLinger, "batch-linger", 50*time.Millisecond, "how long a batch waits for more records after its first")
+		fs.StringVar(&o.httpAddr, "http-addr", ":8080", "address for /healthz, /readyz, /status and /metrics; \"off\" disables it")
+		fs.StringVar(&o.owner, "owner", "", "this instance's name in the partitions table (default host/pid)")
+		o.log.register(fs)
+		return o
+	},
+	run: func(ctx context.Context, env *cmdEnv, opts any) error {
+		o := opts.(*runOpts)
+		logger, err := o.log.logger(env.stderr)
+		if err != nil {
+			return err
+		}
+		if len(o.brokers) == 0 {
+			return usagef("no Kafka brokers: pass --brokers host:port[,host:port] or set PROJECTOR_BROKERS")
+		}
+		for _, b := range o.brokers {
+			if _, _, err := net.SplitHostPort(b); err != nil {
+				return usagef("--brokers: %q is not a host:port address", b)
+			}
+		}
+		if o.start != "earliest" && o.start != "latest" {
+			return usagef("--start %q: want earliest or latest", o.start)
+		}
+		if o.batchSize < 1 || o.batchSize > 1_000_000 {
+			return usagef("--batch-size %d: must be from 1 to 1000000", o.batchSize)
+		}
+		if err := positive("batch-linger", o.batchLinger); err != nil {
+			return err
+		}
+		st, err := openStore(ctx, o.databaseURL, o.schema, o.table)
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+
+		p, err := projection.New(projection.Config{
+			Brokers: o.brokers, Topic: o.topic, Group: o.group, Start: o.start,
+			BatchSize: o.batchSize, BatchLinger: o.batchLinger, Owner: o.owner,
+			Store: st, Logger: logger,
+		})
+		if err != nil {
+			return &usageError{err.Error()}
+		}
+		if o.httpAddr != "off" && o.httpAddr != "" {
+			ln, err := net.Listen("tcp", o.httpAddr)
+			if err != nil {
+				return fmt.Errorf("--http-addr %s: %w", o.httpAddr, err)
+			}
+			srv := &http.Server{Handler: p.Handler(), ReadHeaderTimeout: 5 * time.Second}
+			go func() { _ = srv.Serve(ln) }()
+			defer srv.Shutdown(context.WithoutCancel(ctx))
+			logger.Info("serving health, status and metrics", "addr", ln.Addr().String())
+		}
+		return p.Run(ctx)
+	},
+}
+
+func registerStoreFlags(fs *flag.FlagSet, url, schema, table *string) {
+	fs.StringVar(url, "database-url", "", "PostgreSQL connection string, e.g. postgres://user:pass@host:5432/db (required)")
+	fs.StringVar(schema, "schema", "public", "PostgreSQL schema of the read model; created if missing")
+	fs.StringVar(table, "table", "jobs", "read-model table; also names the projection's positions")
+}
+
+// openStore checks the settings (exit 2 when they are wrong), then connects
+// and migrates (exit 1 when the server fails).
+func openStore(ctx context.Context, url, schema, table string) (*store.Store, error) {
+	if strings.TrimSpace(url) == "" {
+		return nil, usagef("DATABASE_URL is not set: set it or pass --database-url, e.g. postgres://user@127.0.0.1:5432/db")
+	}
+	if _, err := pgxpool.ParseConfig(url); err != nil {
+		return nil, usagef("DATABASE_URL is not a valid PostgreSQL connection string (want postgres://user:pass@host:port/db or key=value pairs): %v", err)
+	}
+	cfg := store.Config{Schema: schema, Table: table}
+	if err := cfg.Validate(); err != nil {
+		return nil, usagef("%v", err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	st, err := store.Open(cctx, url, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.Migrate(ctx); err != nil {
+		st.Close()
+		if errors.Is(err, context.Canceled) {
+			return nil, err
+		}
+		return nil, err
+	}
+	return st, nil
+}

@@ -1,0 +1,108 @@
+package projection
+
+import (
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Counters are cumulative record outcomes since the process started.
+type Counters struct {
+	Consumed    int64 `json:"consumed"`
+	Applied     int64 `json:"applied"`
+	Stale       int64 `json:"stale"`
+	Duplicates  int64 `json:"duplicates"`
+	Conflicts   int64 `json:"conflicts"`
+	Held        int64 `json:"held"`
+	Quarantined int64 `json:"quarantined"`
+	Batches     int64 `json:"batches"`
+	Fenced      int64 `json:"fenced"`
+}
+
+type counters struct {
+	consumed, applied, stale, duplicates, conflicts, held, quarantined, batches, fenced atomic.Int64
+}
+
+func (c *counters) add(t tally) {
+	c.consumed.Add(t.consumed)
+	c.applied.Add(t.applied)
+	c.stale.Add(t.stale)
+	c.duplicates.Add(t.duplicates)
+	c.conflicts.Add(t.conflicts)
+	c.held.Add(t.held)
+	c.quarantined.Add(t.quarantined)
+	c.batches.Add(1)
+}
+
+func (c *counters) snapshot() Counters {
+	return Counters{
+		Consumed: c.consumed.Load(), Applied: c.applied.Load(), Stale: c.stale.Load(),
+		Duplicates: c.duplicates.Load(), Conflicts: c.conflicts.Load(), Held: c.held.Load(),
+		Quarantined: c.quarantined.Load(), Batches: c.batches.Load(), Fenced: c.fenced.Load(),
+	}
+}
+
+// tally counts one batch's outcomes before they are committed.
+type tally struct {
+	consumed, applied, stale, duplicates, conflicts, held, quarantined int64
+}
+
+// PartitionStatus is one partition this instance works.
+type PartitionStatus struct {
+	Partition int `json:"partition"`
+	// Position is the next offset to read, as committed in PostgreSQL.
+	Position int64 `json:"position"`
+	// HighWatermark is the partition's end as last seen from the broker.
+	HighWatermark int64     `json:"high_watermark"`
+	Lag           int64     `json:"lag"`
+	Epoch         int64     `json:"epoch"`
+	UpdatedAt     time.Time `json:"updated_at"`
+}
+
+// Status is what /status serves.
+type Status struct {
+	Topic      string            `json:"topic"`
+	Group      string            `json:"group"`
+	Owner      string            `json:"owner"`
+	Generation int32             `json:"generation"`
+	Ready      bool              `json:"ready"`
+	Partitions []PartitionStatus `json:"partitions"`
+	Counters   Counters          `json:"counters"`
+}
+
+type partitionBook struct {
+	mu    sync.Mutex
+	parts map[int]PartitionStatus
+}
+
+func (b *partitionBook) set(p PartitionStatus) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.parts == nil {
+		b.parts = make(map[int]PartitionStatus)
+	}
+	p.Lag = max(p.HighWatermark-p.Position, 0)
+	if p.Position < 0 {
+		p.Lag = p.HighWatermark
+	}
+	p.UpdatedAt = time.Now()
+	b.parts[p.Partition] = p
+}
+
+func (b *partitionBook) drop(p int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.parts, p)
+}
+
+func (b *partitionBook) list() []PartitionStatus {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]PartitionStatus, 0, len(b.parts))
+	for _, p := range b.parts {
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Partition < out[j].Partition })
+	return out
+}
