@@ -1,0 +1,243 @@
+package event_test
+
+import (
+	"encoding/json"
+	"math"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/projector/projector/delta"
+	"github.com/projector/projector/event"
+)
+
+// record builds a valid snapshot value and lets a test change, add or drop
+// members (a nil value drops the member).
+func record(changes map[string]any) []byte {
+	m := map[string]any{
+		"job_id":  "job-1",
+		"version": 7,
+		"kind":    "snapshot",
+		"state":   map[string]any{"status": "running"},
+	}
+	for k, v := range changes {
+		if v == nil {
+			delete(m, k)
+			continue
+		}
+		m[k] = v
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+var goodOps = json.RawMessage(`[{"op":"increment","path":"/processed_articles","by":5}]`)
+
+// oversized is a valid snapshot one byte over the value limit, so only the
+// size can be the reason it is refused.
+func oversized() []byte {
+	base := record(map[string]any{"state": map[string]any{"pad": ""}})
+	pad := strings.Repeat("x", event.MaxValueBytes+1-len(base))
+	return record(map[string]any{"state": map[string]any{"pad": pad}})
+}
+
+func TestDecodeRejects(t *testing.T) {
+	t.Parallel()
+
+	tests := []struct {
+		name   string
+		key    []byte
+		value  []byte
+		field  string
+		reason string
+	}{
+		{name: "malformed JSON", value: []byte(`{"job_id":"job-1","version":7,`), field: "value", reason: "malformed JSON"},
+		{name: "trailing garbage", value: append(record(nil), []byte(" {}")...), field: "value", reason: "malformed JSON"},
+		{name: "not an object", value: []byte(`["job-1",7]`), field: "value", reason: "not a JSON object"},
+		{name: "missing job_id", value: record(map[string]any{"job_id": nil}), field: "job_id", reason: "required"},
+		{name: "null job_id", value: []byte(`{"job_id":null,"version":7,"kind":"snapshot","state":{}}`), field: "job_id", reason: "required"},
+		{name: "job_id not a string", value: record(map[string]any{"job_id": 17}), field: "job_id", reason: "must be a string"},
+		{name: "empty job_id", value: record(map[string]any{"job_id": ""}), field: "job_id", reason: "must not be empty"},
+		{name: "job_id over 256 bytes", value: record(map[string]any{"job_id": strings.Repeat("j", 257)}), field: "job_id", reason: "257 bytes, at most 256"},
+		{name: "job_id over 256 bytes in multibyte runes", value: record(map[string]any{"job_id": strings.Repeat("é", 129)}), field: "job_id", reason: "258 bytes, at most 256"},
+		{name: "job_id not UTF-8", value: []byte("{\"job_id\":\"job-\xff\",\"version\":7,\"kind\":\"snapshot\",\"state\":{}}"), field: "job_id", reason: "UTF-8"},
+		{name: "missing version", value: record(map[string]any{"version": nil}), field: "version", reason: "required"},
+		{name: "version 0", value: record(map[string]any{"version": 0}), field: "version", reason: "at least 1"},
+		{name: "negative version", value: record(map[string]any{"version": -3}), field: "version", reason: "must be at least 1 (version 0 is the empty state), got -3"},
+		{name: "version above 2^63-1", value: record(map[string]any{"version": json.Number("9223372036854775808")}), field: "version", reason: "9223372036854775808 is out of range"},
+		{name: "version as a string", value: record(map[string]any{"version": "7"}), field: "version", reason: "got the string \"7\""},
+		{name: "version as a float", value: record(map[string]any{"version": 1.5}), field: "version", reason: "must be an integer from 1 to 9223372036854775807, got 1.5"},
+		{name: "version with an exponent", value: record(map[string]any{"version": json.Number("1e3")}), field: "version", reason: "must be an integer"},
+		{name: "version as a boolean", value: record(map[string]any{"version": true}), field: "version", reason: "must be an integer"},
+		{name: "missing kind", value: record(map[string]any{"kind": nil}), field: "kind", reason: "required"},
+		{name: "unknown kind", value: record(map[string]any{"kind": "patch"}), field: "kind", reason: `unknown kind "patch"`},
+		{name: "kind not a string", value: record(map[string]any{"kind": 1}), field: "kind", reason: "must be the string"},
+		{name: "kind in another case", value: record(map[string]any{"kind": "Snapshot"}), field: "kind", reason: `unknown kind "Snapshot"`},
+		{name: "key does not match job_id", key: []byte("job-2"), value: record(nil), field: "key", reason: `record key "job-2" does not match job_id "job-1"`},
+		{name: "snapshot without state", value: record(map[string]any{"state": nil}), field: "state", reason: "required for a snapshot"},
+		{name: "snapshot with null state", value: []byte(`{"job_id":"job-1","version":7,"kind":"snapshot","state":null}`), field: "state", reason: "required for a snapshot"},
+		{name: "snapshot with array state", value: record(map[string]any{"state": []int{1}}), field: "state", reason: "must be a JSON object"},
+		{name: "snapshot with string state", value: record(map[string]any{"state": "{}"}), field: "state", reason: "must be a JSON object"},
+		{name: "delta without ops", value: record(map[string]any{"kind": "delta", "state": nil}), field: "ops", reason: "required for a delta"},
+		{name: "delta with empty ops", value: record(map[string]any{"kind": "delta", "ops": []any{}}), field: "ops", reason: "at least 1 op"},
+		{name: "delta with bad op", value: record(map[string]any{"kind": "delta", "ops": json.RawMessage(`[{"op":"move","path":"/a"}]`)}), field: "ops", reason: `ops[0].op: unknown op "move"`},
+		{name: "delta with bad pointer", value: record(map[string]any{"kind": "delta", "ops": json.RawMessage(`[{"op":"remove","path":"/a~2"}]`)}), field: "ops", reason: "ops[0].path"},
+		{name: "value over 1 MiB", value: oversized(), field: "value", reason: "1048577 bytes, over the 1 MiB limit"},
+		{name: "transaction control record", key: []byte{0, 0, 0, 0}, value: []byte{0, 0, 0, 0, 0, 0}, field: "value", reason: "not a JSON object"},
+		{name: "empty value", value: []byte{}, field: "value", reason: "empty or null value"},
+		{name: "nil value (tombstone)", value: nil, field: "value", reason: "tombstone"},
+		{name: "null value", value: []byte(" null "), field: "value", reason: "null value"},
+		{name: "blank value", value: []byte(" \n"), field: "value", reason: "not a JSON object"},
+		{name: "event_id not a string", value: record(map[string]any{"event_id": 90}), field: "event_id", reason: "must be a string"},
+		{name: "occurred_at not RFC 3339", value: record(map[string]any{"occurred_at": "30/11/2026 10:00"}), field: "occurred_at", reason: `"30/11/2026 10:00" is not an RFC 3339 time`},
+		{name: "occurred_at without zone", value: record(map[string]any{"occurred_at": "2026-11-30T10:00:00"}), field: "occurred_at", reason: "RFC 3339"},
+		{name: "occurred_at not a string", value: record(map[string]any{"occurred_at": 1764496800}), field: "occurred_at", reason: "must be an RFC 3339 time string"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+
+			ev, err := event.Decode(tt.key, tt.value)
+			require.Equal(t, event.Event{}, ev)
+			var fieldErr *event.FieldError
+			require.ErrorAs(t, err, &fieldErr)
+			require.Equal(t, tt.field, fieldErr.Field)
+			require.Contains(t, fieldErr.Reason, tt.reason)
+			require.True(t, strings.HasPrefix(err.Error(), tt.field+": "), "error %q does not name the field", err)
+		})
+	}
+}
+
+func TestDecodeAccepts(t *testing.T) {
+	t.Parallel()
+
+	occurred := time.Date(2026, 11, 30, 10, 0, 0, 123000000, time.UTC)
+	maxJobID := strings.Repeat("j", event.MaxJobIDBytes)
+
+	tests := []struct {
+		name  string
+		key   []byte
+		value []byte
+		want  event.Event
+	}{
+		{
+			name: "snapshot with every field",
+			key:  []byte("job-1"),
+			value: record(map[string]any{
+				"event_id":    "evt-90",
+				"occurred_at": "2026-11-30T10:00:00.123Z",
+			}),
+			want: event.Event{
+				JobID: "job-1", Version: 7, Kind: event.Snapshot,
+				State:   json.RawMessage(`{"status":"running"}`),
+				EventID: "evt-90", OccurredAt: occurred,
+			},
+		},
+		{
+			name:  "delta",
+			key:   []byte("job-1"),
+			value: record(map[string]any{"kind": "delta", "state": nil, "ops": goodOps}),
+			want: event.Event{
+				JobID: "job-1", Version: 7, Kind: event.Delta,
+				Ops:    []delta.Op{{Kind: delta.Increment, Path: "/processed_articles", Tokens: []string{"processed_articles"}, By: "5"}},
+				RawOps: goodOps,
+			},
+		},
+		{
+			name:  "empty key takes job_id from the value",
+			key:   nil,
+			value: record(nil),
+			want:  event.Event{JobID: "job-1", Version: 7, Kind: event.Snapshot, State: json.RawMessage(`{"status":"running"}`)},
+		},
+		{
+			name: "unknown fields ignored, whatever their case",
+			key:  []byte("job-1"),
+			value: record(map[string]any{
+				"schema": 2, "Version": 99, "JOB_ID": "other", "Kind": "delta", "ops": "ignored by a snapshot",
+			}),
+			want: event.Event{JobID: "job-1", Version: 7, Kind: event.Snapshot, State: json.RawMessage(`{"status":"running"}`)},
+		},
+		{
+			name:  "null optional fields",
+			value: []byte(`{"job_id":"job-1","version":7,"kind":"snapshot","state":{},"event_id":null,"occurred_at":null}`),
+			want:  event.Event{JobID: "job-1", Version: 7, Kind: event.Snapshot, State: json.RawMessage(`{}`)},
+		},
+		{
+			name:  "version 2^63-1",
+			value: record(map[string]any{"version": int64(math.MaxInt64)}),
+			want:  event.Event{JobID: "job-1", Version: math.MaxInt64, Kind: event.Snapshot, State: json.RawMessage(`{"status":"running"}`)},
+		},
+		{
+			name:  "version 1",
+			value: record(map[string]any{"version": 1}),
+			want:  event.Event{JobID: "job-1", Version: 1, Kind: event.Snapshot, State: json.RawMessage(`{"status":"running"}`)},
+		},
+		{
+			name:  "job_id of exactly 256 bytes",
+			key:   []byte(maxJobID),
+			value: record(map[string]any{"job_id": maxJobID}),
+			want:  event.Event{JobID: maxJobID, Version: 7, Kind: event.Snapshot, State: json.RawMessage(`{"status":"running"}`)},
+		},
+		{
+			name:  "whitespace around the value and its members",
+			value: []byte("\n { \"job_id\" : \"job-1\" , \"version\" : 7 , \"kind\" : \"snapshot\" , \"state\" : { } } \n"),
+			want:  event.Event{JobID: "job-1", Version: 7, Kind: event.Snapshot, State: json.RawMessage(`{ }`)},
+		},
+		{
+			name:  "occurred_at with an offset",
+			value: record(map[string]any{"occurred_at": "2026-11-30T11:00:00.123+01:00"}),
+			want:  event.Event{JobID: "job-1", Version: 7, Kind: event.Snapshot, State: json.RawMessage(`{"status":"running"}`), OccurredAt: occurred.In(time.FixedZone("", 3600))},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+
+			got, err := event.Decode(tt.key, tt.value)
+			require.NoError(t, err)
+			require.True(t, tt.want.OccurredAt.Equal(got.OccurredAt), "occurred_at %v, want %v", got.OccurredAt, tt.want.OccurredAt)
+			got.OccurredAt, tt.want.OccurredAt = time.Time{}, time.Time{}
+			require.Equal(t, tt.want, got)
+		})
+	}
+}
+
+func TestDecodeValueAtTheSizeLimit(t *testing.T) {
+	t.Parallel()
+
+	value := oversized()
+	value = record(map[string]any{"state": map[string]any{"pad": strings.Repeat("x", len(value)-len(record(map[string]any{"state": map[string]any{"pad": ""}}))-1)}})
+	require.Len(t, value, event.MaxValueBytes)
+
+	ev, err := event.DecodeValue(value)
+	require.NoError(t, err)
+	require.Equal(t, int64(7), ev.Version)
+}
+
+// TestDecodeDoesNotAlias guards against a client that reuses its record
+// buffers: the event must not change when the value's bytes do.
+func TestDecodeDoesNotAlias(t *testing.T) {
+	t.Parallel()
+
+	value := record(map[string]any{"kind": "delta", "state": nil, "ops": json.RawMessage(`[{"op":"set","path":"/a","value":"xyz"}]`)})
+	ev, err := event.Decode(nil, value)
+	require.NoError(t, err)
+	for i := range value {
+		value[i] = ' '
+	}
+	require.Equal(t, `[{"op":"set","path":"/a","value":"xyz"}]`, string(ev.RawOps))
+	require.Equal(t, `"xyz"`, string(ev.Ops[0].Value))
+}
+
+func TestFieldErrorMessage(t *testing.T) {
+	t.Parallel()
+
+	_, err := event.Decode(nil, record(map[string]any{"version": json.Number(strconv.Itoa(0))}))
+	require.EqualError(t, err, "version: must be at least 1 (version 0 is the empty state), got 0")
+}

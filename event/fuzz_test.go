@@ -1,0 +1,56 @@
+package event_test
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/projector/projector/delta"
+	"github.com/projector/projector/event"
+)
+
+// FuzzDecode feeds arbitrary keys and values to Decode. Nothing may panic, a
+// refusal must be a *FieldError, and an accepted event must be one the
+// version rules can order.
+func FuzzDecode(f *testing.F) {
+	f.Add([]byte("job-1"), []byte(`{"job_id":"job-1","version":7,"kind":"snapshot","state":{"status":"running"},"event_id":"evt-90","occurred_at":"2026-11-30T10:00:00Z"}`))
+	f.Add([]byte(""), []byte(`{"job_id":"job-1","version":8,"kind":"delta","ops":[{"op":"increment","path":"/processed_articles","by":5}]}`))
+	f.Add([]byte("job-2"), []byte(`{"job_id":"job-1","version":1,"kind":"snapshot","state":{}}`))
+	f.Add([]byte(""), []byte(`{"job_id":"job-1","version":9223372036854775808,"kind":"snapshot","state":{}}`))
+	f.Add([]byte(""), []byte(`{"job_id":"job-1","version":1.5,"kind":"delta","ops":[]}`))
+	f.Add([]byte{0, 0, 0, 0}, []byte{0, 0, 0, 0, 0, 0})
+	f.Add([]byte("job-1"), []byte(nil))
+	f.Add([]byte("job-1"), []byte("null"))
+
+	f.Fuzz(func(t *testing.T, key, value []byte) {
+		ev, err := event.Decode(key, value)
+		if err != nil {
+			var fieldErr *event.FieldError
+			require.ErrorAs(t, err, &fieldErr)
+			require.NotEmpty(t, fieldErr.Field)
+			require.NotEmpty(t, fieldErr.Reason)
+			return
+		}
+		require.GreaterOrEqual(t, ev.Version, int64(1))
+		require.NotEmpty(t, ev.JobID)
+		require.LessOrEqual(t, len(ev.JobID), event.MaxJobIDBytes)
+		require.LessOrEqual(t, len(value), event.MaxValueBytes)
+		if len(key) > 0 {
+			require.Equal(t, string(key), ev.JobID)
+		}
+		switch ev.Kind {
+		case event.Snapshot:
+			_, err := delta.DecodeState(ev.State)
+			require.NoError(t, err, "a snapshot's state must be an object")
+			require.Empty(t, ev.Ops)
+		case event.Delta:
+			require.NotEmpty(t, ev.Ops)
+			require.LessOrEqual(t, len(ev.Ops), delta.MaxOps)
+			require.True(t, bytes.HasPrefix(ev.RawOps, []byte("[")))
+			require.Nil(t, ev.State)
+		default:
+			t.Fatalf("kind %q is neither snapshot nor delta", ev.Kind)
+		}
+	})
+}
