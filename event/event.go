@@ -88,6 +88,9 @@ func DecodeValue(value []byte) (Event, error) {
 	if err := json.Unmarshal(trimmed, &w); err != nil {
 		return Event{}, &FieldError{Field: "value", Reason: "malformed JSON: " + err.Error()}
 	}
+	if hasNULEscape(trimmed) {
+		return Event{}, &FieldError{Field: "value", Reason: `contains the escape \u0000, which PostgreSQL cannot store in text or jsonb`}
+	}
 	var ev Event
 	var err error
 	if ev.JobID, err = jobID(w["job_id"]); err != nil {
@@ -201,4 +204,25 @@ func clip(s string) string {
 		return s[:64] + "..."
 	}
 	return s
+}
+
+// hasNULEscape reports a \u0000 escape in JSON text: a NUL character that
+// PostgreSQL refuses in text and jsonb, which would fail every retry of the
+// batch instead of quarantining the one record.
+func hasNULEscape(b []byte) bool {
+	for i := bytes.Index(b, []byte(`u0000`)); i >= 0; {
+		slashes := 0
+		for j := i - 1; j >= 0 && b[j] == '\\'; j-- {
+			slashes++
+		}
+		if slashes%2 == 1 {
+			return true
+		}
+		next := bytes.Index(b[i+1:], []byte(`u0000`))
+		if next < 0 {
+			return false
+		}
+		i += 1 + next
+	}
+	return false
 }

@@ -241,3 +241,20 @@ func TestFieldErrorMessage(t *testing.T) {
 	_, err := event.Decode(nil, record(map[string]any{"version": json.Number(strconv.Itoa(0))}))
 	require.EqualError(t, err, "version: must be at least 1 (version 0 is the empty state), got 0")
 }
+
+func TestDecodeRefusesNULThatPostgreSQLCannotStore(t *testing.T) {
+	t.Parallel()
+	for _, v := range []string{
+		`{"job_id":"a\u0000b","version":1,"kind":"snapshot","state":{}}`,
+		`{"job_id":"a","version":1,"kind":"snapshot","state":{"x":"\u0000"}}`,
+		`{"job_id":"a","version":1,"kind":"delta","ops":[{"op":"set","path":"/x","value":"\\\u0000"}]}`,
+	} {
+		_, err := event.Decode(nil, []byte(v))
+		var fe *event.FieldError
+		require.ErrorAs(t, err, &fe, v)
+		require.Contains(t, fe.Error(), `\u0000`)
+	}
+	// An escaped backslash followed by the text u0000 is an ordinary string.
+	_, err := event.Decode(nil, []byte(`{"job_id":"a","version":1,"kind":"snapshot","state":{"x":"\\u0000"}}`))
+	require.NoError(t, err)
+}

@@ -51,6 +51,7 @@ type Job struct {
 	ID      string
 	Version int64
 	State   json.RawMessage
+	EventID string
 }
 
 // LoadJobs reads the rows of ids that exist; a missing job is at version 0.
@@ -67,7 +68,7 @@ func loadJobs(ctx context.Context, q querier, table string, ids []string) (map[s
 	if len(ids) == 0 {
 		return out, nil
 	}
-	rows, err := q.Query(ctx, `SELECT job_id, version, state::text FROM `+table+` WHERE job_id = ANY($1::text[])`, ids)
+	rows, err := q.Query(ctx, `SELECT job_id, version, state::text, coalesce(event_id, '') FROM `+table+` WHERE job_id = ANY($1::text[])`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("store: load %d jobs: %w", len(ids), err)
 	}
@@ -75,7 +76,7 @@ func loadJobs(ctx context.Context, q querier, table string, ids []string) (map[s
 	for rows.Next() {
 		var j Job
 		var state string
-		if err := rows.Scan(&j.ID, &j.Version, &state); err != nil {
+		if err := rows.Scan(&j.ID, &j.Version, &state, &j.EventID); err != nil {
 			return nil, fmt.Errorf("store: load jobs: %w", err)
 		}
 		j.State = json.RawMessage(state)
@@ -102,13 +103,37 @@ type Write struct {
 
 // Held is a delta waiting for the versions before it.
 type Held struct {
-	JobID     string
-	Version   int64
+	JobID   string
+	Version int64
+	// Partition is the partition whose owner holds it (and reloads it on
+	// claim); Offset is where the delta was read.
 	Partition int
 	Offset    int64
 	Ops       json.RawMessage
 	EventID   string
 	Since     time.Time
+}
+
+// LoadHeld reads the held deltas a partition's previous owner stored.
+func (s *Store) LoadHeld(ctx context.Context, topic string, p int) ([]Held, error) {
+	rows, err := s.pool.Query(ctx, `SELECT job_id, version, partition, "offset", ops::text, event_id, held_since
+		FROM `+s.held+` WHERE projection = $1 AND topic = $2 AND partition = $3 ORDER BY job_id, version`,
+		s.projection, topic, p)
+	if err != nil {
+		return nil, fmt.Errorf("store: load held %s/%d: %w", topic, p, err)
+	}
+	defer rows.Close()
+	var out []Held
+	for rows.Next() {
+		var h Held
+		var ops string
+		if err := rows.Scan(&h.JobID, &h.Version, &h.Partition, &h.Offset, &ops, &h.EventID, &h.Since); err != nil {
+			return nil, fmt.Errorf("store: load held %s/%d: %w", topic, p, err)
+		}
+		h.Ops = json.RawMessage(ops)
+		out = append(out, h)
+	}
+	return out, rows.Err()
 }
 
 // HeldKey names one held delta.
@@ -119,6 +144,8 @@ type HeldKey struct {
 
 // Bad is a record that broke the wire format.
 type Bad struct {
+	// Partition is where the record was read; -1 means the batch's.
+	Partition  int
 	Offset     int64
 	Key, Value []byte
 	Err        string
@@ -234,18 +261,22 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 	}
 
 	if len(b.Bad) > 0 {
+		parts := make([]int32, len(b.Bad))
 		offs := make([]int64, len(b.Bad))
 		keys := make([][]byte, len(b.Bad))
 		vals := make([][]byte, len(b.Bad))
 		errs := make([]string, len(b.Bad))
 		for i, r := range b.Bad {
-			offs[i], keys[i], vals[i], errs[i] = r.Offset, r.Key, r.Value, r.Err
+			parts[i], offs[i], keys[i], vals[i], errs[i] = int32(r.Partition), r.Offset, r.Key, r.Value, r.Err
+			if r.Partition < 0 {
+				parts[i] = int32(b.Partition)
+			}
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO `+s.quarantine+` (projection, topic, partition, "offset", key, value, error)
-			SELECT $1, $2, $3, i.off, i.key, i.value, i.err
-			FROM unnest($4::bigint[], $5::bytea[], $6::bytea[], $7::text[]) AS i(off, key, value, err)
+			SELECT $1, $2, i.part, i.off, i.key, i.value, i.err
+			FROM unnest($3::int[], $4::bigint[], $5::bytea[], $6::bytea[], $7::text[]) AS i(part, off, key, value, err)
 			ON CONFLICT (projection, topic, partition, "offset") DO NOTHING`,
-			s.projection, b.Topic, b.Partition, offs, keys, vals, errs); err != nil {
+			s.projection, b.Topic, parts, offs, keys, vals, errs); err != nil {
 			return res, fmt.Errorf("store: apply %s/%d@%d: quarantine: %w", b.Topic, b.Partition, b.NextOffset, err)
 		}
 	}

@@ -91,7 +91,7 @@ func TestApplyByAnOldEpochIsFencedAndWritesNothing(t *testing.T) {
 	require.NoError(t, err)
 	_, err = s.Apply(ctx, &store.Batch{Topic: "t", Partition: 3, Epoch: old.Epoch, NextOffset: 10,
 		Snapshots: []store.Write{{JobID: "x", Version: 1, State: json.RawMessage(`{}`)}},
-		Bad:       []store.Bad{{Offset: 9, Err: "nope"}}})
+		Bad:       []store.Bad{{Partition: -1, Offset: 9, Err: "nope"}}})
 	require.ErrorIs(t, err, store.ErrFenced)
 	jobs, err := s.LoadJobs(ctx, []string{"x"})
 	require.NoError(t, err)
