@@ -163,3 +163,12 @@ func (d *Detector) Gaps() []Gap {
 
 // Len is the number of held jobs.
 func (d *Detector) Len() int { return len(d.gaps) }
+
+// Gap returns job's record, if it is held.
+func (d *Detector) Gap(job string) (Gap, bool) {
+	g, ok := d.gaps[job]
+	if !ok {
+		return Gap{}, false
+	}
+	return *g, true
+}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/store"
 )
 
@@ -34,6 +35,32 @@ type Config struct {
 
 	Store  *store.Store
 	Logger *slog.Logger
+
+	// GapWait is how long a held delta waits for the missing versions to
+	// arrive in the log before re-read and snapshot run; 0 skips waiting.
+	GapWait time.Duration
+	// NoReread turns the re-read step off.
+	NoReread bool
+	// RereadWindow is how far before a job's oldest hold the log re-read
+	// starts, found by offset-for-timestamp lookup.
+	RereadWindow time.Duration
+	// RereadMaxBytes and RereadMaxTime bound one re-read of the log.
+	RereadMaxBytes int64
+	RereadMaxTime  time.Duration
+	// SnapshotURL is the trusted snapshot authority; empty turns the
+	// snapshot step off.
+	SnapshotURL string
+	// SnapshotTimeout bounds one request to the authority.
+	SnapshotTimeout time.Duration
+	// SnapshotConcurrency bounds requests to the authority in flight.
+	SnapshotConcurrency int
+	// SnapshotMaxElapsed bounds one fetch's retries; the gap's own backoff
+	// (GapRetryMax) takes over after it.
+	SnapshotMaxElapsed time.Duration
+	// GapRetryMin and GapRetryMax bound the backoff between attempts
+	// that leave a gap held.
+	GapRetryMin time.Duration
+	GapRetryMax time.Duration
 
 	// Group timing; the defaults suit a real cluster.
 	HeartbeatInterval time.Duration
@@ -71,6 +98,36 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.CacheSize == 0 {
 		c.CacheSize = 100_000
+	}
+	if c.GapWait == 0 {
+		c.GapWait = 10 * time.Second
+	}
+	if c.GapWait < 0 {
+		c.GapWait = 0
+	}
+	if c.RereadWindow == 0 {
+		c.RereadWindow = 10 * time.Minute
+	}
+	if c.RereadMaxBytes == 0 {
+		c.RereadMaxBytes = 256 << 20
+	}
+	if c.RereadMaxTime == 0 {
+		c.RereadMaxTime = 30 * time.Second
+	}
+	if c.SnapshotTimeout == 0 {
+		c.SnapshotTimeout = 5 * time.Second
+	}
+	if c.SnapshotConcurrency == 0 {
+		c.SnapshotConcurrency = 4
+	}
+	if c.SnapshotMaxElapsed == 0 {
+		c.SnapshotMaxElapsed = 30 * time.Second
+	}
+	if c.GapRetryMin == 0 {
+		c.GapRetryMin = time.Second
+	}
+	if c.GapRetryMax == 0 {
+		c.GapRetryMax = 5 * time.Minute
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -125,8 +182,28 @@ func (c Config) Validate() error {
 	if c.CacheSize < 0 {
 		errs = append(errs, fmt.Errorf("cache-size: %d is negative", c.CacheSize))
 	}
+	if c.RereadWindow < 0 || c.RereadMaxBytes < 0 || c.RereadMaxTime < 0 {
+		errs = append(errs, errors.New("reread-window, reread-max-bytes and reread-max-time must not be negative"))
+	}
+	if c.SnapshotTimeout < 0 || c.SnapshotConcurrency < 0 || c.GapRetryMin < 0 || c.GapRetryMax < 0 {
+		errs = append(errs, errors.New("snapshot-timeout, snapshot-concurrency, gap-retry-min and gap-retry-max must not be negative"))
+	}
 	if c.Store == nil {
 		errs = append(errs, errors.New("store: required"))
 	}
 	return errors.Join(errs...)
+}
+
+// GapWait of this value in a Config means "do not wait": the zero value
+// already means "the default".
+const NoGapWait = -1
+
+func (c Config) gapPolicy() gapfill.Policy {
+	return gapfill.Policy{
+		Wait:     c.GapWait,
+		Reread:   !c.NoReread,
+		Snapshot: c.SnapshotURL != "",
+		RetryMin: c.GapRetryMin,
+		RetryMax: c.GapRetryMax,
+	}
 }

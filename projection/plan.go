@@ -1,119 +1,220 @@
 package projection
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
 	"github.com/segmentio/kafka-go"
 
+	"github.com/projector/projector/delta"
 	"github.com/projector/projector/event"
+	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/snapshot"
 	"github.com/projector/projector/store"
 )
 
-// errDeltasUnsupported is the quarantine reason for deltas until the gap
-// detector routes them.
-const errDeltasUnsupported = "deltas not supported yet"
-
-// decoded is one record that passed the wire-format checks.
-type decoded struct {
-	event.Event
-	offset int64
+// plan is one batch transaction and what it will have done once committed.
+type plan struct {
+	batch *store.Batch
+	tally tally
+	// jobs are the rows and held sets after the batch, for the cache.
+	jobs map[string]gapfill.Job
+	// closed and held tell the detector what changed.
+	closed   map[string]gapfill.Source
+	progress map[string]bool
+	holding  map[string]time.Time
 }
 
-// plan turns one fetched batch into the writes of one transaction and the
-// tally it will have produced once committed. It reads and never changes
-// the worker's cache; [worker.settle] updates it after the commit.
-func (w *worker) plan(msgs []kafka.Message) (*store.Batch, tally) {
-	b := &store.Batch{
-		Topic:      w.topic,
-		Partition:  w.partition,
-		Epoch:      w.epoch,
-		NextOffset: msgs[len(msgs)-1].Offset + 1,
+// plan turns fetched records and finished gap resolutions into the writes
+// of one transaction. It reads rows it does not know, but changes nothing
+// the worker keeps until [worker.settle] runs after the commit.
+func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.Resolution, now time.Time) (*plan, error) {
+	next := w.position
+	if len(msgs) > 0 {
+		next = msgs[len(msgs)-1].Offset + 1
 	}
-	t := tally{consumed: int64(len(msgs))}
+	p := &plan{
+		batch:    &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: next},
+		tally:    tally{consumed: int64(len(msgs))},
+		jobs:     map[string]gapfill.Job{},
+		closed:   map[string]gapfill.Source{},
+		progress: map[string]bool{},
+		holding:  map[string]time.Time{},
+	}
 
-	byJob := make(map[string][]decoded)
+	// Decode and group by job, keeping each job's records in log order.
+	inputs := map[string][]gapfill.Input{}
 	var order []string
+	hasDelta := map[string]bool{}
+	add := func(id string, in ...gapfill.Input) {
+		if _, seen := inputs[id]; !seen {
+			order = append(order, id)
+		}
+		inputs[id] = append(inputs[id], in...)
+	}
 	for _, m := range msgs {
 		ev, err := event.Decode(m.Key, m.Value)
-		if err == nil && ev.Kind == event.Delta {
-			err = &event.FieldError{Field: "kind", Reason: errDeltasUnsupported}
-		}
 		if err != nil {
-			b.Bad = append(b.Bad, store.Bad{Offset: m.Offset, Key: m.Key, Value: m.Value, Err: err.Error()})
-			t.quarantined++
+			p.quarantine(store.Bad{Partition: -1, Offset: m.Offset, Key: m.Key, Value: m.Value, Err: err.Error()})
 			continue
 		}
-		if _, seen := byJob[ev.JobID]; !seen {
-			order = append(order, ev.JobID)
+		if ev.Kind == event.Delta {
+			hasDelta[ev.JobID] = true
 		}
-		byJob[ev.JobID] = append(byJob[ev.JobID], decoded{Event: ev, offset: m.Offset})
+		add(ev.JobID, gapfill.Input{Event: ev, Partition: w.partition, Offset: m.Offset, Source: gapfill.FromLog, At: now})
+	}
+	// Gap resolutions go first: they are older news than this batch.
+	rows := map[string]*gapfill.Row{}
+	for _, r := range res {
+		if r.Row != nil {
+			rows[r.JobID] = r.Row
+		}
+		if _, seen := inputs[r.JobID]; !seen {
+			order = append(order, r.JobID)
+		}
+		inputs[r.JobID] = append(append([]gapfill.Input(nil), r.Inputs...), inputs[r.JobID]...)
+		hasDelta[r.JobID] = true
+	}
+
+	// Jobs that only received snapshots and hold nothing take the fast
+	// path: one conditional upsert, no row read. The rest need their row.
+	var need []string
+	for _, id := range order {
+		j, cached := w.cache.get(id)
+		if hasDelta[id] || (cached && len(j.Held) > 0) {
+			if !cached {
+				need = append(need, id)
+			}
+		}
+	}
+	loaded, err := w.p.cfg.Store.LoadJobs(ctx, need)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range need {
+		j := gapfill.Job{ID: id}
+		if row, ok := loaded[id]; ok {
+			state, err := delta.DecodeState(row.State)
+			if err != nil {
+				return nil, fmt.Errorf("projection: job %q: stored state: %w", id, err)
+			}
+			j = gapfill.Job{ID: id, Version: row.Version, State: state, Raw: row.State, EventID: row.EventID}
+		}
+		w.cache.put(j)
 	}
 
 	for _, id := range order {
-		evs := byJob[id]
-		snaps := make([]event.Event, len(evs))
-		for i, d := range evs {
-			snaps[i] = d.Event
-		}
-		f := snapshot.Fold(snaps)
-		t.stale += int64(len(f.Stale))
-		t.conflicts += int64(len(f.Conflicts))
-		for _, i := range f.Conflicts {
-			w.log.Warn("conflicting snapshots: same version, different state; the first wins",
-				"job_id", id, "version", snaps[i].Version,
-				"kept_event_id", snaps[f.Winner].EventID, "dropped_event_id", snaps[i].EventID)
-		}
-		win := evs[f.Winner]
-		if c, ok := w.cache.version(id); ok && c >= win.Version {
-			t.stale++ // the row is known to be at or past it: no write needed
+		j, cached := w.cache.get(id)
+		if !hasDelta[id] && (!cached || len(j.Held) == 0) {
+			p.snapshotOnly(w, id, inputs[id], j, cached)
 			continue
 		}
-		b.Snapshots = append(b.Snapshots, store.Write{
-			JobID: id, Version: win.Version, State: win.State, Offset: win.offset, EventID: win.EventID,
-		})
-	}
-	return b, t
-}
-
-// settle records a committed batch's outcome in the cache and the tally.
-func (w *worker) settle(b *store.Batch, res store.Result, t *tally) {
-	for _, s := range b.Snapshots {
-		if _, ok := res.SnapshotsApplied[s.JobID]; ok {
-			t.applied++
-			w.cache.put(s.JobID, s.Version)
-		} else {
-			t.stale++
-			w.cache.forget(s.JobID)
+		if row := rows[id]; row != nil && row.Version > j.Version {
+			state, err := delta.DecodeState(row.State)
+			if err != nil {
+				return nil, fmt.Errorf("projection: job %q: stored state: %w", id, err)
+			}
+			j = gapfill.Job{ID: id, Version: row.Version, State: state, Raw: row.State, EventID: row.EventID, Held: j.Held}
 		}
+		p.advance(w, j, inputs[id], now)
 	}
+	return p, nil
 }
 
-// versionCache remembers the exact version of rows this worker wrote. It is
-// an optimisation only: a wrong entry can make the store skip nothing,
-// because every write still carries its version condition.
-type versionCache struct {
-	max  int
-	vers map[string]int64
+func (p *plan) quarantine(b store.Bad) {
+	p.batch.Bad = append(p.batch.Bad, b)
+	p.tally.quarantined++
 }
 
-func newVersionCache(max int) *versionCache {
-	return &versionCache{max: max, vers: make(map[string]int64)}
-}
-
-func (c *versionCache) version(id string) (int64, bool) {
-	v, ok := c.vers[id]
-	return v, ok
-}
-
-func (c *versionCache) put(id string, v int64) {
-	if c.max == 0 {
+// snapshotOnly folds a job's snapshots to the one that can win and writes
+// it with the version condition, unless the cache already knows it is stale.
+func (p *plan) snapshotOnly(w *worker, id string, ins []gapfill.Input, j gapfill.Job, cached bool) {
+	snaps := make([]event.Event, len(ins))
+	for i, in := range ins {
+		snaps[i] = in.Event
+	}
+	f := snapshot.Fold(snaps)
+	p.tally.stale += int64(len(f.Stale))
+	for _, i := range f.Conflicts {
+		p.conflict(w, id, gapfill.Conflict{Version: snaps[i].Version, KeptEventID: snaps[f.Winner].EventID,
+			DroppedEventID: snaps[i].EventID, DroppedPartition: ins[i].Partition, DroppedOffset: ins[i].Offset})
+	}
+	win := ins[f.Winner]
+	if cached && j.Version >= win.Event.Version {
+		if j.Version == win.Event.Version && j.Raw != nil && !snapshot.SameState(j.Raw, win.Event.State) {
+			p.conflict(w, id, gapfill.Conflict{Version: j.Version, KeptEventID: j.EventID,
+				DroppedEventID: win.Event.EventID, DroppedPartition: win.Partition, DroppedOffset: win.Offset})
+			return
+		}
+		p.tally.stale++
 		return
 	}
-	if len(c.vers) >= c.max {
-		clear(c.vers)
-	}
-	c.vers[id] = v
+	p.batch.Snapshots = append(p.batch.Snapshots, store.Write{
+		JobID: id, Version: win.Event.Version, State: win.Event.State, Offset: win.Offset, EventID: win.Event.EventID,
+	})
 }
 
-func (c *versionCache) forget(id string) { delete(c.vers, id) }
+// advance runs a job's inputs through the gap detector's version rules.
+func (p *plan) advance(w *worker, j gapfill.Job, ins []gapfill.Input, now time.Time) {
+	next, out := gapfill.Advance(j, ins)
+	p.tally.applied += int64(out.Applied)
+	p.tally.stale += int64(out.Stale)
+	p.tally.duplicates += int64(out.Duplicates)
+	p.tally.held += int64(len(out.NewlyHeld))
+	for _, c := range out.Conflicts {
+		p.conflict(w, j.ID, c)
+	}
+	for _, r := range out.Rejected {
+		p.quarantine(store.Bad{Partition: r.Partition, Offset: r.Offset, Key: []byte(j.ID),
+			Value: deltaValue(r.Event), Err: fmt.Sprintf("version %d: %v", r.Event.Version, r.Err)})
+	}
+	if out.Changed {
+		p.batch.Updates = append(p.batch.Updates, store.Write{
+			JobID: j.ID, Version: next.Version, State: next.Raw, Expect: j.Version,
+			Offset: out.LastOffset, EventID: out.LastEventID,
+		})
+	}
+	for _, h := range out.NewlyHeld {
+		p.batch.Hold = append(p.batch.Hold, store.Held{
+			JobID: j.ID, Version: h.Event.Version, Partition: w.partition, Offset: h.Offset,
+			Ops: h.Event.RawOps, EventID: h.Event.EventID, Since: h.Since,
+		})
+	}
+	for _, v := range out.Released {
+		p.batch.Release = append(p.batch.Release, store.HeldKey{JobID: j.ID, Version: v})
+	}
+	switch {
+	case out.Closed:
+		p.closed[j.ID] = out.ClosedBy
+	case len(next.Held) > 0:
+		since := now
+		for _, h := range next.Held {
+			if h.Since.Before(since) {
+				since = h.Since
+			}
+		}
+		p.holding[j.ID] = since
+		if out.Changed && len(j.Held) > 0 {
+			p.progress[j.ID] = true
+		}
+	}
+	p.jobs[j.ID] = next
+}
 
-func (c *versionCache) reset() { clear(c.vers) }
+func (p *plan) conflict(w *worker, id string, c gapfill.Conflict) {
+	p.tally.conflicts++
+	w.log.Warn("conflict: same job and version with different content; the first applied wins",
+		"job_id", id, "version", c.Version, "kept_event_id", c.KeptEventID,
+		"dropped_event_id", c.DroppedEventID, "dropped_partition", c.DroppedPartition, "dropped_offset", c.DroppedOffset)
+}
+
+// deltaValue re-encodes a delta for the quarantine when its original bytes
+// are not at hand (a held delta reloaded from the store).
+func deltaValue(ev event.Event) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"job_id": ev.JobID, "version": ev.Version, "kind": ev.Kind, "ops": ev.RawOps, "event_id": ev.EventID,
+	})
+	return b
+}

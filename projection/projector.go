@@ -9,12 +9,16 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/projector/projector/gapfill"
+	"github.com/projector/projector/snapshot"
 )
 
 // Projector runs the projection of one topic into one store.
 type Projector struct {
 	cfg      Config
 	dialer   *kafka.Dialer
+	resolver *gapfill.Resolver
 	counters counters
 	book     partitionBook
 
@@ -28,10 +32,29 @@ func New(cfg Config) (*Projector, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Projector{
+	p := &Projector{
 		cfg:    cfg,
 		dialer: &kafka.Dialer{ClientID: "projector", Timeout: 10 * time.Second, DualStack: true},
-	}, nil
+	}
+	pol := cfg.gapPolicy()
+	if pol.Reread || pol.Snapshot {
+		p.resolver = &gapfill.Resolver{Window: cfg.RereadWindow, Concurrency: cfg.SnapshotConcurrency}
+		if pol.Reread {
+			p.resolver.Store = storeRows{cfg.Store}
+			p.resolver.Log = &logReader{p: p}
+		}
+		if pol.Snapshot {
+			sc, err := snapshot.NewClient(cfg.SnapshotURL)
+			if err != nil {
+				return nil, fmt.Errorf("snapshot-url: %w", err)
+			}
+			sc.Timeout = cfg.SnapshotTimeout
+			sc.MaxConcurrent = cfg.SnapshotConcurrency
+			sc.MaxElapsedTime = cfg.SnapshotMaxElapsed
+			p.resolver.Snapshots = sc
+		}
+	}
+	return p, nil
 }
 
 // Config is the configuration in force, defaults filled in.
@@ -103,7 +126,7 @@ func (p *Projector) startGeneration(gen *kafka.Generation) {
 			topic:     cfg.Topic,
 			partition: a.ID,
 			log:       cfg.Logger.With("topic", cfg.Topic, "partition", a.ID),
-			cache:     newVersionCache(cfg.CacheSize),
+			cache:     newJobCache(cfg.CacheSize),
 			position:  -1,
 			committed: c.offer,
 		}
@@ -175,14 +198,19 @@ func (c *committer) flush() {
 
 // Status reports this instance's partitions and counters.
 func (p *Projector) Status() Status {
+	parts := p.book.list()
+	c := p.counters.snapshot()
+	for _, ps := range parts {
+		c.HeldJobs += int64(len(ps.Held))
+	}
 	return Status{
 		Topic:      p.cfg.Topic,
 		Group:      p.cfg.Group,
 		Owner:      p.cfg.Owner,
 		Generation: p.generation.Load(),
 		Ready:      p.ready.Load(),
-		Partitions: p.book.list(),
-		Counters:   p.counters.snapshot(),
+		Partitions: parts,
+		Counters:   c,
 	}
 }
 

@@ -18,10 +18,17 @@ type Counters struct {
 	Quarantined int64 `json:"quarantined"`
 	Batches     int64 `json:"batches"`
 	Fenced      int64 `json:"fenced"`
+	// Gaps closed, by the step that closed them.
+	ClosedByWait     int64 `json:"gaps_closed_by_wait"`
+	ClosedByReread   int64 `json:"gaps_closed_by_reread"`
+	ClosedBySnapshot int64 `json:"gaps_closed_by_snapshot"`
+	// HeldJobs is how many jobs are held right now.
+	HeldJobs int64 `json:"held_jobs"`
 }
 
 type counters struct {
 	consumed, applied, stale, duplicates, conflicts, held, quarantined, batches, fenced atomic.Int64
+	closedWait, closedReread, closedSnapshot                                             atomic.Int64
 }
 
 func (c *counters) add(t tally) {
@@ -40,6 +47,7 @@ func (c *counters) snapshot() Counters {
 		Consumed: c.consumed.Load(), Applied: c.applied.Load(), Stale: c.stale.Load(),
 		Duplicates: c.duplicates.Load(), Conflicts: c.conflicts.Load(), Held: c.held.Load(),
 		Quarantined: c.quarantined.Load(), Batches: c.batches.Load(), Fenced: c.fenced.Load(),
+		ClosedByWait: c.closedWait.Load(), ClosedByReread: c.closedReread.Load(), ClosedBySnapshot: c.closedSnapshot.Load(),
 	}
 }
 
@@ -58,6 +66,22 @@ type PartitionStatus struct {
 	Lag           int64     `json:"lag"`
 	Epoch         int64     `json:"epoch"`
 	UpdatedAt     time.Time `json:"updated_at"`
+	// Held lists the jobs whose deltas wait for missing versions.
+	Held []HeldJob `json:"held"`
+}
+
+// HeldJob is one job the gap detector holds.
+type HeldJob struct {
+	JobID string `json:"job_id"`
+	// Version is the row's version; Missing the versions it waits for.
+	Version     int64     `json:"version"`
+	Missing     []int64   `json:"missing"`
+	HeldDeltas  int       `json:"held_deltas"`
+	Since       time.Time `json:"since"`
+	Attempts    int       `json:"attempts"`
+	NextAttempt time.Time `json:"next_attempt"`
+	LastStep    string    `json:"last_step"`
+	LastError   string    `json:"last_error,omitempty"`
 }
 
 // Status is what /status serves.

@@ -5,11 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/projector/projector/delta"
+	"github.com/projector/projector/event"
+	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/store"
 )
 
@@ -21,10 +25,16 @@ type worker struct {
 	partition int
 	epoch     int64
 	log       *slog.Logger
-	cache     *versionCache
+	cache     *jobCache
+	detector  *gapfill.Detector
 	position  int64
 	hwm       int64
 	committed func(partition int, next int64)
+
+	// resolving is set while a resolver goroutine runs; its answers
+	// arrive on resolved.
+	resolving bool
+	resolved  chan []gapfill.Resolution
 }
 
 // applyTimeout bounds one batch transaction.
@@ -38,6 +48,8 @@ var testHookBeforeApply func(partition int)
 
 func (w *worker) run(ctx context.Context) error {
 	cfg := w.p.cfg
+	w.detector = gapfill.NewDetector(cfg.gapPolicy())
+	w.resolved = make(chan []gapfill.Resolution, 1)
 	claim, err := w.claim(ctx)
 	if err != nil {
 		return err
@@ -45,6 +57,9 @@ func (w *worker) run(ctx context.Context) error {
 	w.epoch = claim.Epoch
 	w.position = claim.NextOffset
 	w.log = w.log.With("epoch", w.epoch)
+	if err := w.restore(ctx); err != nil {
+		return err
+	}
 	w.publish()
 
 	start := claim.NextOffset
@@ -54,7 +69,7 @@ func (w *worker) run(ctx context.Context) error {
 			start = kafka.LastOffset
 		}
 	}
-	w.log.Info("partition claimed", "next_offset", claim.NextOffset)
+	w.log.Info("partition claimed", "next_offset", claim.NextOffset, "held_jobs", w.detector.Len())
 	r := kafka.NewReader(kafka.ReaderConfig{
 		Brokers:     cfg.Brokers,
 		Topic:       w.topic,
@@ -63,28 +78,93 @@ func (w *worker) run(ctx context.Context) error {
 		MaxBytes:    16 << 20,
 		MaxWait:     cfg.MaxWait,
 		Dialer:      w.p.dialer,
-		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) { w.log.Debug(fmt.Sprintf(msg, args...)) }),
+		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) { w.log.Debug("kafka: " + fmt.Sprintf(msg, args...)) }),
 	})
 	defer r.Close()
 	if err := r.SetOffset(start); err != nil {
 		return fmt.Errorf("projection: %s/%d: set offset %d: %w", w.topic, w.partition, start, err)
 	}
 
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	rctx, stopResolver := context.WithCancel(ctx)
+	defer stopResolver()
 	for {
+		var res []gapfill.Resolution
+		select {
+		case res = <-w.resolved:
+			w.resolving = false
+		default:
+		}
 		msgs, hwm := w.fetch(ctx, r)
 		if hwm > w.hwm {
 			w.hwm = hwm
-			w.publish()
 		}
-		if len(msgs) > 0 {
-			if err := w.commit(ctx, msgs); err != nil {
+		if len(msgs) > 0 || len(res) > 0 {
+			if err := w.commit(ctx, msgs, res); err != nil {
 				return err
 			}
 		}
+		w.reschedule(res)
 		if ctx.Err() != nil {
 			return nil
 		}
+		w.startResolver(rctx, &wg)
+		w.publish()
 	}
+}
+
+// restore loads the held deltas this partition's previous owners stored,
+// with their jobs' rows, into a fresh cache and detector.
+func (w *worker) restore(ctx context.Context) error {
+	w.cache.reset()
+	w.detector.Reset()
+	var held []store.Held
+	var rows map[string]store.Job
+	op := func() error {
+		var err error
+		if held, err = w.p.cfg.Store.LoadHeld(ctx, w.topic, w.partition); err != nil {
+			return err
+		}
+		ids := map[string]bool{}
+		var list []string
+		for _, h := range held {
+			if !ids[h.JobID] {
+				ids[h.JobID] = true
+				list = append(list, h.JobID)
+			}
+		}
+		rows, err = w.p.cfg.Store.LoadJobs(ctx, list)
+		return err
+	}
+	if err := backoff.Retry(op, backoff.WithContext(retryPolicy(), ctx)); err != nil {
+		return err
+	}
+	for _, h := range held {
+		j, ok := w.cache.get(h.JobID)
+		if !ok {
+			j = gapfill.Job{ID: h.JobID, Held: map[int64]gapfill.Held{}}
+			if row, ok := rows[h.JobID]; ok {
+				state, err := delta.DecodeState(row.State)
+				if err != nil {
+					return fmt.Errorf("projection: job %q: stored state: %w", h.JobID, err)
+				}
+				j = gapfill.Job{ID: h.JobID, Version: row.Version, State: state, Raw: row.State, EventID: row.EventID, Held: map[int64]gapfill.Held{}}
+			}
+		}
+		ops, err := delta.ParseOps(h.Ops)
+		if err != nil {
+			return fmt.Errorf("projection: held delta %q v%d: %w", h.JobID, h.Version, err)
+		}
+		ev := event.Event{JobID: h.JobID, Version: h.Version, Kind: event.Delta, Ops: ops, RawOps: h.Ops, EventID: h.EventID}
+		j.Held[h.Version] = gapfill.Held{Input: gapfill.Input{Event: ev, Partition: w.partition, Offset: h.Offset, At: h.Since}, Since: h.Since}
+		w.cache.put(j)
+		w.detector.Hold(h.JobID, h.Since)
+	}
+	// Held deltas that a row already covers (another writer moved it while
+	// nobody owned the partition) are released by the next attempt: make
+	// every restored gap due at once.
+	return nil
 }
 
 func (w *worker) claim(ctx context.Context) (store.Claim, error) {
@@ -101,22 +181,33 @@ func (w *worker) claim(ctx context.Context) (store.Claim, error) {
 	return claim, err
 }
 
-// fetch blocks for the first record, then gathers more for up to the
-// linger time or the batch size. It returns early when ctx ends.
+// fetch waits for the first record, or until a held gap falls due or a
+// resolution arrives, then gathers more for up to the linger time or the
+// batch size. It returns early when ctx ends.
 func (w *worker) fetch(ctx context.Context, r *kafka.Reader) ([]kafka.Message, int64) {
 	cfg := w.p.cfg
-	var msgs []kafka.Message
-	var hwm int64
-	m, err := r.FetchMessage(ctx)
+	wait := time.Duration(-1)
+	if w.resolving {
+		wait = 100 * time.Millisecond
+	} else if due, ok := w.detector.NextDue(); ok {
+		wait = max(time.Until(due), 10*time.Millisecond)
+	}
+	fctx := ctx
+	if wait >= 0 {
+		var cancel context.CancelFunc
+		fctx, cancel = context.WithTimeout(ctx, wait)
+		defer cancel()
+	}
+	m, err := r.FetchMessage(fctx)
 	if err != nil {
-		if ctx.Err() == nil {
+		if ctx.Err() == nil && fctx.Err() == nil {
 			w.log.Warn("fetch failed", "err", err)
 			sleep(ctx, time.Second)
 		}
 		return nil, 0
 	}
-	msgs = append(msgs, m)
-	hwm = m.HighWaterMark
+	msgs := []kafka.Message{m}
+	hwm := m.HighWaterMark
 	lctx, cancel := context.WithTimeout(ctx, cfg.BatchLinger)
 	defer cancel()
 	for len(msgs) < cfg.BatchSize {
@@ -130,53 +221,193 @@ func (w *worker) fetch(ctx context.Context, r *kafka.Reader) ([]kafka.Message, i
 	return msgs, hwm
 }
 
+// startResolver runs the due steps of the policy chain in the background,
+// so a held job never delays the other jobs of its partition.
+func (w *worker) startResolver(ctx context.Context, wg *sync.WaitGroup) {
+	if w.resolving || w.p.resolver == nil {
+		return
+	}
+	now := time.Now()
+	due := w.detector.Due(now)
+	if len(due) == 0 {
+		return
+	}
+	jobs := make([]gapfill.Job, 0, len(due))
+	for _, id := range due {
+		if j, ok := w.cache.get(id); ok {
+			jobs = append(jobs, j)
+		}
+	}
+	steps := w.detector.Steps()
+	w.resolving = true
+	wg.Go(func() {
+		res := w.p.resolver.Resolve(ctx, steps, jobs, now)
+		select {
+		case w.resolved <- res:
+		case <-ctx.Done():
+		}
+	})
+}
+
+// reschedule backs off every job an attempt left held.
+func (w *worker) reschedule(res []gapfill.Resolution) {
+	now := time.Now()
+	for _, r := range res {
+		if _, held := w.detector.Gap(r.JobID); !held {
+			continue
+		}
+		reason := errString(r.Err)
+		if reason == "" {
+			reason = "still held after " + string(r.Last)
+		}
+		w.detector.Failed(r.JobID, now, r.Last, reason)
+		w.log.Warn("gap still held", "job_id", r.JobID, "step", r.Last, "err", reason)
+	}
+}
+
 // commit plans and applies one batch, retrying transient failures until
 // it lands, the partition is fenced, or ctx ends. An attempt already
 // running when ctx ends is finished (its work is done, only the commit
 // remains); a batch that never landed is abandoned, to be read again by
 // whoever owns the partition next.
-func (w *worker) commit(ctx context.Context, msgs []kafka.Message) error {
+func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill.Resolution) error {
 	bo := retryPolicy()
 	for {
-		b, t := w.plan(msgs)
-		if testHookBeforeApply != nil {
-			testHookBeforeApply(w.partition)
-		}
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), applyTimeout)
-		res, err := w.p.cfg.Store.Apply(actx, b)
+		now := time.Now()
+		pl, err := w.plan(actx, msgs, res, now)
+		var result store.Result
+		if err == nil {
+			if testHookBeforeApply != nil {
+				testHookBeforeApply(w.partition)
+			}
+			result, err = w.p.cfg.Store.Apply(actx, pl.batch)
+		}
 		cancel()
 		if err == nil {
-			w.settle(b, res, &t)
-			w.p.counters.add(t)
-			w.position = b.NextOffset
-			w.publish()
-			w.committed(w.partition, b.NextOffset)
+			w.settle(pl, result, now)
+			if len(msgs) > 0 {
+				w.position = pl.batch.NextOffset
+				w.committed(w.partition, pl.batch.NextOffset)
+			}
 			return nil
 		}
-		w.cache.reset()
 		var stale *store.StaleError
 		switch {
 		case errors.Is(err, store.ErrFenced):
 			w.p.counters.fenced.Add(1)
-			w.log.Warn("fenced: another owner claimed this partition; its batch was rolled back and the partition stopped",
-				"batch_first_offset", msgs[0].Offset, "records", len(msgs))
+			w.log.Warn("fenced: another owner claimed this partition; the batch was rolled back and the partition stopped",
+				"first_offset", firstOffset(msgs), "records", len(msgs))
 			return errFenced
 		case errors.As(err, &stale):
-			w.log.Info("rows moved under the batch; reloading", "jobs", len(stale.Jobs))
+			w.log.Info("rows moved under the batch; reloading them", "jobs", len(stale.Jobs), "first", stale.Jobs[0])
+			for _, id := range stale.Jobs {
+				w.forgetRow(id)
+			}
 			continue
 		}
 		if ctx.Err() != nil {
-			w.log.Warn("batch abandoned at shutdown; it will be read again", "err", err, "first_offset", msgs[0].Offset)
+			w.log.Warn("batch abandoned at shutdown; it will be read again", "err", err, "first_offset", firstOffset(msgs))
 			return nil
 		}
 		d := bo.NextBackOff()
 		w.log.Error("batch failed; retrying", "err", err, "retry_in", d)
 		sleep(ctx, d)
+		// The cache may hold what the failed transaction would have
+		// written: start again from what is stored.
+		if err := w.restore(ctx); err != nil {
+			return nil
+		}
 	}
 }
 
+// forgetRow drops a job's cached row but keeps its held deltas, so the
+// next plan reads the row again.
+func (w *worker) forgetRow(id string) {
+	j, ok := w.cache.get(id)
+	if !ok {
+		return
+	}
+	if len(j.Held) == 0 {
+		w.cache.forget(id)
+		return
+	}
+	row, err := w.p.cfg.Store.LoadJobs(context.Background(), []string{id})
+	if err != nil {
+		return
+	}
+	if r, ok := row[id]; ok {
+		if state, err := delta.DecodeState(r.State); err == nil {
+			w.cache.put(gapfill.Job{ID: id, Version: r.Version, State: state, Raw: r.State, EventID: r.EventID, Held: j.Held})
+		}
+	}
+}
+
+// settle records a committed batch in the cache, the detector and the
+// counters.
+func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
+	t := pl.tally
+	for _, s := range pl.batch.Snapshots {
+		if _, ok := res.SnapshotsApplied[s.JobID]; ok {
+			t.applied++
+			state, err := delta.DecodeState(s.State)
+			if err == nil {
+				w.cache.put(gapfill.Job{ID: s.JobID, Version: s.Version, State: state, Raw: s.State, EventID: s.EventID})
+			}
+		} else {
+			t.stale++
+			w.cache.forget(s.JobID)
+		}
+	}
+	for _, j := range pl.jobs {
+		w.cache.put(j)
+	}
+	for id, by := range pl.closed {
+		w.detector.Close(id)
+		switch by {
+		case gapfill.FromLog:
+			w.p.counters.closedWait.Add(1)
+		case gapfill.FromReread:
+			w.p.counters.closedReread.Add(1)
+		case gapfill.FromAuthority:
+			w.p.counters.closedSnapshot.Add(1)
+		}
+		w.log.Info("gap closed", "job_id", id, "by", by.String())
+	}
+	for id, since := range pl.holding {
+		w.detector.Hold(id, since)
+		if pl.progress[id] {
+			w.detector.Progress(id, now)
+		}
+	}
+	w.p.counters.add(t)
+}
+
 func (w *worker) publish() {
-	w.p.book.set(PartitionStatus{Partition: w.partition, Position: w.position, HighWatermark: w.hwm, Epoch: w.epoch})
+	gaps := w.detector.Gaps()
+	held := make([]HeldJob, 0, len(gaps))
+	for _, g := range gaps {
+		j, _ := w.cache.get(g.JobID)
+		held = append(held, HeldJob{
+			JobID: g.JobID, Version: j.Version, Missing: j.Missing(10), HeldDeltas: len(j.Held),
+			Since: g.Since, Attempts: g.Attempts, NextAttempt: g.NextAttempt, LastStep: string(g.LastStep), LastError: g.LastErr,
+		})
+	}
+	w.p.book.set(PartitionStatus{Partition: w.partition, Position: w.position, HighWatermark: w.hwm, Epoch: w.epoch, Held: held})
+}
+
+func firstOffset(msgs []kafka.Message) int64 {
+	if len(msgs) == 0 {
+		return -1
+	}
+	return msgs[0].Offset
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
 
 // retryPolicy never gives up by itself: a projection that stops retrying

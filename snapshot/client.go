@@ -1,0 +1,263 @@
+package snapshot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/projector/projector/event"
+)
+
+// ErrNotFound: the authority answered 404, it does not know the job.
+var ErrNotFound = errors.New("snapshot: the authority does not know this job (404)")
+
+// Defaults of a [Client], used for any field left at zero.
+const (
+	DefaultTimeout         = 5 * time.Second
+	DefaultMaxConcurrent   = 4
+	DefaultInitialInterval = 200 * time.Millisecond
+	DefaultMaxInterval     = 5 * time.Second
+	DefaultMaxElapsedTime  = 30 * time.Second
+)
+
+// randomization spreads the retries of many gaps hitting a struggling
+// authority at once, so they do not come back in lockstep.
+const randomization = 0.5
+
+// Client fetches trusted snapshots from the authority (CONTRACT section 3).
+// It is safe for concurrent use; it must not be copied after first use.
+type Client struct {
+	// BaseURL is the authority, e.g. http://authority:8080; requests go to
+	// BaseURL + "/jobs/" + url.PathEscape(jobID).
+	BaseURL string
+	// HTTP sends the requests. It should have no overall Timeout: each
+	// request is bounded by Timeout through its context, which covers
+	// reading the body too. Nil means http.DefaultClient.
+	HTTP *http.Client
+	// Timeout bounds one request, body included.
+	Timeout time.Duration
+	// MaxConcurrent bounds the requests in flight at once across all
+	// callers, so a burst of gaps cannot swamp the authority. It is read
+	// on the first Fetch.
+	MaxConcurrent int
+	// The backoff between attempts: exponential from InitialInterval up to
+	// MaxInterval, each wait jittered by ±50%, giving up once
+	// MaxElapsedTime has passed since the first attempt.
+	InitialInterval, MaxInterval, MaxElapsedTime time.Duration
+
+	semOnce sync.Once
+	sem     chan struct{}
+}
+
+// NewClient returns a client of the authority at baseURL with every
+// default filled in.
+func NewClient(baseURL string) (*Client, error) {
+	base, err := checkBaseURL(baseURL)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{
+		BaseURL:         base,
+		HTTP:            &http.Client{},
+		Timeout:         DefaultTimeout,
+		MaxConcurrent:   DefaultMaxConcurrent,
+		InitialInterval: DefaultInitialInterval,
+		MaxInterval:     DefaultMaxInterval,
+		MaxElapsedTime:  DefaultMaxElapsedTime,
+	}, nil
+}
+
+// checkBaseURL returns baseURL without a trailing slash, or an error
+// that says what to fix. User info is allowed (the HTTP client sends it as
+// basic auth) but never echoed back.
+func checkBaseURL(baseURL string) (string, error) {
+	const example = "give an absolute http(s) URL such as http://authority:8080"
+	if baseURL == "" {
+		return "", errors.New("snapshot: the authority URL is empty: " + example)
+	}
+	u, err := url.Parse(baseURL)
+	if err != nil {
+		// *url.Error repeats the whole URL, password included.
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err
+		}
+		return "", fmt.Errorf("snapshot: the authority URL does not parse (%w): %s", err, example)
+	}
+	shown := u.Redacted()
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return "", fmt.Errorf("snapshot: the authority URL %q must start with http:// or https://, e.g. http://authority:8080", shown)
+	case u.Host == "":
+		return "", fmt.Errorf("snapshot: the authority URL %q has no host: %s", shown, example)
+	case u.RawQuery != "" || u.ForceQuery:
+		return "", fmt.Errorf("snapshot: the authority URL %q has a query: remove it, /jobs/{job_id} is appended to the path", shown)
+	case u.Fragment != "":
+		return "", fmt.Errorf("snapshot: the authority URL %q has a fragment: remove it, /jobs/{job_id} is appended to the path", shown)
+	}
+	return strings.TrimRight(baseURL, "/"), nil
+}
+
+// Fetch GETs the job's snapshot from the authority. It returns a valid
+// snapshot event of jobID, ErrNotFound (wrapped) when the authority does not
+// know the job, or the last error once MaxElapsedTime has passed. A 200
+// whose body is not a snapshot of jobID is a permanent error: asking again
+// would get the same answer. Cancelling ctx stops it at once, with ctx's
+// error.
+func (c *Client) Fetch(ctx context.Context, jobID string) (event.Event, error) {
+	if jobID == "" {
+		return event.Event{}, errors.New("snapshot: fetch: empty job id")
+	}
+	base, err := checkBaseURL(c.BaseURL)
+	if err != nil {
+		return event.Event{}, fmt.Errorf("snapshot: fetch %q: %w", jobID, err)
+	}
+	target := base + "/jobs/" + url.PathEscape(jobID)
+
+	// A new backoff per call: ExponentialBackOff holds state and is not
+	// safe for concurrent use.
+	b := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(orDefault(c.InitialInterval, DefaultInitialInterval)),
+		backoff.WithMaxInterval(orDefault(c.MaxInterval, DefaultMaxInterval)),
+		// Set deliberately: backoff's own default gives up after 15 minutes.
+		backoff.WithMaxElapsedTime(orDefault(c.MaxElapsedTime, DefaultMaxElapsedTime)),
+		backoff.WithRandomizationFactor(randomization),
+	)
+	attempts, permanent := 0, false
+	ev, err := backoff.RetryWithData(func() (event.Event, error) {
+		attempts++
+		ev, err := c.attempt(ctx, target, jobID)
+		var p *backoff.PermanentError
+		permanent = errors.As(err, &p)
+		return ev, err
+	}, backoff.WithContext(b, ctx))
+	switch {
+	case err == nil:
+		return ev, nil
+	case ctx.Err() != nil:
+		return event.Event{}, fmt.Errorf("snapshot: fetch %q: %w", jobID, ctx.Err())
+	case permanent:
+		return event.Event{}, fmt.Errorf("snapshot: fetch %q: %w", jobID, err)
+	}
+	return event.Event{}, fmt.Errorf("snapshot: fetch %q: gave up after %d attempts: %w", jobID, attempts, err)
+}
+
+// errBadAnswer marks a 200 whose body is not a snapshot of the job asked
+// for.
+var errBadAnswer = errors.New("the authority answered 200 with a bad snapshot")
+
+// attempt makes one request. It alone decides what is retried: what it
+// wraps in backoff.Permanent is not.
+func (c *Client) attempt(ctx context.Context, target, jobID string) (event.Event, error) {
+	if err := ctx.Err(); err != nil {
+		return event.Event{}, backoff.Permanent(err)
+	}
+	// The slot is taken before the timeout starts, so waiting behind other
+	// fetches does not count against this request's time.
+	sem := c.semaphore()
+	select {
+	case sem <- struct{}{}:
+	case <-ctx.Done():
+		return event.Event{}, backoff.Permanent(ctx.Err())
+	}
+	defer func() { <-sem }()
+
+	timeout := orDefault(c.Timeout, DefaultTimeout)
+	reqCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(reqCtx, http.MethodGet, target, nil)
+	if err != nil {
+		return event.Event{}, backoff.Permanent(err)
+	}
+	req.Header.Set("Accept", "application/json")
+
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return event.Event{}, c.transportError(ctx, reqCtx, timeout, err)
+	}
+	defer func() {
+		// Drain a little so the connection can be reused; an oversized
+		// body is left to the close.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+		_ = resp.Body.Close()
+	}()
+
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusNotFound:
+		return event.Event{}, backoff.Permanent(ErrNotFound)
+	default:
+		return event.Event{}, fmt.Errorf("the authority answered %s%s", resp.Status, excerpt(resp.Body))
+	}
+
+	// One byte over the limit is enough for DecodeValue to refuse it
+	// without reading the rest.
+	body, err := io.ReadAll(io.LimitReader(resp.Body, event.MaxValueBytes+1))
+	if err != nil {
+		return event.Event{}, c.transportError(ctx, reqCtx, timeout, fmt.Errorf("read body: %w", err))
+	}
+	ev, err := event.DecodeValue(body)
+	if err != nil {
+		return event.Event{}, backoff.Permanent(fmt.Errorf("%w: %w", errBadAnswer, err))
+	}
+	if ev.Kind != event.Snapshot {
+		return event.Event{}, backoff.Permanent(fmt.Errorf("%w: kind is %q, want %q", errBadAnswer, ev.Kind, event.Snapshot))
+	}
+	if ev.JobID != jobID {
+		return event.Event{}, backoff.Permanent(fmt.Errorf("%w: job_id is %q, want %q", errBadAnswer, ev.JobID, jobID))
+	}
+	return ev, nil
+}
+
+// transportError makes a failed request's error say whose deadline ran
+// out. The caller's cancellation is permanent; everything else is retried.
+func (c *Client) transportError(ctx, reqCtx context.Context, timeout time.Duration, err error) error {
+	if ctx.Err() != nil {
+		return backoff.Permanent(ctx.Err())
+	}
+	if errors.Is(reqCtx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("no answer within %s: %w", timeout, err)
+	}
+	return err
+}
+
+func (c *Client) semaphore() chan struct{} {
+	c.semOnce.Do(func() {
+		n := c.MaxConcurrent
+		if n <= 0 {
+			n = DefaultMaxConcurrent
+		}
+		c.sem = make(chan struct{}, n)
+	})
+	return c.sem
+}
+
+// excerpt returns the start of an error answer's body for the error
+// message: authorities often say there why they failed.
+func excerpt(body io.Reader) string {
+	b, _ := io.ReadAll(io.LimitReader(body, 200))
+	s := strings.Join(strings.Fields(strings.ToValidUTF8(string(b), "\uFFFD")), " ")
+	if s == "" {
+		return ""
+	}
+	return ": " + s
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
+	}
+	return d
+}

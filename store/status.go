@@ -1,0 +1,122 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Position is one partition's stored position and owner.
+type Position struct {
+	Topic      string    `json:"topic"`
+	Partition  int       `json:"partition"`
+	NextOffset int64     `json:"next_offset"`
+	Epoch      int64     `json:"epoch"`
+	Owner      string    `json:"owner"`
+	UpdatedAt  time.Time `json:"updated_at"`
+}
+
+// Positions lists the projection's partitions, all topics, in order.
+func (s *Store) Positions(ctx context.Context) ([]Position, error) {
+	rows, err := s.pool.Query(ctx, `SELECT topic, partition, next_offset, epoch, owner, updated_at
+		FROM `+s.partitions+` WHERE projection = $1 ORDER BY topic, partition`, s.projection)
+	if err != nil {
+		return nil, fmt.Errorf("store: positions: %w", err)
+	}
+	defer rows.Close()
+	var out []Position
+	for rows.Next() {
+		var p Position
+		if err := rows.Scan(&p.Topic, &p.Partition, &p.NextOffset, &p.Epoch, &p.Owner, &p.UpdatedAt); err != nil {
+			return nil, fmt.Errorf("store: positions: %w", err)
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+// HeldSummary is one job's held deltas.
+type HeldSummary struct {
+	JobID     string    `json:"job_id"`
+	Topic     string    `json:"topic"`
+	Partition int       `json:"partition"`
+	Versions  []int64   `json:"held_versions"`
+	Since     time.Time `json:"since"`
+}
+
+// HeldJobs lists the jobs with held deltas, oldest hold first, at most limit.
+func (s *Store) HeldJobs(ctx context.Context, limit int) ([]HeldSummary, int, error) {
+	var total int
+	if err := s.pool.QueryRow(ctx, `SELECT count(DISTINCT job_id) FROM `+s.held+` WHERE projection = $1`, s.projection).Scan(&total); err != nil {
+		return nil, 0, fmt.Errorf("store: held: %w", err)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT job_id, min(topic), min(partition), array_agg(version ORDER BY version), min(held_since)
+		FROM `+s.held+` WHERE projection = $1 GROUP BY job_id ORDER BY min(held_since), job_id LIMIT $2`, s.projection, limit)
+	if err != nil {
+		return nil, 0, fmt.Errorf("store: held: %w", err)
+	}
+	defer rows.Close()
+	var out []HeldSummary
+	for rows.Next() {
+		var h HeldSummary
+		if err := rows.Scan(&h.JobID, &h.Topic, &h.Partition, &h.Versions, &h.Since); err != nil {
+			return nil, 0, fmt.Errorf("store: held: %w", err)
+		}
+		out = append(out, h)
+	}
+	return out, total, rows.Err()
+}
+
+// Quarantined is one record in the quarantine.
+type Quarantined struct {
+	Topic     string    `json:"topic"`
+	Partition int       `json:"partition"`
+	Offset    int64     `json:"offset"`
+	Key       []byte    `json:"key"`
+	Value     []byte    `json:"value"`
+	Error     string    `json:"error"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// Quarantine lists the newest quarantined records, at most limit, and the total.
+func (s *Store) Quarantine(ctx context.Context, limit int) ([]Quarantined, int, error) {
+	var total int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+s.quarantine+` WHERE projection = $1`, s.projection).Scan(&total); err != nil {
+		return nil, 0, fmt.Errorf("store: quarantine: %w", err)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT topic, partition, "offset", key, value, error, created_at
+		FROM `+s.quarantine+` WHERE projection = $1 ORDER BY id DESC LIMIT $2`, s.projection, limit)
+	if err != nil {
+		return nil, 0, fmt.Errorf("store: quarantine: %w", err)
+	}
+	defer rows.Close()
+	var out []Quarantined
+	for rows.Next() {
+		var q Quarantined
+		if err := rows.Scan(&q.Topic, &q.Partition, &q.Offset, &q.Key, &q.Value, &q.Error, &q.CreatedAt); err != nil {
+			return nil, 0, fmt.Errorf("store: quarantine: %w", err)
+		}
+		out = append(out, q)
+	}
+	return out, total, rows.Err()
+}
+
+// Jobs reads every row of the read model, for verification and tools.
+func (s *Store) Jobs(ctx context.Context) (map[string]Job, error) {
+	rows, err := s.pool.Query(ctx, `SELECT job_id, version, state::text, coalesce(event_id, '') FROM `+s.jobs)
+	if err != nil {
+		return nil, fmt.Errorf("store: jobs: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]Job{}
+	for rows.Next() {
+		var j Job
+		var state string
+		if err := rows.Scan(&j.ID, &j.Version, &state, &j.EventID); err != nil {
+			return nil, fmt.Errorf("store: jobs: %w", err)
+		}
+		j.State = []byte(state)
+		out[j.ID] = j
+	}
+	return out, rows.Err()
+}
