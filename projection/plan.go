@@ -25,6 +25,10 @@ type plan struct {
 	closed   map[string]gapfill.Source
 	progress map[string]bool
 	holding  map[string]time.Time
+	// snapSeq is each fast-path job's snapshot versions in log order,
+	// conflicts left out: with the row's version before the write it tells
+	// which would have applied one by one.
+	snapSeq map[string][]int64
 }
 
 // plan turns fetched records and finished gap resolutions into the writes
@@ -42,6 +46,7 @@ func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.R
 		closed:   map[string]gapfill.Source{},
 		progress: map[string]bool{},
 		holding:  map[string]time.Time{},
+		snapSeq:  map[string][]int64{},
 	}
 
 	// Decode and group by job, keeping each job's records in log order.
@@ -136,21 +141,34 @@ func (p *plan) snapshotOnly(w *worker, id string, ins []gapfill.Input, j gapfill
 		snaps[i] = in.Event
 	}
 	f := snapshot.Fold(snaps)
-	p.tally.stale += int64(len(f.Stale))
+	conflict := map[int]bool{}
 	for _, i := range f.Conflicts {
+		conflict[i] = true
 		p.conflict(w, id, gapfill.Conflict{Version: snaps[i].Version, KeptEventID: snaps[f.Winner].EventID,
 			DroppedEventID: snaps[i].EventID, DroppedPartition: ins[i].Partition, DroppedOffset: ins[i].Offset})
+	}
+	var seq []int64
+	for i, in := range ins {
+		if !conflict[i] {
+			seq = append(seq, in.Event.Version)
+		}
 	}
 	win := ins[f.Winner]
 	if cached && j.Version >= win.Event.Version {
 		if j.Version == win.Event.Version && j.Raw != nil && !snapshot.SameState(j.Raw, win.Event.State) {
 			p.conflict(w, id, gapfill.Conflict{Version: j.Version, KeptEventID: j.EventID,
 				DroppedEventID: win.Event.EventID, DroppedPartition: win.Partition, DroppedOffset: win.Offset})
-			return
+			seq = seq[:0]
+			for i, in := range ins {
+				if !conflict[i] && in.Event.Version != j.Version {
+					seq = append(seq, in.Event.Version)
+				}
+			}
 		}
-		p.tally.stale++
+		p.tally.stale += int64(len(seq))
 		return
 	}
+	p.snapSeq[id] = seq
 	p.batch.Snapshots = append(p.batch.Snapshots, store.Write{
 		JobID: id, Version: win.Event.Version, State: win.Event.State, Offset: win.Offset, EventID: win.Event.EventID,
 	})

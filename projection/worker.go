@@ -348,14 +348,23 @@ func (w *worker) forgetRow(id string) {
 func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
 	t := pl.tally
 	for _, s := range pl.batch.Snapshots {
-		if _, ok := res.SnapshotsApplied[s.JobID]; ok {
-			t.applied++
+		seq := pl.snapSeq[s.JobID]
+		if before, ok := res.SnapshotsApplied[s.JobID]; ok {
+			hi := before
+			for _, v := range seq {
+				if v > hi {
+					t.applied++
+					hi = v
+				} else {
+					t.stale++
+				}
+			}
 			state, err := delta.DecodeState(s.State)
 			if err == nil {
 				w.cache.put(gapfill.Job{ID: s.JobID, Version: s.Version, State: state, Raw: s.State, EventID: s.EventID})
 			}
 		} else {
-			t.stale++
+			t.stale += int64(len(seq))
 			w.cache.forget(s.JobID)
 		}
 	}

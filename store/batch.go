@@ -171,16 +171,16 @@ type Batch struct {
 
 // Result tells which writes applied.
 type Result struct {
-	// SnapshotsApplied holds the jobs whose snapshot write applied; the
-	// others were stale.
-	SnapshotsApplied map[string]struct{}
+	// SnapshotsApplied maps each job whose snapshot write applied to the
+	// version its row had before (0: no row); the others were stale.
+	SnapshotsApplied map[string]int64
 }
 
 // Apply commits b in one transaction: fence, writes, held rows, quarantine
 // and position. It returns [ErrFenced] if another owner claimed the
 // partition, or a *[StaleError] if an update's row moved; both roll back.
 func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
-	res := Result{SnapshotsApplied: make(map[string]struct{}, len(b.Snapshots))}
+	res := Result{SnapshotsApplied: make(map[string]int64, len(b.Snapshots))}
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return res, fmt.Errorf("store: apply %s/%d@%d: begin: %w", b.Topic, b.Partition, b.NextOffset, err)
@@ -199,7 +199,10 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 
 	if len(b.Snapshots) > 0 {
 		ids, vers, states, offs, evs := columns(b.Snapshots)
-		rows, err := tx.Query(ctx, `INSERT INTO `+s.jobs+` AS t
+		// The CTE reads the rows as they were before this statement, which
+		// tells how far each applied snapshot moved its row.
+		rows, err := tx.Query(ctx, `WITH old AS (SELECT job_id, version FROM `+s.jobs+` WHERE job_id = ANY($1::text[]))
+			INSERT INTO `+s.jobs+` AS t
 			(job_id, version, state, updated_at, source_topic, source_partition, source_offset, event_id)
 			SELECT i.job_id, i.version, i.state::jsonb, now(), $6, $7, i.off, NULLIF(i.event_id, '')
 			FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[]) AS i(job_id, version, state, off, event_id)
@@ -208,16 +211,19 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 				source_topic = excluded.source_topic, source_partition = excluded.source_partition,
 				source_offset = excluded.source_offset, event_id = excluded.event_id
 			WHERE t.version < excluded.version
-			RETURNING t.job_id`, ids, vers, states, offs, evs, b.Topic, b.Partition)
+			RETURNING t.job_id, coalesce((SELECT version FROM old WHERE old.job_id = t.job_id), 0)`,
+			ids, vers, states, offs, evs, b.Topic, b.Partition)
 		if err != nil {
 			return res, fmt.Errorf("store: apply %s/%d@%d: snapshots: %w", b.Topic, b.Partition, b.NextOffset, err)
 		}
-		applied, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		var id string
+		var before int64
+		_, err = pgx.ForEachRow(rows, []any{&id, &before}, func() error {
+			res.SnapshotsApplied[id] = before
+			return nil
+		})
 		if err != nil {
 			return res, fmt.Errorf("store: apply %s/%d@%d: snapshots: %w", b.Topic, b.Partition, b.NextOffset, err)
-		}
-		for _, id := range applied {
-			res.SnapshotsApplied[id] = struct{}{}
 		}
 	}
 
