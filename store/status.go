@@ -120,3 +120,12 @@ func (s *Store) Jobs(ctx context.Context) (map[string]Job, error) {
 	}
 	return out, rows.Err()
 }
+
+// CountJobs counts the read model's rows.
+func (s *Store) CountJobs(ctx context.Context) (int64, error) {
+	var n int64
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+s.jobs).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: count jobs: %w", err)
+	}
+	return n, nil
+}

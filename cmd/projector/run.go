@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projector/projector/projection"
+	"github.com/projector/projector/snapshot"
 	"github.com/projector/projector/store"
 )
 
@@ -29,6 +30,65 @@ type runOpts struct {
 	httpAddr    string
 	owner       string
 	log         logFlags
+	gap         gapFlags
+}
+
+// gapFlags configure the gap detector's policy chain.
+type gapFlags struct {
+	wait            time.Duration
+	reread          bool
+	rereadWindow    time.Duration
+	rereadMaxBytes  int64
+	snapshotURL     string
+	snapshotTimeout time.Duration
+	snapshotConc    int
+	retryMax        time.Duration
+}
+
+func (g *gapFlags) register(fs *flag.FlagSet) {
+	fs.DurationVar(&g.wait, "gap-wait", 10*time.Second, "how long a delta held behind a missing version waits for it to arrive\nbefore re-read and snapshot run; 0 skips waiting")
+	fs.BoolVar(&g.reread, "reread", true, "re-read step: read the job's row and every partition of the log again\nfor the missing versions (--reread=false turns it off)")
+	fs.DurationVar(&g.rereadWindow, "reread-window", 10*time.Minute, "how far before the first held delta the log re-read starts")
+	fs.Int64Var(&g.rereadMaxBytes, "reread-max-bytes", 256<<20, "most bytes one log re-read reads")
+	fs.StringVar(&g.snapshotURL, "snapshot-url", "", "trusted snapshot authority: GET {url}/jobs/{job_id} returns the job's snapshot;\nempty turns the snapshot step off")
+	fs.DurationVar(&g.snapshotTimeout, "snapshot-timeout", 5*time.Second, "timeout of one request to the authority")
+	fs.IntVar(&g.snapshotConc, "snapshot-concurrency", 4, "most requests to the authority in flight")
+	fs.DurationVar(&g.retryMax, "gap-retry-max", 5*time.Minute, "longest backoff between attempts that leave a gap held")
+}
+
+func (g *gapFlags) validate() error {
+	if g.wait < 0 {
+		return usagef("--gap-wait %s: must not be negative (0 skips waiting)", g.wait)
+	}
+	if g.rereadWindow <= 0 {
+		return usagef("--reread-window %s: must be positive", g.rereadWindow)
+	}
+	if g.rereadMaxBytes <= 0 {
+		return usagef("--reread-max-bytes %d: must be positive", g.rereadMaxBytes)
+	}
+	if g.snapshotURL != "" {
+		if _, err := snapshot.NewClient(g.snapshotURL); err != nil {
+			return usagef("--snapshot-url: %v", err)
+		}
+	}
+	if g.snapshotTimeout <= 0 || g.snapshotConc <= 0 || g.retryMax <= 0 {
+		return usagef("--snapshot-timeout, --snapshot-concurrency and --gap-retry-max must be positive")
+	}
+	return nil
+}
+
+func (g *gapFlags) apply(c *projection.Config) {
+	c.GapWait = g.wait
+	if g.wait == 0 {
+		c.GapWait = projection.NoGapWait
+	}
+	c.NoReread = !g.reread
+	c.RereadWindow = g.rereadWindow
+	c.RereadMaxBytes = g.rereadMaxBytes
+	c.SnapshotURL = g.snapshotURL
+	c.SnapshotTimeout = g.snapshotTimeout
+	c.SnapshotConcurrency = g.snapshotConc
+	c.GapRetryMax = g.retryMax
 }
 
 var runCommand = &command{
@@ -56,6 +116,7 @@ Example:
 		fs.StringVar(&o.httpAddr, "http-addr", ":8080", "address for /healthz, /readyz, /status and /metrics; \"off\" disables it")
 		fs.StringVar(&o.owner, "owner", "", "this instance's name in the partitions table (default host/pid)")
 		o.log.register(fs)
+		o.gap.register(fs)
 		return o
 	},
 	run: func(ctx context.Context, env *cmdEnv, opts any) error {
@@ -81,17 +142,22 @@ Example:
 		if err := positive("batch-linger", o.batchLinger); err != nil {
 			return err
 		}
+		if err := o.gap.validate(); err != nil {
+			return err
+		}
 		st, err := openStore(ctx, o.databaseURL, o.schema, o.table)
 		if err != nil {
 			return err
 		}
 		defer st.Close()
 
-		p, err := projection.New(projection.Config{
+		cfg := projection.Config{
 			Brokers: o.brokers, Topic: o.topic, Group: o.group, Start: o.start,
 			BatchSize: o.batchSize, BatchLinger: o.batchLinger, Owner: o.owner,
 			Store: st, Logger: logger,
-		})
+		}
+		o.gap.apply(&cfg)
+		p, err := projection.New(cfg)
 		if err != nil {
 			return &usageError{err.Error()}
 		}

@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"sort"
+	"text/tabwriter"
+	"time"
+
+	"github.com/projector/projector/projection"
+	"github.com/projector/projector/store"
+)
+
+type statusOpts struct {
+	databaseURL string
+	schema      string
+	table       string
+	brokers     listFlag
+	topic       string
+	json        bool
+	limit       int
+}
+
+// statusReport is what `projector status --json` prints.
+type statusReport struct {
+	Projection string              `json:"projection"`
+	Schema     string              `json:"schema"`
+	Partitions []partitionReport   `json:"partitions"`
+	Lag        *int64              `json:"lag,omitempty"`
+	HeldJobs   int                 `json:"held_jobs"`
+	Held       []store.HeldSummary `json:"held"`
+	Quarantine int                 `json:"quarantined"`
+	Recent     []quarantineReport  `json:"recent_quarantine"`
+	Jobs       int64               `json:"jobs"`
+}
+
+type partitionReport struct {
+	store.Position
+	HighWatermark *int64 `json:"high_watermark,omitempty"`
+	Lag           *int64 `json:"lag,omitempty"`
+}
+
+type quarantineReport struct {
+	Topic     string    `json:"topic"`
+	Partition int       `json:"partition"`
+	Offset    int64     `json:"offset"`
+	Key       string    `json:"key"`
+	Error     string    `json:"error"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+var statusCommand = &command{
+	name:    "status",
+	summary: "positions, lag, held gaps and quarantine counts (--json for machines)",
+	usage: `projector status reads the projection's state from PostgreSQL: each partition's
+stored position, epoch and owner, the jobs held behind a gap (with the versions
+they hold and since when), and the quarantine. With --brokers it also asks Kafka
+for the high watermarks and reports the lag of every partition.
+
+Example:
+  DATABASE_URL=postgres://app@db:5432/app projector status --brokers kafka-1:9092`,
+	flags: func(fs *flag.FlagSet) any {
+		o := &statusOpts{}
+		registerStoreFlags(fs, &o.databaseURL, &o.schema, &o.table)
+		fs.Var(&o.brokers, "brokers", "Kafka brokers, comma-separated host:port; with them the lag is reported")
+		fs.StringVar(&o.topic, "topic", "job-events", "topic whose lag to report")
+		fs.BoolVar(&o.json, "json", false, "print JSON instead of tables")
+		fs.IntVar(&o.limit, "limit", 20, "most held jobs and quarantined records to list")
+		return o
+	},
+	run: func(ctx context.Context, env *cmdEnv, opts any) error {
+		o := opts.(*statusOpts)
+		if o.limit < 0 {
+			return usagef("--limit %d: must not be negative", o.limit)
+		}
+		st, err := openStore(ctx, o.databaseURL, o.schema, o.table)
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		rep, err := buildStatus(ctx, st, o)
+		if err != nil {
+			return err
+		}
+		if o.json {
+			enc := json.NewEncoder(env.stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(rep)
+		}
+		printStatus(env, rep)
+		return nil
+	},
+}
+
+func buildStatus(ctx context.Context, st *store.Store, o *statusOpts) (*statusReport, error) {
+	rep := &statusReport{Projection: st.Projection(), Schema: o.schema, Partitions: []partitionReport{}, Held: []store.HeldSummary{}, Recent: []quarantineReport{}}
+	pos, err := st.Positions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var hwm map[int]int64
+	if len(o.brokers) > 0 {
+		hctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		hwm, err = projection.HighWatermarks(hctx, o.brokers, o.topic)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		var total int64
+		rep.Lag = &total
+		seen := map[int]bool{}
+		for _, p := range pos {
+			if p.Topic == o.topic {
+				seen[p.Partition] = true
+			}
+		}
+		// Partitions never projected lag by their whole length.
+		for p := range hwm {
+			if !seen[p] {
+				pos = append(pos, store.Position{Topic: o.topic, Partition: p, NextOffset: -1})
+			}
+		}
+		sort.Slice(pos, func(i, j int) bool {
+			if pos[i].Topic != pos[j].Topic {
+				return pos[i].Topic < pos[j].Topic
+			}
+			return pos[i].Partition < pos[j].Partition
+		})
+	}
+	for _, p := range pos {
+		pr := partitionReport{Position: p}
+		if h, ok := hwm[p.Partition]; ok && p.Topic == o.topic {
+			lag := h - max(p.NextOffset, 0)
+			pr.HighWatermark, pr.Lag = &h, &lag
+			*rep.Lag += lag
+		}
+		rep.Partitions = append(rep.Partitions, pr)
+	}
+	held, total, err := st.HeldJobs(ctx, o.limit)
+	if err != nil {
+		return nil, err
+	}
+	rep.HeldJobs = total
+	if held != nil {
+		rep.Held = held
+	}
+	q, qtotal, err := st.Quarantine(ctx, o.limit)
+	if err != nil {
+		return nil, err
+	}
+	rep.Quarantine = qtotal
+	for _, r := range q {
+		rep.Recent = append(rep.Recent, quarantineReport{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
+			Key: string(r.Key), Error: r.Error, CreatedAt: r.CreatedAt})
+	}
+	if rep.Jobs, err = st.CountJobs(ctx); err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
+func printStatus(env *cmdEnv, rep *statusReport) {
+	w := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "projection %s.%s: %d jobs\n\n", rep.Schema, rep.Projection, rep.Jobs)
+	if len(rep.Partitions) == 0 {
+		fmt.Fprintln(w, "no partition has been claimed yet")
+	} else {
+		fmt.Fprintln(w, "TOPIC\tPARTITION\tPOSITION\tHIGH WATERMARK\tLAG\tEPOCH\tOWNER\tUPDATED")
+		for _, p := range rep.Partitions {
+			hw, lag := "-", "-"
+			if p.HighWatermark != nil {
+				hw, lag = fmt.Sprint(*p.HighWatermark), fmt.Sprint(*p.Lag)
+			}
+			position := fmt.Sprint(p.NextOffset)
+			if p.NextOffset < 0 {
+				position = "none"
+			}
+			updated := "-"
+			if !p.UpdatedAt.IsZero() {
+				updated = p.UpdatedAt.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\n", p.Topic, p.Partition, position, hw, lag, p.Epoch, p.Owner, updated)
+		}
+	}
+	if rep.Lag != nil {
+		fmt.Fprintf(w, "total lag: %d\n", *rep.Lag)
+	}
+	fmt.Fprintf(w, "\nheld jobs: %d\n", rep.HeldJobs)
+	if len(rep.Held) > 0 {
+		fmt.Fprintln(w, "JOB\tTOPIC/PARTITION\tHELD VERSIONS\tSINCE")
+		for _, h := range rep.Held {
+			fmt.Fprintf(w, "%s\t%s/%d\t%v\t%s\n", h.JobID, h.Topic, h.Partition, h.Versions, h.Since.UTC().Format(time.RFC3339))
+		}
+	}
+	fmt.Fprintf(w, "\nquarantined records: %d\n", rep.Quarantine)
+	if len(rep.Recent) > 0 {
+		fmt.Fprintln(w, "TOPIC/PARTITION@OFFSET\tKEY\tERROR")
+		for _, q := range rep.Recent {
+			fmt.Fprintf(w, "%s/%d@%d\t%q\t%s\n", q.Topic, q.Partition, q.Offset, q.Key, q.Error)
+		}
+	}
+	w.Flush()
+}
