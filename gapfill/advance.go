@@ -130,10 +130,13 @@ type Outcome struct {
 	// by a snapshot, including ones held in this same Advance.
 	Released []int64
 	Rejected []Rejected
+	// Held counts inputs held at any point of this Advance, including
+	// ones released again before it returned.
+	Held int
 	// Changed reports a new row version.
 	Changed bool
-	// Closed reports that the job had held deltas and now has none, and
-	// ClosedBy what closed the gap.
+	// Closed reports that the job had held deltas, before or during this
+	// Advance, and now has none; ClosedBy is what closed the gap.
 	Closed   bool
 	ClosedBy Source
 	// LastOffset is the offset of the input that last changed the row, and
@@ -149,16 +152,52 @@ type Outcome struct {
 // below its version. It is pure.
 func Advance(job Job, inputs []Input) (Job, Outcome) {
 	var out Outcome
-	hadHeld := len(job.Held) > 0
+	everHeld := len(job.Held) > 0
 	job.Held = maps.Clone(job.Held)
 	if job.Held == nil {
 		job.Held = map[int64]Held{}
 	}
 	newly := map[int64]bool{}
 	var closer Source
+	// Held deltas the row already covers (another writer, a previous owner
+	// or a re-read moved it) are duplicates now: release them, and any
+	// that became next in line.
+	for v := range job.Held {
+		if v <= job.Version {
+			delete(job.Held, v)
+			out.Released = append(out.Released, v)
+			out.Duplicates++
+			closer = FromReread
+		}
+	}
+	if len(job.Held) > 0 && job.Held[job.Version+1].Event.Version != 0 {
+		closer = FromReread
+		drain(&job, &out)
+	}
+
+	// A row that moved while deltas were held (another writer, a previous
+	// owner of the partition, a re-read of the store) covers the held
+	// deltas at or below it and may put the next one in line. Only a read
+	// of the store moves a row under held deltas, so that is what closed
+	// the gap if this empties the held set.
+	if len(job.Held) > 0 {
+		for v := range job.Held {
+			if v <= job.Version {
+				delete(job.Held, v)
+				out.Released = append(out.Released, v)
+			}
+		}
+		drain(&job, &out)
+		if len(job.Held) == 0 {
+			closer = FromReread
+		}
+	}
 
 	for _, in := range inputs {
 		ev := in.Event
+		// The gap is closed by the input that empties the held set, not
+		// by whatever input last moved the row.
+		wasHeld := len(job.Held) > 0
 		switch ev.Kind {
 		case event.Snapshot:
 			if ev.Version <= job.Version {
@@ -179,7 +218,6 @@ func Advance(job Job, inputs []Input) (Job, Outcome) {
 			out.Applied++
 			out.Changed = true
 			out.LastOffset, out.LastEventID = in.Offset, ev.EventID
-			closer = in.Source
 			for v := range job.Held {
 				if v <= job.Version {
 					delete(job.Held, v)
@@ -187,6 +225,9 @@ func Advance(job Job, inputs []Input) (Job, Outcome) {
 				}
 			}
 			drain(&job, &out)
+			if wasHeld && len(job.Held) == 0 {
+				closer = in.Source
+			}
 		case event.Delta:
 			switch {
 			case ev.Version <= job.Version:
@@ -195,8 +236,10 @@ func Advance(job Job, inputs []Input) (Job, Outcome) {
 				if !apply(&job, in, &out) {
 					continue
 				}
-				closer = in.Source
 				drain(&job, &out)
+				if wasHeld && len(job.Held) == 0 {
+					closer = in.Source
+				}
 			default:
 				if h, ok := job.Held[ev.Version]; ok {
 					if sameOps(h.Event.RawOps, ev.RawOps) {
@@ -207,9 +250,10 @@ func Advance(job Job, inputs []Input) (Job, Outcome) {
 					}
 					continue
 				}
-				since := in.At
-				job.Held[ev.Version] = Held{Input: in, Since: since}
+				job.Held[ev.Version] = Held{Input: in, Since: in.At}
 				newly[ev.Version] = true
+				everHeld = true
+				out.Held++
 			}
 		}
 	}
@@ -229,7 +273,7 @@ func Advance(job Job, inputs []Input) (Job, Outcome) {
 		}
 	}
 	out.Released = kept
-	if hadHeld && len(job.Held) == 0 {
+	if everHeld && len(job.Held) == 0 {
 		out.Closed, out.ClosedBy = true, closer
 	}
 	if out.Changed {

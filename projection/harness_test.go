@@ -4,11 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/projector/projector/internal/kafkatest"
@@ -30,6 +33,18 @@ func newRig(t *testing.T, partitions int) *rig {
 	t.Helper()
 	c := kafkatest.New(t)
 	return &rig{t: t, kafka: c, topic: kafkatest.Topic(t, c, partitions), store: pgtest.Store(t), parts: partitions}
+}
+
+// newRigTopicConfig is [newRig] with topic configs, for example a
+// max.message.bytes above the broker's default.
+func newRigTopicConfig(t *testing.T, partitions int, configs ...kafka.ConfigEntry) *rig {
+	t.Helper()
+	c := kafkatest.New(t)
+	topic := "projection-test"
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, c.CreateTopic(ctx, topic, partitions, configs...))
+	return &rig{t: t, kafka: c, topic: topic, store: pgtest.Store(t), parts: partitions}
 }
 
 // config is a fast-reacting engine configuration for tests.
@@ -185,9 +200,136 @@ func (r *rig) eventually(within time.Duration, what string, cond func() (bool, s
 	}
 }
 
+// positions returns the stored position of each partition of the rig's topic.
+func (r *rig) positions() map[int]store.Position {
+	r.t.Helper()
+	pos, err := r.store.Positions(context.Background())
+	require.NoError(r.t, err)
+	out := map[int]store.Position{}
+	for _, p := range pos {
+		if p.Topic == r.topic {
+			out[p.Partition] = p
+		}
+	}
+	return out
+}
+
+// highWatermarks returns each partition's high watermark.
+func (r *rig) highWatermarks() map[int]int64 {
+	r.t.Helper()
+	hwm, err := r.kafka.HighWatermarks(context.Background(), r.topic)
+	require.NoError(r.t, err)
+	return hwm
+}
+
+// requirePositionsAtEnd asserts that every partition's stored position is
+// its high watermark: every record was read, and nothing past the end.
+func (r *rig) requirePositionsAtEnd() {
+	r.t.Helper()
+	hwm := r.highWatermarks()
+	pos := r.positions()
+	for p, h := range hwm {
+		require.Contains(r.t, pos, p, "partition %d has no stored position", p)
+		require.Equal(r.t, h, pos[p].NextOffset, "partition %d: stored position vs high watermark", p)
+	}
+}
+
+// waitClosed waits until ch is closed or fails the test after within.
+func waitClosed(t *testing.T, ch <-chan struct{}, within time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(within):
+		t.Fatalf("timed out after %s waiting until %s", within, what)
+	}
+}
+
 func (r *rig) rows() map[string]store.Job {
 	r.t.Helper()
 	jobs, err := r.store.Jobs(context.Background())
 	require.NoError(r.t, err)
 	return jobs
+}
+
+// stream builds snapshot records for a set of jobs, routed to partitions by
+// a hash of the job id (so a job's records share one partition), and keeps
+// the read model they must leave: every job at its highest version with
+// exactly that version's state.
+type stream struct {
+	parts    int
+	pending  []rec
+	produced int
+	want     map[string]int64
+}
+
+func newStream(parts int) *stream { return &stream{parts: parts, want: map[string]int64{}} }
+
+func partitionOf(job string, parts int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(job))
+	return int(h.Sum32() % uint32(parts))
+}
+
+// stateOf is version v's state of job: distinct per version, so a row at
+// the right version with another version's state is caught.
+func stateOf(job string, v int64) string {
+	statuses := []string{"queued", "running", "paused", "completed", "failed"}
+	return fmt.Sprintf(`{"job":%q,"status":%q,"progress":%d,"attempt":{"n":%d}}`, job, statuses[v%5], v*7%100, v)
+}
+
+// snapshots queues one snapshot of job per version given.
+func (s *stream) snapshots(job string, versions ...int64) {
+	for _, v := range versions {
+		s.pending = append(s.pending, rec{partitionOf(job, s.parts), job, snap(job, v, stateOf(job, v))})
+		s.want[job] = max(s.want[job], v)
+	}
+}
+
+// scramble shuffles the queued records: versions of one job arrive out of
+// order, and jobs interleave.
+func (s *stream) scramble(rng *rand.Rand) {
+	rng.Shuffle(len(s.pending), func(i, j int) { s.pending[i], s.pending[j] = s.pending[j], s.pending[i] })
+}
+
+// flush produces the queued records and returns how many.
+func (s *stream) flush(r *rig) int {
+	r.t.Helper()
+	n := len(s.pending)
+	r.produce(s.pending...)
+	s.pending = nil
+	s.produced += n
+	return n
+}
+
+// requireModel asserts that the read model holds exactly the stream's jobs,
+// each at its highest version with that version's state and event id.
+func (r *rig) requireModel(s *stream) {
+	r.t.Helper()
+	rows := r.rows()
+	require.Len(r.t, rows, len(s.want), "rows in the read model")
+	for job, v := range s.want {
+		row, ok := rows[job]
+		require.True(r.t, ok, "job %s has no row", job)
+		require.Equal(r.t, v, row.Version, "job %s version", job)
+		require.JSONEq(r.t, stateOf(job, v), string(row.State), "job %s state", job)
+		require.Equal(r.t, fmt.Sprintf("evt-%s-%d", job, v), row.EventID, "job %s event id", job)
+	}
+}
+
+// jobIDs returns n job ids with a prefix.
+func jobIDs(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s-%04d", prefix, i)
+	}
+	return out
+}
+
+// versions returns lo..hi.
+func versions(lo, hi int64) []int64 {
+	var out []int64
+	for v := lo; v <= hi; v++ {
+		out = append(out, v)
+	}
+	return out
 }

@@ -180,7 +180,7 @@ func (p *plan) advance(w *worker, j gapfill.Job, ins []gapfill.Input, now time.T
 	p.tally.applied += int64(out.Applied)
 	p.tally.stale += int64(out.Stale)
 	p.tally.duplicates += int64(out.Duplicates)
-	p.tally.held += int64(len(out.NewlyHeld))
+	p.tally.held += int64(out.Held)
 	for _, c := range out.Conflicts {
 		p.conflict(w, j.ID, c)
 	}

@@ -1,0 +1,144 @@
+package gapfill_test
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/projector/projector/gapfill"
+)
+
+// TestDetectorScripts runs the golden scripts of testdata/detector. Run
+// with -rewrite to regenerate their expected output.
+func TestDetectorScripts(t *testing.T) {
+	t.Parallel()
+	runScripts(t, "testdata/detector", func(t *testing.T) func(*scriptCmd) string {
+		r := &detectorRunner{t: t, t0: time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)}
+		r.d = gapfill.NewDetector(gapfill.Policy{})
+		return r.run
+	})
+}
+
+type detectorRunner struct {
+	t  *testing.T
+	t0 time.Time
+	d  *gapfill.Detector
+}
+
+func (r *detectorRunner) run(c *scriptCmd) string {
+	a := argsOf(r.t, c.pos(), c.args)
+	defer a.done()
+	require.Empty(r.t, c.input, "%s: detector commands take no input", c.pos())
+	at := func() time.Time { return r.t0.Add(a.dur("at", 0)) }
+	switch c.name {
+	case "policy":
+		r.d = gapfill.NewDetector(gapfill.Policy{
+			Wait:     a.dur("wait", 0),
+			Reread:   a.has("reread"),
+			Snapshot: a.has("snapshot"),
+			RetryMin: a.dur("retry-min", 0),
+			RetryMax: a.dur("retry-max", 0),
+		})
+		p := r.d.Policy()
+		return fmt.Sprintf("policy wait=%s reread=%t snapshot=%t retry=%s..%s steps=%v",
+			p.Wait, p.Reread, p.Snapshot, p.RetryMin, p.RetryMax, r.d.Steps())
+	case "hold":
+		r.d.Hold(a.str("job", ""), at())
+		return r.gaps()
+	case "progress":
+		r.d.Progress(a.str("job", ""), at())
+		return r.gaps()
+	case "failed":
+		step := gapfill.Step(a.str("step", string(gapfill.StepReread)))
+		r.d.Failed(a.str("job", ""), at(), step, a.str("err", ""))
+		return r.gaps()
+	case "close":
+		r.d.Close(a.str("job", ""))
+		return r.gaps()
+	case "reset":
+		r.d.Reset()
+		return r.gaps()
+	case "gaps":
+		return r.gaps()
+	case "due":
+		return fmt.Sprintf("due=[%s]", strings.Join(r.d.Due(at()), " "))
+	case "next-due":
+		next, ok := r.d.NextDue()
+		if !ok {
+			require.True(r.t, next.IsZero(), "%s: NextDue gave a time with false", c.pos())
+			return "next-due=none"
+		}
+		return "next-due=" + rel(r.t0, next)
+	}
+	r.t.Fatalf("%s: unknown command %q", c.pos(), c.name)
+	return ""
+}
+
+// gaps prints every held job's record, one a line, and checks that Len,
+// Gap and Gaps agree.
+func (r *detectorRunner) gaps() string {
+	gaps := r.d.Gaps()
+	require.Len(r.t, gaps, r.d.Len())
+	if len(gaps) == 0 {
+		return "no gaps"
+	}
+	lines := make([]string, len(gaps))
+	for i, g := range gaps {
+		one, ok := r.d.Gap(g.JobID)
+		require.True(r.t, ok)
+		require.Equal(r.t, g, one)
+		lines[i] = fmt.Sprintf("%s since=%s attempts=%d next=%s last=%s", g.JobID, rel(r.t0, g.Since), g.Attempts, rel(r.t0, g.NextAttempt), g.LastStep)
+		if g.LastErr != "" {
+			lines[i] += " err=" + strconv.Quote(g.LastErr)
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+// TestDetectorBackoff checks the retry schedule: doubling from RetryMin,
+// capped at RetryMax, counted from the failed attempt's time.
+func TestDetectorBackoff(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name     string
+		min, max time.Duration
+		want     []time.Duration // after the 1st, 2nd, ... failure
+	}{
+		{"defaults", 0, 0, []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second}},
+		{"capped", time.Second, 5 * time.Second, []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second, 5 * time.Second}},
+		{"max below min", 10 * time.Second, 3 * time.Second, []time.Duration{3 * time.Second, 3 * time.Second}},
+		{"min equals max", 2 * time.Second, 2 * time.Second, []time.Duration{2 * time.Second, 2 * time.Second, 2 * time.Second}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			d := gapfill.NewDetector(gapfill.Policy{Reread: true, RetryMin: tt.min, RetryMax: tt.max})
+			d.Hold("a", t0)
+			now := t0
+			for i, want := range tt.want {
+				d.Failed("a", now, gapfill.StepReread, "x")
+				g, ok := d.Gap("a")
+				require.True(t, ok)
+				require.Equal(t, i+1, g.Attempts)
+				require.Equal(t, want, g.NextAttempt.Sub(now), "failure %d", i+1)
+				now = g.NextAttempt
+			}
+		})
+	}
+
+	t.Run("many failures stay at the cap", func(t *testing.T) {
+		t.Parallel()
+		d := gapfill.NewDetector(gapfill.Policy{Snapshot: true, RetryMin: time.Millisecond, RetryMax: time.Hour})
+		d.Hold("a", t0)
+		for range 200 {
+			d.Failed("a", t0, gapfill.StepSnapshot, "x")
+		}
+		g, _ := d.Gap("a")
+		require.Equal(t, time.Hour, g.NextAttempt.Sub(t0))
+	})
+}

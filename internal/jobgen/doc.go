@@ -1,0 +1,9 @@
+// Package jobgen generates realistic, deterministic job event streams for
+// tests, the demo and the benchmark: each job goes pending → running with
+// progress deltas → completed or failed, with occasional full snapshots.
+// It keeps the reference model (the true final state of every job) and
+// serves it as a trusted snapshot authority over HTTP, and it can inject
+// every fault the projector must survive: late events, duplicate
+// deliveries, deltas that never arrive, deltas produced into the wrong
+// partition, and bad records.
+package jobgen

@@ -1,0 +1,356 @@
+package jobgen
+
+import (
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"sort"
+	"time"
+
+	"github.com/projector/projector/delta"
+)
+
+// Config shapes a stream. Rates are per job: the chance that a job gets
+// one fault of that kind.
+type Config struct {
+	Seed         uint64
+	Jobs         int
+	EventsPerJob int // about; each job gets EventsPerJob ± 25%
+	Partitions   int
+	// SnapshotsOnly makes every event a full snapshot (the benchmark's
+	// baseline workload).
+	SnapshotsOnly bool
+
+	LateRate      float64 // an event produced after later ones of its job
+	DuplicateRate float64 // an event delivered twice
+	MissingRate   float64 // a delta that never arrives (healed by the authority)
+	MisrouteRate  float64 // a delta produced into another partition (healed by re-read)
+	BadRate       float64 // a bad record in the job's partition (quarantined)
+}
+
+// WithDefaults fills the demo's defaults.
+func (c Config) WithDefaults() Config {
+	if c.Jobs == 0 {
+		c.Jobs = 2000
+	}
+	if c.EventsPerJob == 0 {
+		c.EventsPerJob = 20
+	}
+	if c.Partitions == 0 {
+		c.Partitions = 6
+	}
+	return c
+}
+
+// Faults counts the faults injected.
+type Faults struct {
+	Late      int `json:"late"`
+	Duplicate int `json:"duplicate"`
+	Missing   int `json:"missing"`
+	Misrouted int `json:"misrouted"`
+	Bad       int `json:"bad"`
+}
+
+// Record is one record to produce, in order, at an explicit partition.
+type Record struct {
+	Partition int
+	Key       []byte
+	Value     []byte
+	// Fault names the fault this record carries, if any.
+	Fault string
+}
+
+// Truth is a job's final state in the reference model.
+type Truth struct {
+	Version int64           `json:"version"`
+	State   json.RawMessage `json:"state"`
+}
+
+// Stream is a generated stream with its reference model.
+type Stream struct {
+	Records []Record
+	Truth   map[string]Truth
+	Faults  Faults
+	// Events counts the job events (without bad records or duplicates).
+	Events int
+}
+
+type ev struct {
+	job     string
+	version int64
+	value   []byte
+	isDelta bool
+}
+
+// Generate builds a stream. The same Config always yields the same stream.
+func Generate(cfg Config) *Stream {
+	cfg = cfg.WithDefaults()
+	rng := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
+	s := &Stream{Truth: make(map[string]Truth, cfg.Jobs)}
+	perPart := make([][]Record, cfg.Partitions)
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+	for i := 0; i < cfg.Jobs; i++ {
+		id := fmt.Sprintf("job-%05d", i)
+		p := PartitionOf(id, cfg.Partitions)
+		evs, truth := history(rng, id, cfg, base.Add(time.Duration(i)*time.Second))
+		s.Truth[id] = truth
+		s.Events += len(evs)
+		recs := make([]Record, len(evs))
+		for k, e := range evs {
+			recs[k] = Record{Partition: p, Key: []byte(id), Value: e.value}
+		}
+		recs = s.inject(rng, cfg, evs, recs, p)
+		perPart[p] = append(perPart[p], recs...)
+	}
+	// Interleave jobs within each partition so a batch holds many jobs,
+	// keeping each job's own order (faults already placed it).
+	for p := range perPart {
+		perPart[p] = interleave(rng, perPart[p])
+	}
+	// Misrouted records sit in another partition; gather all by round robin.
+	for more := true; more; {
+		more = false
+		for p := range perPart {
+			n := min(len(perPart[p]), 50)
+			if n > 0 {
+				s.Records = append(s.Records, perPart[p][:n]...)
+				perPart[p] = perPart[p][n:]
+				more = true
+			}
+		}
+	}
+	return s
+}
+
+// inject applies at most one fault of each kind to a job's records.
+func (s *Stream) inject(rng *rand.Rand, cfg Config, evs []ev, recs []Record, p int) []Record {
+	n := len(recs)
+	// Deltas that have a later event of the job may go missing or astray:
+	// the later event is what reveals the gap (a missing last delta would
+	// be invisible, which no projector can detect).
+	pickDelta := func() int {
+		var cands []int
+		for k := 1; k < n-1; k++ {
+			if evs[k].isDelta && recs[k].Fault == "" {
+				cands = append(cands, k)
+			}
+		}
+		if len(cands) == 0 {
+			return -1
+		}
+		return cands[rng.IntN(len(cands))]
+	}
+	drop := -1
+	if rng.Float64() < cfg.MissingRate {
+		if k := pickDelta(); k >= 0 {
+			drop = k
+			recs[k].Fault = "missing"
+			s.Faults.Missing++
+		}
+	}
+	if cfg.Partitions > 1 && rng.Float64() < cfg.MisrouteRate {
+		if k := pickDelta(); k >= 0 {
+			recs[k].Partition = (p + 1 + rng.IntN(cfg.Partitions-1)) % cfg.Partitions
+			recs[k].Fault = "misrouted"
+			s.Faults.Misrouted++
+		}
+	}
+	if rng.Float64() < cfg.DuplicateRate {
+		k := rng.IntN(n)
+		if recs[k].Fault == "" {
+			dup := recs[k]
+			dup.Fault = "duplicate"
+			at := min(k+1+rng.IntN(4), n)
+			recs = insert(recs, at, dup)
+			evs = insertEv(evs, at, evs[k])
+			n++
+			s.Faults.Duplicate++
+		}
+	}
+	if rng.Float64() < cfg.LateRate && n > 3 {
+		k := 1 + rng.IntN(n-2)
+		if recs[k].Fault == "" {
+			late := recs[k]
+			late.Fault = "late"
+			to := min(k+1+rng.IntN(3), n-1)
+			recs = append(recs[:k], recs[k+1:]...)
+			recs = insert(recs, to, late)
+			s.Faults.Late++
+		}
+	}
+	if rng.Float64() < cfg.BadRate {
+		at := rng.IntN(n + 1)
+		recs = insert(recs, at, badRecord(rng, string(recs[0].Key), p))
+		s.Faults.Bad++
+	}
+	if drop >= 0 {
+		out := recs[:0]
+		for _, r := range recs {
+			if r.Fault != "missing" {
+				out = append(out, r)
+			}
+		}
+		recs = out
+	}
+	return recs
+}
+
+func insert(recs []Record, at int, r Record) []Record {
+	recs = append(recs, Record{})
+	copy(recs[at+1:], recs[at:])
+	recs[at] = r
+	return recs
+}
+
+func insertEv(evs []ev, at int, e ev) []ev {
+	evs = append(evs, ev{})
+	copy(evs[at+1:], evs[at:])
+	evs[at] = e
+	return evs
+}
+
+// interleave merges jobs' runs so that records of many jobs alternate,
+// preserving each job's own order.
+func interleave(rng *rand.Rand, recs []Record) []Record {
+	byJob := map[string][]Record{}
+	var order []string
+	for _, r := range recs {
+		k := string(r.Key)
+		if _, ok := byJob[k]; !ok {
+			order = append(order, k)
+		}
+		byJob[k] = append(byJob[k], r)
+	}
+	out := make([]Record, 0, len(recs))
+	window := 64
+	for start := 0; start < len(order); start += window {
+		active := order[start:min(start+window, len(order))]
+		for {
+			var live []string
+			for _, k := range active {
+				if len(byJob[k]) > 0 {
+					live = append(live, k)
+				}
+			}
+			if len(live) == 0 {
+				break
+			}
+			k := live[rng.IntN(len(live))]
+			out = append(out, byJob[k][0])
+			byJob[k] = byJob[k][1:]
+		}
+	}
+	return out
+}
+
+// PartitionOf routes a job id to a partition the way the generator's
+// producer does.
+func PartitionOf(id string, partitions int) int {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	return int(h.Sum32() % uint32(partitions))
+}
+
+var jobTypes = []string{"crawl", "index", "export", "summarize"}
+
+// history is one job's events and final state.
+func history(rng *rand.Rand, id string, cfg Config, start time.Time) ([]ev, Truth) {
+	n := max(cfg.EventsPerJob*3/4+rng.IntN(cfg.EventsPerJob/2+1), 3)
+	state := map[string]any{}
+	var evs []ev
+	at := start
+	emit := func(v int64, ops []map[string]any, snapshot bool) {
+		at = at.Add(time.Duration(100+rng.IntN(900)) * time.Millisecond)
+		if ops != nil {
+			raw, _ := json.Marshal(ops)
+			parsed, err := delta.ParseOps(raw)
+			if err != nil {
+				panic(err)
+			}
+			next, err := delta.Apply(state, parsed)
+			if err != nil {
+				panic(err)
+			}
+			state = next
+		}
+		rec := map[string]any{
+			"job_id": id, "version": v, "event_id": fmt.Sprintf("evt-%s-%d", id, v),
+			"occurred_at": at.Format(time.RFC3339Nano),
+		}
+		if snapshot || cfg.SnapshotsOnly {
+			raw, _ := delta.EncodeState(state)
+			rec["kind"], rec["state"] = "snapshot", raw
+		} else {
+			rec["kind"], rec["ops"] = "delta", ops
+		}
+		val, _ := json.Marshal(rec)
+		evs = append(evs, ev{job: id, version: v, value: val, isDelta: rec["kind"] == "delta"})
+	}
+	set := func(path string, v any) map[string]any { return map[string]any{"op": "set", "path": path, "value": v} }
+
+	emit(1, []map[string]any{
+		set("/status", "pending"), set("/job_type", jobTypes[rng.IntN(len(jobTypes))]),
+		set("/processed_articles", 0), set("/created_at", start.Format(time.RFC3339)),
+	}, true)
+	emit(2, []map[string]any{set("/status", "running"), set("/started_at", at.Format(time.RFC3339))}, false)
+	for v := int64(3); v < int64(n); v++ {
+		switch r := rng.IntN(10); {
+		case r == 0:
+			emit(v, []map[string]any{set("/progress/stage", fmt.Sprintf("stage-%d", v))}, true)
+		case r == 1:
+			emit(v, []map[string]any{set("/progress/stage", fmt.Sprintf("stage-%d", v)), {"op": "remove", "path": "/progress/warning"}}, false)
+		case r == 2:
+			emit(v, []map[string]any{set("/progress/warning", "slow source"), {"op": "increment", "path": "/retries", "by": 1}}, false)
+		default:
+			emit(v, []map[string]any{{"op": "increment", "path": "/processed_articles", "by": 1 + rng.IntN(50)}}, false)
+		}
+	}
+	if rng.IntN(5) == 0 {
+		emit(int64(n), []map[string]any{set("/status", "failed"), set("/error", "source unavailable"), set("/finished_at", at.Format(time.RFC3339))}, false)
+	} else {
+		emit(int64(n), []map[string]any{set("/status", "completed"), {"op": "remove", "path": "/progress"}, set("/finished_at", at.Format(time.RFC3339))}, false)
+	}
+	raw, _ := delta.EncodeState(state)
+	return evs, Truth{Version: int64(n), State: raw}
+}
+
+var badValues = []string{
+	`{"job_id": "broken`,
+	`{"job_id":"%s","kind":"snapshot","state":{}}`,
+	`{"job_id":"%s","version":0,"kind":"snapshot","state":{}}`,
+	`{"job_id":"%s","version":"7","kind":"delta","ops":[]}`,
+	`{"job_id":"%s","version":3,"kind":"rumour"}`,
+	`{"job_id":"%s","version":3,"kind":"delta","ops":[{"op":"multiply","path":"/n"}]}`,
+	``,
+}
+
+func badRecord(rng *rand.Rand, id string, p int) Record {
+	tmpl := badValues[rng.IntN(len(badValues))]
+	v := tmpl
+	if len(tmpl) > 0 && tmpl[len(tmpl)-1] == '}' && countVerbs(tmpl) == 1 {
+		v = fmt.Sprintf(tmpl, id)
+	}
+	return Record{Partition: p, Key: []byte(id), Value: []byte(v), Fault: "bad"}
+}
+
+func countVerbs(s string) int {
+	n := 0
+	for i := 0; i+1 < len(s); i++ {
+		if s[i] == '%' && s[i+1] == 's' {
+			n++
+		}
+	}
+	return n
+}
+
+// JobIDs lists the stream's jobs, sorted.
+func (s *Stream) JobIDs() []string {
+	ids := make([]string, 0, len(s.Truth))
+	for id := range s.Truth {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}
