@@ -28,7 +28,7 @@ type Counters struct {
 
 type counters struct {
 	consumed, applied, stale, duplicates, conflicts, held, quarantined, batches, fenced atomic.Int64
-	closedWait, closedReread, closedSnapshot                                             atomic.Int64
+	closedWait, closedReread, closedSnapshot                                            atomic.Int64
 }
 
 func (c *counters) add(t tally) {
