@@ -201,17 +201,21 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 		ids, vers, states, offs, evs := columns(b.Snapshots)
 		// The CTE reads the rows as they were before this statement, which
 		// tells how far each applied snapshot moved its row.
-		rows, err := tx.Query(ctx, `WITH old AS (SELECT job_id, version FROM `+s.jobs+` WHERE job_id = ANY($1::text[]))
-			INSERT INTO `+s.jobs+` AS t
-			(job_id, version, state, updated_at, source_topic, source_partition, source_offset, event_id)
-			SELECT i.job_id, i.version, i.state::jsonb, now(), $6, $7, i.off, NULLIF(i.event_id, '')
-			FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[]) AS i(job_id, version, state, off, event_id)
-			ON CONFLICT (job_id) DO UPDATE SET
-				version = excluded.version, state = excluded.state, updated_at = excluded.updated_at,
-				source_topic = excluded.source_topic, source_partition = excluded.source_partition,
-				source_offset = excluded.source_offset, event_id = excluded.event_id
-			WHERE t.version < excluded.version
-			RETURNING t.job_id, coalesce((SELECT version FROM old WHERE old.job_id = t.job_id), 0)`,
+		rows, err := tx.Query(ctx, `WITH old AS (
+				SELECT job_id, version FROM `+s.jobs+` WHERE job_id = ANY($1::text[])
+			), ins AS (
+				INSERT INTO `+s.jobs+` AS t
+				(job_id, version, state, updated_at, source_topic, source_partition, source_offset, event_id)
+				SELECT i.job_id, i.version, i.state::jsonb, now(), $6, $7, i.off, NULLIF(i.event_id, '')
+				FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[]) AS i(job_id, version, state, off, event_id)
+				ON CONFLICT (job_id) DO UPDATE SET
+					version = excluded.version, state = excluded.state, updated_at = excluded.updated_at,
+					source_topic = excluded.source_topic, source_partition = excluded.source_partition,
+					source_offset = excluded.source_offset, event_id = excluded.event_id
+				WHERE t.version < excluded.version
+				RETURNING t.job_id
+			)
+			SELECT ins.job_id, coalesce(old.version, 0) FROM ins LEFT JOIN old ON old.job_id = ins.job_id`,
 			ids, vers, states, offs, evs, b.Topic, b.Partition)
 		if err != nil {
 			return res, fmt.Errorf("store: apply %s/%d@%d: snapshots: %w", b.Topic, b.Partition, b.NextOffset, err)

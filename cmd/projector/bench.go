@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"flag"
+
+	"github.com/projector/projector/internal/bench"
+	"github.com/projector/projector/internal/demo"
+)
+
+type benchOpts struct {
+	databaseURL string
+	events      int
+	jobs        int
+	partitions  int
+	sample      int
+	seed        uint64
+	log         logFlags
+}
+
+var benchCommand = &command{
+	name:    "bench",
+	summary: "the throughput benchmark, side by side with baselines",
+	usage: `projector bench measures, in one run on this machine, how fast the same
+stream of job snapshots reaches PostgreSQL through: raw binary COPY (no version
+check: the ceiling), one autocommit upsert per event, pipelined single upserts,
+and the projector end to end from an in-process Kafka broker (snapshots only,
+then snapshots with deltas). Each is reported in events/s and as a ratio of raw
+COPY. It works in a schema of its own and drops it at the end.
+
+Example:
+  DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres projector bench --events 200000`,
+	flags: func(fs *flag.FlagSet) any {
+		o := &benchOpts{}
+		fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL connection string (default: the local server on 127.0.0.1:5432)")
+		fs.IntVar(&o.events, "events", 200000, "snapshot events in the stream")
+		fs.IntVar(&o.jobs, "jobs", 50000, "distinct jobs (events are spread over them)")
+		fs.IntVar(&o.partitions, "partitions", 6, "partitions of the benchmark topic")
+		fs.IntVar(&o.sample, "per-event-sample", 5000, "events the slow one-upsert-per-event baseline writes")
+		fs.Uint64Var(&o.seed, "seed", 1, "seed of the generated stream")
+		o.log.register(fs)
+		o.log.level = "warn"
+		fs.Lookup("log-level").DefValue = "warn"
+		return o
+	},
+	run: func(ctx context.Context, env *cmdEnv, opts any) error {
+		o := opts.(*benchOpts)
+		logger, err := o.log.logger(env.stderr)
+		if err != nil {
+			return err
+		}
+		switch {
+		case o.events < 1000:
+			return usagef("--events %d: must be at least 1000", o.events)
+		case o.jobs < 1 || o.jobs > o.events:
+			return usagef("--jobs %d: must be from 1 to --events", o.jobs)
+		case o.partitions < 1 || o.partitions > 1000:
+			return usagef("--partitions %d: must be from 1 to 1000", o.partitions)
+		case o.sample < 100:
+			return usagef("--per-event-sample %d: must be at least 100", o.sample)
+		}
+		url := o.databaseURL
+		if url == "" {
+			url = demo.LocalURL
+		}
+		_, err = bench.Run(ctx, bench.Config{
+			DatabaseURL: url, Events: o.events, Jobs: o.jobs, Partitions: o.partitions, Seed: o.seed,
+			PerEventSample: o.sample, Out: env.stdout, Logger: logger,
+		})
+		return err
+	},
+}
