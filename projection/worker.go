@@ -365,6 +365,12 @@ func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
 			}
 		} else {
 			t.stale += int64(len(seq))
+			if res.SnapshotConflicts[s.JobID] {
+				t.stale--
+				t.conflicts++
+				w.log.Warn("conflict: same job and version with different content; the first applied wins",
+					"job_id", s.JobID, "version", s.Version, "dropped_event_id", s.EventID, "dropped_offset", s.Offset)
+			}
 			w.cache.forget(s.JobID)
 		}
 	}

@@ -174,6 +174,10 @@ type Result struct {
 	// SnapshotsApplied maps each job whose snapshot write applied to the
 	// version its row had before (0: no row); the others were stale.
 	SnapshotsApplied map[string]int64
+	// SnapshotConflicts are jobs whose snapshot did not apply because the
+	// row is at the same version with other content: the first applied
+	// wins, and the conflict is the caller's to report.
+	SnapshotConflicts map[string]bool
 }
 
 // Apply commits b in one transaction: fence, writes, held rows, quarantine
@@ -228,6 +232,9 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 		})
 		if err != nil {
 			return res, fmt.Errorf("store: apply %s/%d@%d: snapshots: %w", b.Topic, b.Partition, b.NextOffset, err)
+		}
+		if err := s.snapshotConflicts(ctx, tx, b, &res); err != nil {
+			return res, err
 		}
 	}
 
@@ -295,6 +302,37 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 		return res, fmt.Errorf("store: apply %s/%d@%d: commit: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
 	return res, nil
+}
+
+// snapshotConflicts looks, among the snapshots that did not apply, for rows
+// at the same version with other content. Only batches with stale
+// snapshots pay for the query.
+func (s *Store) snapshotConflicts(ctx context.Context, tx pgx.Tx, b *Batch, res *Result) error {
+	var missed []Write
+	for _, w := range b.Snapshots {
+		if _, ok := res.SnapshotsApplied[w.JobID]; !ok {
+			missed = append(missed, w)
+		}
+	}
+	if len(missed) == 0 {
+		return nil
+	}
+	ids, vers, states, _, _ := columns(missed)
+	rows, err := tx.Query(ctx, `SELECT j.job_id FROM `+s.jobs+` j
+		JOIN unnest($1::text[], $2::bigint[], $3::text[]) AS i(job_id, version, state)
+		ON j.job_id = i.job_id AND j.version = i.version AND j.state <> i.state::jsonb`, ids, vers, states)
+	if err != nil {
+		return fmt.Errorf("store: apply %s/%d@%d: conflicts: %w", b.Topic, b.Partition, b.NextOffset, err)
+	}
+	conflicts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("store: apply %s/%d@%d: conflicts: %w", b.Topic, b.Partition, b.NextOffset, err)
+	}
+	res.SnapshotConflicts = make(map[string]bool, len(conflicts))
+	for _, id := range conflicts {
+		res.SnapshotConflicts[id] = true
+	}
+	return nil
 }
 
 func (s *Store) applyUpdates(ctx context.Context, tx pgx.Tx, b *Batch) error {

@@ -122,3 +122,26 @@ func TestUpdateOnAMovedRowRollsBackWithStaleError(t *testing.T) {
 	require.JSONEq(t, `{"n":2}`, string(jobs["j"].State))
 	require.NotContains(t, jobs, "other", "the whole batch rolled back")
 }
+
+func TestSnapshotAtTheRowsVersionWithOtherContentIsAConflict(t *testing.T) {
+	t.Parallel()
+	s := pgtest.Store(t)
+	ctx := context.Background()
+	c, err := s.Claim(ctx, "t", 0, "me")
+	require.NoError(t, err)
+	_, err = s.Apply(ctx, &store.Batch{Topic: "t", Epoch: c.Epoch, NextOffset: 1, Snapshots: []store.Write{
+		{JobID: "a", Version: 2, State: json.RawMessage(`{"s":"completed","n":1}`)},
+		{JobID: "b", Version: 2, State: json.RawMessage(`{"s":"completed"}`)},
+	}})
+	require.NoError(t, err)
+	res, err := s.Apply(ctx, &store.Batch{Topic: "t", Epoch: c.Epoch, NextOffset: 2, Snapshots: []store.Write{
+		{JobID: "a", Version: 2, State: json.RawMessage(`{"n":1.0, "s":"completed"}`)}, // same JSON value
+		{JobID: "b", Version: 2, State: json.RawMessage(`{"s":"failed"}`)},
+	}})
+	require.NoError(t, err)
+	require.Empty(t, res.SnapshotsApplied)
+	require.Equal(t, map[string]bool{"b": true}, res.SnapshotConflicts)
+	jobs, err := s.LoadJobs(ctx, []string{"b"})
+	require.NoError(t, err)
+	require.JSONEq(t, `{"s":"completed"}`, string(jobs["b"].State), "the first applied wins")
+}
