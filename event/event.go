@@ -91,6 +91,9 @@ func DecodeValue(value []byte) (Event, error) {
 	if hasNULEscape(trimmed) {
 		return Event{}, &FieldError{Field: "value", Reason: `contains the escape \u0000, which PostgreSQL cannot store in text or jsonb`}
 	}
+	if reason := postgresRefuses(trimmed); reason != "" {
+		return Event{}, &FieldError{Field: "value", Reason: reason}
+	}
 	var ev Event
 	var err error
 	if ev.JobID, err = jobID(w["job_id"]); err != nil {
@@ -225,4 +228,98 @@ func hasNULEscape(b []byte) bool {
 		i += 1 + next
 	}
 	return false
+}
+
+// PostgreSQL numeric limits: digits before the decimal point, and after.
+const (
+	maxNumericWeight = 131072
+	maxNumericScale  = 16383
+)
+
+// postgresRefuses scans valid JSON text for what PostgreSQL's jsonb refuses
+// although JSON allows it: unpaired UTF-16 surrogate escapes, and numbers
+// beyond the numeric type's range. Such a record would fail its batch on
+// every retry; refused here, it is quarantined alone.
+func postgresRefuses(b []byte) string {
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case c == '"':
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] != '\\' {
+					continue
+				}
+				i++
+				if i >= len(b) || b[i] != 'u' || i+4 >= len(b) {
+					continue
+				}
+				r := hex4(b[i+1 : i+5])
+				switch {
+				case r >= 0xD800 && r <= 0xDBFF:
+					if i+10 < len(b) && b[i+5] == '\\' && b[i+6] == 'u' {
+						if lo := hex4(b[i+7 : i+11]); lo >= 0xDC00 && lo <= 0xDFFF {
+							i += 10
+							continue
+						}
+					}
+					return "contains an unpaired UTF-16 surrogate escape, which PostgreSQL jsonb refuses"
+				case r >= 0xDC00 && r <= 0xDFFF:
+					return "contains an unpaired UTF-16 surrogate escape, which PostgreSQL jsonb refuses"
+				}
+				i += 4
+			}
+		case c == '-' || (c >= '0' && c <= '9'):
+			j := i
+			if b[j] == '-' {
+				j++
+			}
+			intDigits, fracDigits := 0, 0
+			for ; j < len(b) && b[j] >= '0' && b[j] <= '9'; j++ {
+				intDigits++
+			}
+			if j < len(b) && b[j] == '.' {
+				for j++; j < len(b) && b[j] >= '0' && b[j] <= '9'; j++ {
+					fracDigits++
+				}
+			}
+			exp := 0
+			if j < len(b) && (b[j] == 'e' || b[j] == 'E') {
+				j++
+				neg := false
+				if j < len(b) && (b[j] == '+' || b[j] == '-') {
+					neg = b[j] == '-'
+					j++
+				}
+				for ; j < len(b) && b[j] >= '0' && b[j] <= '9'; j++ {
+					if exp < 10*maxNumericWeight {
+						exp = exp*10 + int(b[j]-'0')
+					}
+				}
+				if neg {
+					exp = -exp
+				}
+			}
+			if intDigits+exp > maxNumericWeight || fracDigits-exp > maxNumericScale {
+				return "contains a number beyond the range PostgreSQL can store"
+			}
+			i = j - 1
+		}
+	}
+	return ""
+}
+
+func hex4(b []byte) rune {
+	var r rune
+	for _, c := range b {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return -1
+		}
+	}
+	return r
 }

@@ -258,3 +258,29 @@ func TestDecodeRefusesNULThatPostgreSQLCannotStore(t *testing.T) {
 	_, err := event.Decode(nil, []byte(`{"job_id":"a","version":1,"kind":"snapshot","state":{"x":"\\u0000"}}`))
 	require.NoError(t, err)
 }
+
+func TestDecodeRefusesWhatPostgreSQLJSONBRefuses(t *testing.T) {
+	t.Parallel()
+	bad := map[string]string{
+		"lone high surrogate":  `{"job_id":"a","version":1,"kind":"snapshot","state":{"x":"\ud800"}}`,
+		"lone low surrogate":   `{"job_id":"a","version":1,"kind":"snapshot","state":{"x":"a\udc00b"}}`,
+		"high then non-low":    `{"job_id":"a","version":1,"kind":"snapshot","state":{"x":"\ud83d\u0041"}}`,
+		"number too large":     `{"job_id":"a","version":1,"kind":"snapshot","state":{"x":1e131072}}`,
+		"number too precise":   `{"job_id":"a","version":1,"kind":"snapshot","state":{"x":1e-16384}}`,
+		"in a delta set value": `{"job_id":"a","version":1,"kind":"delta","ops":[{"op":"set","path":"/x","value":2E200000}]}`,
+	}
+	for name, v := range bad {
+		_, err := event.Decode(nil, []byte(v))
+		var fe *event.FieldError
+		require.ErrorAs(t, err, &fe, name)
+		require.Contains(t, fe.Error(), "PostgreSQL", name)
+	}
+	good := []string{
+		`{"job_id":"a","version":1,"kind":"snapshot","state":{"x":"\ud83d\ude00","y":1e131071,"z":1e-16383,"w":-0.5E+3}}`,
+		`{"job_id":"a","version":1,"kind":"snapshot","state":{"x":"\\ud800"}}`,
+	}
+	for _, v := range good {
+		_, err := event.Decode(nil, []byte(v))
+		require.NoError(t, err, v)
+	}
+}

@@ -175,24 +175,6 @@ func Advance(job Job, inputs []Input) (Job, Outcome) {
 		drain(&job, &out)
 	}
 
-	// A row that moved while deltas were held (another writer, a previous
-	// owner of the partition, a re-read of the store) covers the held
-	// deltas at or below it and may put the next one in line. Only a read
-	// of the store moves a row under held deltas, so that is what closed
-	// the gap if this empties the held set.
-	if len(job.Held) > 0 {
-		for v := range job.Held {
-			if v <= job.Version {
-				delete(job.Held, v)
-				out.Released = append(out.Released, v)
-			}
-		}
-		drain(&job, &out)
-		if len(job.Held) == 0 {
-			closer = FromReread
-		}
-	}
-
 	for _, in := range inputs {
 		ev := in.Event
 		// The gap is closed by the input that empties the held set, not

@@ -133,44 +133,40 @@ func (p *plan) quarantine(b store.Bad) {
 	p.tally.quarantined++
 }
 
-// snapshotOnly folds a job's snapshots to the one that can win and writes
-// it with the version condition, unless the cache already knows it is stale.
+// snapshotOnly picks, in log order, the snapshot of a job that can win and
+// writes it with the version condition, unless the cache already knows the
+// row is at or past it. A snapshot at the version in hand (the cached row
+// or an earlier one in the batch) with other content is a conflict: the
+// first wins.
 func (p *plan) snapshotOnly(w *worker, id string, ins []gapfill.Input, j gapfill.Job, cached bool) {
-	snaps := make([]event.Event, len(ins))
-	for i, in := range ins {
-		snaps[i] = in.Event
+	var hi int64
+	var hiRaw json.RawMessage
+	hiEvent := ""
+	if cached {
+		hi, hiRaw, hiEvent = j.Version, j.Raw, j.EventID
 	}
-	f := snapshot.Fold(snaps)
-	conflict := map[int]bool{}
-	for _, i := range f.Conflicts {
-		conflict[i] = true
-		p.conflict(w, id, gapfill.Conflict{Version: snaps[i].Version, KeptEventID: snaps[f.Winner].EventID,
-			DroppedEventID: snaps[i].EventID, DroppedPartition: ins[i].Partition, DroppedOffset: ins[i].Offset})
-	}
+	win := -1
 	var seq []int64
 	for i, in := range ins {
-		if !conflict[i] {
-			seq = append(seq, in.Event.Version)
+		ev := in.Event
+		switch {
+		case ev.Version > hi:
+			hi, hiRaw, hiEvent, win = ev.Version, ev.State, ev.EventID, i
+		case ev.Version == hi && hiRaw != nil && !snapshot.SameState(hiRaw, ev.State):
+			p.conflict(w, id, gapfill.Conflict{Version: ev.Version, KeptEventID: hiEvent,
+				DroppedEventID: ev.EventID, DroppedPartition: in.Partition, DroppedOffset: in.Offset})
+			continue
 		}
+		seq = append(seq, ev.Version)
 	}
-	win := ins[f.Winner]
-	if cached && j.Version >= win.Event.Version {
-		if j.Version == win.Event.Version && j.Raw != nil && !snapshot.SameState(j.Raw, win.Event.State) {
-			p.conflict(w, id, gapfill.Conflict{Version: j.Version, KeptEventID: j.EventID,
-				DroppedEventID: win.Event.EventID, DroppedPartition: win.Partition, DroppedOffset: win.Offset})
-			seq = seq[:0]
-			for i, in := range ins {
-				if !conflict[i] && in.Event.Version != j.Version {
-					seq = append(seq, in.Event.Version)
-				}
-			}
-		}
+	if win < 0 {
 		p.tally.stale += int64(len(seq))
 		return
 	}
 	p.snapSeq[id] = seq
+	wi := ins[win]
 	p.batch.Snapshots = append(p.batch.Snapshots, store.Write{
-		JobID: id, Version: win.Event.Version, State: win.Event.State, Offset: win.Offset, EventID: win.Event.EventID,
+		JobID: id, Version: wi.Event.Version, State: wi.Event.State, Offset: wi.Offset, EventID: wi.Event.EventID,
 	})
 }
 

@@ -182,16 +182,14 @@ func redact(c *pgx.ConnConfig) string {
 	return fmt.Sprintf("%s@%s:%d/%s", c.User, c.Host, c.Port, c.Database)
 }
 
-// isRetryable reports whether err is a transient PostgreSQL or network
-// failure worth retrying the whole batch for.
-func isRetryable(err error) bool {
+// IsBadData reports whether PostgreSQL refused a batch for its data (SQLSTATE
+// class 22, data exception, or 54, program limit exceeded): retrying the
+// same batch would fail the same way, so the caller must find the record
+// that carries the data and quarantine it.
+func IsBadData(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "40001", "40P01", "57P01", "57P02", "57P03", "53300", "08000", "08003", "08006":
-			return true
-		}
-		return false
+		return strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "54")
 	}
-	return pgconn.SafeToRetry(err) || errors.Is(err, context.DeadlineExceeded)
+	return false
 }
