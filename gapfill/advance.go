@@ -180,9 +180,16 @@ func Advance(job Job, inputs []Input) (Job, Outcome) {
 		// The gap is closed by the input that empties the held set, not
 		// by whatever input last moved the row.
 		wasHeld := len(job.Held) > 0
+		// Only the log's deliveries are counted as stale, duplicate or
+		// conflicting: a re-read finds the same copies on every attempt,
+		// and the partition that delivers them counts them there.
+		delivered := in.Source == FromLog
 		switch ev.Kind {
 		case event.Snapshot:
 			if ev.Version <= job.Version {
+				if !delivered {
+					continue
+				}
 				if ev.Version == job.Version && !snapshot.SameState(ev.State, rawOf(&job)) {
 					out.Conflicts = append(out.Conflicts, Conflict{Version: ev.Version, KeptEventID: job.EventID,
 						DroppedEventID: ev.EventID, DroppedPartition: in.Partition, DroppedOffset: in.Offset})
@@ -213,7 +220,9 @@ func Advance(job Job, inputs []Input) (Job, Outcome) {
 		case event.Delta:
 			switch {
 			case ev.Version <= job.Version:
-				out.Duplicates++
+				if delivered {
+					out.Duplicates++
+				}
 			case ev.Version == job.Version+1:
 				if !apply(&job, in, &out) {
 					continue
@@ -224,9 +233,11 @@ func Advance(job Job, inputs []Input) (Job, Outcome) {
 				}
 			default:
 				if h, ok := job.Held[ev.Version]; ok {
-					if sameOps(h.Event.RawOps, ev.RawOps) {
+					switch {
+					case !delivered:
+					case sameOps(h.Event.RawOps, ev.RawOps):
 						out.Duplicates++
-					} else {
+					default:
 						out.Conflicts = append(out.Conflicts, Conflict{Version: ev.Version, KeptEventID: h.Event.EventID,
 							DroppedEventID: ev.EventID, DroppedPartition: in.Partition, DroppedOffset: in.Offset})
 					}

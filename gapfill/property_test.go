@@ -303,9 +303,13 @@ func (m *ruleModel) advance(ins []gapfill.Input) (e expected) {
 			}
 			drain()
 		case ev.Kind == event.Snapshot:
-			e.stale++
+			if in.Source == gapfill.FromLog {
+				e.stale++
+			}
 		case ev.Version <= m.version:
-			e.duplicates++
+			if in.Source == gapfill.FromLog {
+				e.duplicates++
+			}
 		case ev.Version == m.version+1:
 			m.version++
 			e.applied++
@@ -313,7 +317,9 @@ func (m *ruleModel) advance(ins []gapfill.Input) (e expected) {
 			drain()
 		default:
 			if _, ok := m.held[ev.Version]; ok {
-				e.duplicates++
+				if in.Source == gapfill.FromLog {
+					e.duplicates++
+				}
 				continue
 			}
 			m.held[ev.Version] = in.At

@@ -25,10 +25,9 @@ type plan struct {
 	closed   map[string]gapfill.Source
 	progress map[string]bool
 	holding  map[string]time.Time
-	// snapSeq is each fast-path job's snapshot versions in log order,
-	// conflicts left out: with the row's version before the write it tells
-	// which would have applied one by one.
-	snapSeq map[string][]int64
+	// folds are the fast-path jobs' folds: with the row's version before
+	// the write they tell which snapshots would have applied one by one.
+	folds map[string]snapshot.Folded
 }
 
 // plan turns fetched records and finished gap resolutions into the writes
@@ -46,7 +45,7 @@ func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.R
 		closed:   map[string]gapfill.Source{},
 		progress: map[string]bool{},
 		holding:  map[string]time.Time{},
-		snapSeq:  map[string][]int64{},
+		folds:    map[string]snapshot.Folded{},
 	}
 
 	// Decode and group by job, keeping each job's records in log order.
@@ -133,41 +132,43 @@ func (p *plan) quarantine(b store.Bad) {
 	p.tally.quarantined++
 }
 
-// snapshotOnly picks, in log order, the snapshot of a job that can win and
-// writes it with the version condition, unless the cache already knows the
-// row is at or past it. A snapshot at the version in hand (the cached row
-// or an earlier one in the batch) with other content is a conflict: the
-// first wins.
+// snapshotOnly folds a job's snapshots against what the cache knows of its
+// row and writes the winner with the version condition, unless the cache
+// already knows the row is at or past it.
 func (p *plan) snapshotOnly(w *worker, id string, ins []gapfill.Input, j gapfill.Job, cached bool) {
-	var hi int64
-	var hiRaw json.RawMessage
-	hiEvent := ""
-	if cached {
-		hi, hiRaw, hiEvent = j.Version, j.Raw, j.EventID
-	}
-	win := -1
-	var seq []int64
+	snaps := make([]event.Event, len(ins))
 	for i, in := range ins {
-		ev := in.Event
-		switch {
-		case ev.Version > hi:
-			hi, hiRaw, hiEvent, win = ev.Version, ev.State, ev.EventID, i
-		case ev.Version == hi && hiRaw != nil && !snapshot.SameState(hiRaw, ev.State):
-			p.conflict(w, id, gapfill.Conflict{Version: ev.Version, KeptEventID: hiEvent,
-				DroppedEventID: ev.EventID, DroppedPartition: in.Partition, DroppedOffset: in.Offset})
-			continue
-		}
-		seq = append(seq, ev.Version)
+		snaps[i] = in.Event
 	}
-	if win < 0 {
-		p.tally.stale += int64(len(seq))
+	var head snapshot.Head
+	if cached {
+		head = snapshot.Head{Version: j.Version, State: j.Raw, EventID: j.EventID}
+	}
+	f := snapshot.Fold(head, snaps)
+	for _, i := range f.Conflicts {
+		p.conflict(w, id, gapfill.Conflict{Version: snaps[i].Version, KeptEventID: keptEventID(head, snaps, i),
+			DroppedEventID: snaps[i].EventID, DroppedPartition: ins[i].Partition, DroppedOffset: ins[i].Offset})
+	}
+	if f.Winner < 0 {
+		_, stale := f.Count(head.Version)
+		p.tally.stale += int64(stale)
 		return
 	}
-	p.snapSeq[id] = seq
-	wi := ins[win]
+	p.folds[id] = f
+	win := ins[f.Winner]
 	p.batch.Snapshots = append(p.batch.Snapshots, store.Write{
-		JobID: id, Version: wi.Event.Version, State: wi.Event.State, Offset: wi.Offset, EventID: wi.Event.EventID,
+		JobID: id, Version: win.Event.Version, State: win.Event.State, Offset: win.Offset, EventID: win.Event.EventID,
 	})
+}
+
+// keptEventID names the event that won over conflicting snapshot i.
+func keptEventID(head snapshot.Head, snaps []event.Event, i int) string {
+	for k := 0; k < i; k++ {
+		if snaps[k].Version == snaps[i].Version {
+			return snaps[k].EventID
+		}
+	}
+	return head.EventID
 }
 
 // advance runs a job's inputs through the gap detector's version rules.

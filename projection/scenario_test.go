@@ -47,12 +47,17 @@ const (
 
 // TestScenarios runs every testdata/scenarios/*.txt file as a parallel
 // subtest against the real engine, the in-process broker and PostgreSQL.
-// Adding a file adds a test case.
+// Adding a file adds a test case. PROJECTOR_SCENARIOS, a glob relative to
+// this package, runs other files instead.
 func TestScenarios(t *testing.T) {
 	t.Parallel()
-	files, err := filepath.Glob(filepath.Join(scenarioDir, "*.txt"))
+	pattern := filepath.Join(scenarioDir, "*.txt")
+	if p := os.Getenv("PROJECTOR_SCENARIOS"); p != "" {
+		pattern = p // e.g. ../testdata/scenarios/gap-*.txt
+	}
+	files, err := filepath.Glob(pattern)
 	require.NoError(t, err)
-	require.NotEmpty(t, files, "no scenario files in %s", scenarioDir)
+	require.NotEmpty(t, files, "no scenario files match %s", pattern)
 	for _, file := range files {
 		t.Run(strings.TrimSuffix(filepath.Base(file), ".txt"), func(t *testing.T) {
 			t.Parallel()
@@ -81,7 +86,7 @@ type scenarioStep struct {
 	pos    string // file:line
 	text   string
 	record *rec
-	do     func(*play)
+	do     func(p *play, pos string)
 	check  *scenarioCheck
 }
 
@@ -107,7 +112,7 @@ type play struct {
 func (sc *scenario) run(t *testing.T) {
 	p := &play{t: t, sc: sc, rig: newRig(t, sc.partitions)}
 	if sc.authority {
-		p.auth = &authority{snaps: map[string][]byte{}, calls: map[string]int{}}
+		p.auth = &authority{snaps: map[string][]byte{}}
 		mux := http.NewServeMux()
 		mux.HandleFunc("GET /jobs/{id}", p.auth.serve)
 		srv := httptest.NewServer(mux)
@@ -138,7 +143,7 @@ func (sc *scenario) run(t *testing.T) {
 		switch {
 		case st.do != nil:
 			t.Logf("%s: %s", st.pos, st.text)
-			st.do(p)
+			st.do(p, st.pos)
 		case st.check != nil:
 			p.verify(st)
 		}
@@ -277,13 +282,11 @@ type authority struct {
 	mu    sync.Mutex
 	down  bool
 	snaps map[string][]byte
-	calls map[string]int
 }
 
 func (a *authority) serve(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	a.mu.Lock()
-	a.calls[id]++
 	down, snap := a.down, a.snaps[id]
 	a.mu.Unlock()
 	switch {
@@ -383,10 +386,15 @@ func parseScenarioFile(file string) (*scenario, error) {
 	if err != nil {
 		return nil, err
 	}
+	return parseScenario(file, string(body))
+}
+
+// parseScenario parses a scenario's text; errors start with file:line.
+func parseScenario(file, body string) (*scenario, error) {
 	sc := &scenario{file: file}
 	seen := map[string]bool{}
 	inHeader := true
-	for i, line := range strings.Split(string(body), "\n") {
+	for i, line := range strings.Split(body, "\n") {
 		pos := fmt.Sprintf("%s:%d", file, i+1)
 		text := strings.TrimSpace(line)
 		if text == "" || strings.HasPrefix(text, "#") {
@@ -412,7 +420,7 @@ func parseScenarioFile(file string) (*scenario, error) {
 				return nil, fmt.Errorf("%s: the header must say how many partitions the topic has (partitions <n>)", pos)
 			}
 		}
-		st, err := sc.parseStep(word, rest)
+		st, err := sc.parseStep(word, rest, i+1)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", pos, err)
 		}
@@ -469,8 +477,8 @@ func (sc *scenario) setHeader(word, rest string) error {
 	return nil
 }
 
-func (sc *scenario) parseStep(word, rest string) (scenarioStep, error) {
-	noArgs := func(do func(*play)) (scenarioStep, error) {
+func (sc *scenario) parseStep(word, rest string, line int) (scenarioStep, error) {
+	noArgs := func(do func(*play, string)) (scenarioStep, error) {
 		if rest != "" {
 			return scenarioStep{}, fmt.Errorf("%s takes no arguments", word)
 		}
@@ -478,29 +486,29 @@ func (sc *scenario) parseStep(word, rest string) (scenarioStep, error) {
 	}
 	switch word {
 	case "produce", "snapshot", "delta":
-		r, err := parseRecord(word, rest)
+		r, err := parseRecord(word, rest, line)
 		return scenarioStep{record: r}, err
 	case "authority":
-		return sc.parseAuthority(rest)
+		return sc.parseAuthority(rest, line)
 	case "start":
-		return noArgs(func(p *play) {
+		return noArgs(func(p *play, pos string) {
 			if p.cur != nil {
-				p.t.Fatalf("start: the engine is already running")
+				p.t.Fatalf("%s: start: the engine is already running", pos)
 			}
 			p.start()
 		})
 	case "restart":
-		return noArgs(func(p *play) {
+		return noArgs(func(p *play, pos string) {
 			if p.cur == nil {
-				p.t.Fatalf("restart: the engine is not running")
+				p.t.Fatalf("%s: restart: the engine is not running", pos)
 			}
 			p.cur.halt(p.t)
 			p.start()
 		})
 	case "stop":
-		return noArgs(func(p *play) {
+		return noArgs(func(p *play, pos string) {
 			if p.cur == nil {
-				p.t.Fatalf("stop: the engine is not running")
+				p.t.Fatalf("%s: stop: the engine is not running", pos)
 			}
 			p.cur.halt(p.t)
 			p.cur = nil
@@ -509,9 +517,10 @@ func (sc *scenario) parseStep(word, rest string) (scenarioStep, error) {
 		within := awaitTimeout
 		if i := strings.LastIndex(rest, " within "); i >= 0 {
 			d, err := time.ParseDuration(strings.TrimSpace(rest[i+len(" within "):]))
-			if err == nil && d > 0 {
-				within, rest = d, strings.TrimSpace(rest[:i])
+			if err != nil || d <= 0 {
+				return scenarioStep{}, fmt.Errorf("await: within %q: want a duration such as 5s", rest[i+len(" within "):])
 			}
+			within, rest = d, strings.TrimSpace(rest[:i])
 		}
 		eval, err := parsePredicate(rest)
 		if err != nil {
@@ -530,7 +539,7 @@ func (sc *scenario) parseStep(word, rest string) (scenarioStep, error) {
 
 // parseRecord reads "produce <p> <key> <value>", "snapshot <p> <job> <v>
 // <state>" or "delta <p> <job> <v> <ops>".
-func parseRecord(word, rest string) (*rec, error) {
+func parseRecord(word, rest string, line int) (*rec, error) {
 	ptok, rest := cut(rest)
 	part, err := strconv.Atoi(ptok)
 	if err != nil || part < 0 {
@@ -562,17 +571,19 @@ func parseRecord(word, rest string) (*rec, error) {
 		return nil, fmt.Errorf("%s: want %s <partition> <job> <version> <json>", word, word)
 	}
 	jobJSON, _ := json.Marshal(job)
+	// The event id names the scenario line, so a log line leads back to it.
+	eventID := fmt.Sprintf("evt-%d-L%d", v, line)
 	var value string
 	if word == "snapshot" {
 		if !json.Valid([]byte(body)) || body[0] != '{' {
 			return nil, fmt.Errorf("snapshot: the state %s is not a JSON object on one line", body)
 		}
-		value = fmt.Sprintf(`{"job_id":%s,"version":%d,"kind":"snapshot","state":%s,"event_id":"evt-%s-%d"}`, jobJSON, v, body, job, v)
+		value = fmt.Sprintf(`{"job_id":%s,"version":%d,"kind":"snapshot","state":%s,"event_id":"%s"}`, jobJSON, v, body, eventID)
 	} else {
 		if !json.Valid([]byte(body)) || body[0] != '[' {
 			return nil, fmt.Errorf("delta: the ops %s are not a JSON array on one line", body)
 		}
-		value = fmt.Sprintf(`{"job_id":%s,"version":%d,"kind":"delta","ops":%s,"event_id":"evt-%s-%d"}`, jobJSON, v, body, job, v)
+		value = fmt.Sprintf(`{"job_id":%s,"version":%d,"kind":"delta","ops":%s,"event_id":"%s"}`, jobJSON, v, body, eventID)
 	}
 	return &rec{partition: part, key: job, value: []byte(value)}, nil
 }
@@ -603,22 +614,22 @@ func parseValue(s string) ([]byte, error) {
 	return []byte(s), nil
 }
 
-func (sc *scenario) parseAuthority(rest string) (scenarioStep, error) {
+func (sc *scenario) parseAuthority(rest string, line int) (scenarioStep, error) {
 	if !sc.authority {
 		return scenarioStep{}, errors.New(`authority steps need "authority on" in the header`)
 	}
 	switch rest {
 	case "down", "up":
 		down := rest == "down"
-		return scenarioStep{do: func(p *play) { p.auth.set(func(a *authority) { a.down = down }) }}, nil
+		return scenarioStep{do: func(p *play, _ string) { p.auth.set(func(a *authority) { a.down = down }) }}, nil
 	}
-	r, err := parseRecord("snapshot", "0 "+rest)
+	r, err := parseRecord("snapshot", "0 "+rest, line)
 	if err != nil {
 		return scenarioStep{}, errors.New("authority: want authority down, authority up or authority <job> <version> <state>")
 	}
 	job := r.key
 	value := r.value.([]byte)
-	return scenarioStep{do: func(p *play) { p.auth.set(func(a *authority) { a.snaps[job] = value }) }}, nil
+	return scenarioStep{do: func(p *play, _ string) { p.auth.set(func(a *authority) { a.snaps[job] = value }) }}, nil
 }
 
 type predicate = func(*play) (bool, string)
@@ -1065,4 +1076,50 @@ func sameJSON(a, b any) bool {
 	default:
 		return a == b
 	}
+}
+
+// TestScenarioParseErrors checks that the format is strict: every mistake
+// fails with the file and line.
+func TestScenarioParseErrors(t *testing.T) {
+	t.Parallel()
+	const head = "partitions 1\n"
+	for _, tc := range []struct {
+		name, body, want string
+	}{
+		{"unknown step", head + "start\nfrobnicate job-1\n", "x.txt:3: unknown step \"frobnicate\""},
+		{"unknown condition", head + "await sunrise\n", "x.txt:2: await: unknown condition \"sunrise\""},
+		{"no partitions", "gap-wait 1s\nstart\n", "x.txt:2: the header must say how many partitions"},
+		{"header after a step", head + "start\nreread on\n", "x.txt:3: \"reread\" is a header setting"},
+		{"setting twice", head + "partitions 2\n", "x.txt:2: \"partitions\" is set twice"},
+		{"bad on/off", head + "reread maybe\n", "x.txt:2: reread \"maybe\": want on or off"},
+		{"authority step without authority", head + "authority down\n", "x.txt:2: authority steps need"},
+		{"state not an object", head + "snapshot 0 job-1 1 [1]\n", "x.txt:2: snapshot: the state [1] is not a JSON object"},
+		{"ops not JSON", head + "delta 0 job-1 2 [{\"op\":\n", "x.txt:2: delta: the ops"},
+		{"bad hex", head + "produce 0 k hex:zz\n", "x.txt:2: produce: value: hex:zz"},
+		{"missing value", head + "produce 0 k\n", "x.txt:2: produce: value: missing"},
+		{"unknown counter", head + "expect counters applyed=1\n", "x.txt:2: expect: counters: \"applyed=1\""},
+		{"bad list", head + "expect held job-1 versions=[3, 4]\n", "x.txt:2: expect: held job-1"},
+		{"bad within", head + "await caught-up within soon\n", "x.txt:2: await: within \"soon\""},
+		{"start with arguments", head + "start now\n", "x.txt:2: start takes no arguments"},
+		{"row field", head + "expect row job-1 version=2\n", "x.txt:2: expect: row job-1: \"version=2\""},
+		{"quarantine form", head + "expect quarantine 3 contains \"x\"\n", "x.txt:2: expect: want quarantine count="},
+		{"status field", head + "expect status held job-1 colour=3\n", "x.txt:2: expect: status held job-1: unknown field \"colour\""},
+		{"no steps", head + "# nothing\n", "x.txt: no steps"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parseScenario("x.txt", tc.body)
+			require.Error(t, err)
+			require.Contains(t, err.Error(), tc.want)
+		})
+	}
+
+	sc, err := parseScenario("x.txt", head+"authority on\nauthority job-1 2 {\"a\":1}\nproduce 0 - empty\nproduce 0 \"k\\x00\" \"v\\xff\"\n"+
+		"produce 0 k tombstone\nstart\nawait status held job-1 attempts>=2 missing=[2] error contains \"503\" within 3s\nexpect counter applied=1\n")
+	require.NoError(t, err)
+	require.True(t, sc.authority)
+	require.Len(t, sc.steps, 7)
+	require.Equal(t, rec{partition: 0, key: "", value: []byte{}}, *sc.steps[1].record)
+	require.Equal(t, rec{partition: 0, key: "k\x00", value: []byte("v\xff")}, *sc.steps[2].record)
+	require.Nil(t, sc.steps[3].record.value.([]byte))
+	require.Equal(t, 3*time.Second, sc.steps[5].check.within)
 }

@@ -387,23 +387,14 @@ func (w *worker) forgetRow(id string) {
 func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
 	t := pl.tally
 	for _, s := range pl.batch.Snapshots {
-		seq := pl.snapSeq[s.JobID]
-		if before, ok := res.SnapshotsApplied[s.JobID]; ok {
-			hi := before
-			for _, v := range seq {
-				if v > hi {
-					t.applied++
-					hi = v
-				} else {
-					t.stale++
-				}
-			}
-			state, err := delta.DecodeState(s.State)
-			if err == nil {
-				w.cache.put(gapfill.Job{ID: s.JobID, Version: s.Version, State: state, Raw: s.State, EventID: s.EventID})
-			}
-		} else {
-			t.stale += int64(len(seq))
+		f := pl.folds[s.JobID]
+		before, ok := res.SnapshotsApplied[s.JobID]
+		if !ok {
+			// The row was at or past the winner: every one was stale,
+			// unless the winner met a row at its own version with other
+			// content, which is a conflict.
+			_, stale := f.Count(s.Version)
+			t.stale += int64(stale)
 			if res.SnapshotConflicts[s.JobID] {
 				t.stale--
 				t.conflicts++
@@ -411,6 +402,13 @@ func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
 					"job_id", s.JobID, "version", s.Version, "dropped_event_id", s.EventID, "dropped_offset", s.Offset)
 			}
 			w.cache.forget(s.JobID)
+			continue
+		}
+		applied, stale := f.Count(before)
+		t.applied += int64(applied)
+		t.stale += int64(stale)
+		if state, err := delta.DecodeState(s.State); err == nil {
+			w.cache.put(gapfill.Job{ID: s.JobID, Version: s.Version, State: state, Raw: s.State, EventID: s.EventID})
 		}
 	}
 	for _, j := range pl.jobs {
@@ -429,8 +427,12 @@ func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
 		w.log.Info("gap closed", "job_id", id, "by", by.String())
 	}
 	for id, since := range pl.holding {
-		w.detector.Hold(id, since)
-		if pl.progress[id] {
+		switch _, held := w.detector.Gap(id); {
+		case !held:
+			w.detector.Hold(id, since)
+		case pl.progress[id]:
+			// It moved forward but waits for a later version: the wait
+			// starts afresh for that one.
 			w.detector.Progress(id, now)
 		}
 	}

@@ -3,50 +3,70 @@ package snapshot
 import (
 	"bytes"
 	"encoding/json"
-	"reflect"
+	"math/big"
 
 	"github.com/projector/projector/event"
 )
 
-// Folded is the outcome of [Fold] over one job's snapshots, by index.
-type Folded struct {
-	// Winner is the snapshot to write: the highest version, first of equals.
-	Winner int
-	// Stale are the others that carry nothing new.
-	Stale []int
-	// Conflicts are snapshots at the winner's version with other content:
-	// the first one wins and these are reported, never applied.
-	Conflicts []int
+// Head is what a job's row is known to hold before a run of snapshots:
+// version 0 with a nil state when nothing is known.
+type Head struct {
+	Version int64
+	State   json.RawMessage
+	EventID string
 }
 
-// Fold picks the snapshot to write from one job's snapshots in arrival
-// order. snaps must not be empty.
-func Fold(snaps []event.Event) Folded {
-	f := Folded{Winner: 0}
-	for i := 1; i < len(snaps); i++ {
-		if snaps[i].Version > snaps[f.Winner].Version {
-			f.Stale = append(f.Stale, f.Winner)
-			f.Winner = i
-		} else {
-			f.Stale = append(f.Stale, i)
-		}
-	}
-	// Among the losers, those at the winning version with other content
-	// are conflicts rather than plain staleness.
-	kept := f.Stale[:0]
-	for _, i := range f.Stale {
-		if snaps[i].Version == snaps[f.Winner].Version && !SameState(snaps[i].State, snaps[f.Winner].State) {
+// Folded is the outcome of [Fold] over one job's snapshots, by index.
+type Folded struct {
+	// Winner is the snapshot to write: the last one, in log order, above
+	// everything before it; -1 when none is above the head.
+	Winner int
+	// Conflicts are snapshots at the version in hand (the head's, or an
+	// earlier snapshot's of the run) with other content: the first wins
+	// and these are reported, never applied.
+	Conflicts []int
+	// versions are the other snapshots' versions in log order, for Count.
+	versions []int64
+}
+
+// Fold picks, in log order, the snapshot of a job to write given the head
+// its row is known to be at. Folding first is what lets one statement write
+// a batch: a key may appear only once per upsert.
+func Fold(head Head, snaps []event.Event) Folded {
+	f := Folded{Winner: -1}
+	hi, hiState := head.Version, head.State
+	for i, s := range snaps {
+		switch {
+		case s.Version > hi:
+			hi, hiState, f.Winner = s.Version, s.State, i
+		case s.Version == hi && hiState != nil && !SameState(hiState, s.State):
 			f.Conflicts = append(f.Conflicts, i)
 			continue
 		}
-		kept = append(kept, i)
+		f.versions = append(f.versions, s.Version)
 	}
-	f.Stale = kept
 	return f
 }
 
-// SameState reports whether two JSON states are equal as JSON values
-// (member order and spacing aside; numbers compared by their literal).
+// Count tells, once the row's version before the write is known, how many
+// of the folded snapshots would have applied one by one in log order and
+// how many were stale.
+func (f Folded) Count(before int64) (applied, stale int) {
+	hi := before
+	for _, v := range f.versions {
+		if v > hi {
+			applied++
+			hi = v
+		} else {
+			stale++
+		}
+	}
+	return applied, stale
+}
+
+// SameState reports whether two JSON states are the same JSON value:
+// member order and spacing aside, numbers compared by value (1 and 1.0 are
+// the same number), as PostgreSQL's jsonb compares them.
 func SameState(a, b json.RawMessage) bool {
 	if bytes.Equal(a, b) {
 		return true
@@ -56,7 +76,7 @@ func SameState(a, b json.RawMessage) bool {
 	if errA != nil || errB != nil {
 		return false
 	}
-	return reflect.DeepEqual(va, vb)
+	return equal(va, vb)
 }
 
 func decode(raw json.RawMessage) (any, error) {
@@ -65,4 +85,45 @@ func decode(raw json.RawMessage) (any, error) {
 	var v any
 	err := d.Decode(&v)
 	return v, err
+}
+
+func equal(a, b any) bool {
+	switch x := a.(type) {
+	case map[string]any:
+		y, ok := b.(map[string]any)
+		if !ok || len(x) != len(y) {
+			return false
+		}
+		for k, v := range x {
+			w, ok := y[k]
+			if !ok || !equal(v, w) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		y, ok := b.([]any)
+		if !ok || len(x) != len(y) {
+			return false
+		}
+		for i := range x {
+			if !equal(x[i], y[i]) {
+				return false
+			}
+		}
+		return true
+	case json.Number:
+		y, ok := b.(json.Number)
+		if !ok {
+			return false
+		}
+		if x == y {
+			return true
+		}
+		rx, okx := new(big.Rat).SetString(string(x))
+		ry, oky := new(big.Rat).SetString(string(y))
+		return okx && oky && rx.Cmp(ry) == 0
+	default:
+		return a == b
+	}
 }

@@ -18,81 +18,44 @@ func TestFold(t *testing.T) {
 	t.Parallel()
 
 	const a, b = `{"status":"running","n":1}`, `{"status":"failed","n":1}`
+	none := snapshot.Head{}
 	tests := []struct {
 		name      string
+		head      snapshot.Head
 		snaps     []event.Event
 		winner    int
-		stale     []int
 		conflicts []int
+		// applied and stale as counted against the row's version before.
+		before         int64
+		applied, stale int
 	}{
-		{
-			name:   "single",
-			snaps:  []event.Event{snap(4, a)},
-			winner: 0,
-		},
-		{
-			name:   "increasing",
-			snaps:  []event.Event{snap(1, a), snap(2, b), snap(3, a)},
-			winner: 2,
-			stale:  []int{0, 1},
-		},
-		{
-			name:   "scrambled",
-			snaps:  []event.Event{snap(2, a), snap(5, b), snap(1, a), snap(3, b)},
-			winner: 1,
-			stale:  []int{0, 2, 3},
-		},
-		{
-			name:   "highest last after a lower one",
-			snaps:  []event.Event{snap(3, a), snap(1, b), snap(5, a)},
-			winner: 2,
-			stale:  []int{0, 1},
-		},
-		{
-			name:   "equal highest versions, same content: stale",
-			snaps:  []event.Event{snap(3, a), snap(3, a)},
-			winner: 0,
-			stale:  []int{1},
-		},
-		{
-			name:   "equal highest versions, same content in another member order: stale",
-			snaps:  []event.Event{snap(3, a), snap(3, `{ "n": 1, "status": "running" }`)},
-			winner: 0,
-			stale:  []int{1},
-		},
-		{
-			name:      "equal highest versions, different content: conflict, first wins",
-			snaps:     []event.Event{snap(3, a), snap(3, b)},
-			winner:    0,
-			conflicts: []int{1},
-		},
-		{
-			name:      "conflict among stale ones",
-			snaps:     []event.Event{snap(1, b), snap(3, a), snap(2, b), snap(3, b), snap(3, a)},
-			winner:    1,
-			stale:     []int{0, 2, 4},
-			conflicts: []int{3},
-		},
-		{
-			name:   "lower versions with other content are stale, not conflicts",
-			snaps:  []event.Event{snap(1, b), snap(2, a)},
-			winner: 1,
-			stale:  []int{0},
-		},
-		{
-			name:      "a number written differently is a conflict",
-			snaps:     []event.Event{snap(3, `{"n":1}`), snap(3, `{"n":1.0}`)},
-			winner:    0,
-			conflicts: []int{1},
-		},
+		{name: "single", head: none, snaps: []event.Event{snap(4, a)}, winner: 0, applied: 1},
+		{name: "increasing", head: none, snaps: []event.Event{snap(1, a), snap(2, b), snap(3, a)}, winner: 2, applied: 3},
+		{name: "scrambled", head: none, snaps: []event.Event{snap(2, a), snap(5, b), snap(1, a), snap(3, b)}, winner: 1, applied: 2, stale: 2},
+		{name: "scrambled against a row at 2", head: none, snaps: []event.Event{snap(2, a), snap(5, b), snap(1, a), snap(3, b)}, winner: 1, before: 2, applied: 1, stale: 3},
+		{name: "equal versions, same content: stale", head: none, snaps: []event.Event{snap(3, a), snap(3, a)}, winner: 0, applied: 1, stale: 1},
+		{name: "equal versions, same content in another member order: stale", head: none,
+			snaps: []event.Event{snap(3, a), snap(3, `{ "n": 1.0, "status": "running" }`)}, winner: 0, applied: 1, stale: 1},
+		{name: "equal versions, different content: conflict, first wins", head: none,
+			snaps: []event.Event{snap(3, a), snap(3, b)}, winner: 0, conflicts: []int{1}, applied: 1},
+		{name: "a conflict with the run's version in hand", head: none,
+			snaps: []event.Event{snap(1, b), snap(3, a), snap(2, b), snap(3, b), snap(3, a)}, winner: 1, conflicts: []int{3}, applied: 2, stale: 2},
+		{name: "lower versions with other content are stale, not conflicts", head: none,
+			snaps: []event.Event{snap(1, b), snap(2, a)}, winner: 1, applied: 2},
+		{name: "the head wins over an equal version with other content", head: snapshot.Head{Version: 3, State: json.RawMessage(a)},
+			snaps: []event.Event{snap(3, b), snap(3, a)}, winner: -1, conflicts: []int{0}, before: 3, stale: 1},
+		{name: "nothing above the head", head: snapshot.Head{Version: 9, State: json.RawMessage(a)},
+			snaps: []event.Event{snap(3, b), snap(9, a)}, winner: -1, before: 9, stale: 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			got := snapshot.Fold(tt.snaps)
+			got := snapshot.Fold(tt.head, tt.snaps)
 			require.Equal(t, tt.winner, got.Winner)
-			require.ElementsMatch(t, tt.stale, got.Stale, "stale")
 			require.ElementsMatch(t, tt.conflicts, got.Conflicts, "conflicts")
+			applied, stale := got.Count(tt.before)
+			require.Equal(t, tt.applied, applied, "applied")
+			require.Equal(t, tt.stale, stale, "stale")
 		})
 	}
 }
@@ -111,8 +74,9 @@ func TestSameState(t *testing.T) {
 		{name: "spacing", a: `{"a":1}`, b: " {\n\t\"a\" : 1 } ", same: true},
 		{name: "string escapes", a: `{"a":"x"}`, b: `{"a":"\u0078"}`, same: true},
 		{name: "empty objects", a: `{}`, b: `{ }`, same: true},
-		{name: "1 vs 1.0", a: `{"n":1}`, b: `{"n":1.0}`, same: false},
-		{name: "1 vs 1e0", a: `{"n":1}`, b: `{"n":1e0}`, same: false},
+		{name: "1 vs 1.0 is one number", a: `{"n":1}`, b: `{"n":1.0}`, same: true},
+		{name: "1 vs 1e0 is one number", a: `{"n":1}`, b: `{"n":1e0}`, same: true},
+		{name: "1 vs 1.5", a: `{"n":1}`, b: `{"n":1.5}`, same: false},
 		{name: "integers past 2^53 stay exact", a: `{"n":9007199254740993}`, b: `{"n":9007199254740992}`, same: false},
 		{name: "different value", a: `{"a":1}`, b: `{"a":2}`, same: false},
 		{name: "extra member", a: `{"a":1}`, b: `{"a":1,"b":null}`, same: false},
