@@ -145,3 +145,59 @@ func TestSnapshotAtTheRowsVersionWithOtherContentIsAConflict(t *testing.T) {
 	require.NoError(t, err)
 	require.JSONEq(t, `{"s":"completed"}`, string(jobs["b"].State), "the first applied wins")
 }
+
+func TestSwapMakesTheShadowLiveAndFencesTheOldOwner(t *testing.T) {
+	t.Parallel()
+	live := pgtest.Store(t)
+	ctx := context.Background()
+	old, err := live.Claim(ctx, "t", 0, "live")
+	require.NoError(t, err)
+	_, err = live.Apply(ctx, &store.Batch{Topic: "t", Epoch: old.Epoch, NextOffset: 5,
+		Snapshots: []store.Write{{JobID: "a", Version: 1, State: json.RawMessage(`{"wrong":true}`)}},
+		Bad:       []store.Bad{{Partition: -1, Offset: 3, Err: "old bad"}}})
+	require.NoError(t, err)
+
+	shadow, err := live.Shadow()
+	require.NoError(t, err)
+	require.NoError(t, shadow.Reset(ctx))
+	require.NoError(t, shadow.Migrate(ctx))
+	sc, err := shadow.Claim(ctx, "t", 0, "rebuild")
+	require.NoError(t, err)
+	_, err = shadow.Apply(ctx, &store.Batch{Topic: "t", Epoch: sc.Epoch, NextOffset: 9,
+		Snapshots: []store.Write{{JobID: "a", Version: 2, State: json.RawMessage(`{"right":true}`)}},
+		Hold:      []store.Held{{JobID: "b", Version: 3, Partition: 0, Offset: 8, Ops: json.RawMessage(`[]`)}}})
+	require.NoError(t, err)
+
+	res, err := live.Swap(ctx, shadow, true)
+	require.NoError(t, err)
+	require.NotEmpty(t, res.OldTable)
+
+	jobs, err := live.Jobs(ctx)
+	require.NoError(t, err)
+	require.Len(t, jobs, 1)
+	require.JSONEq(t, `{"right":true}`, string(jobs["a"].State))
+	pos, err := live.Positions(ctx)
+	require.NoError(t, err)
+	require.Len(t, pos, 1)
+	require.Equal(t, int64(9), pos[0].NextOffset, "the shadow's position is live")
+	require.Greater(t, pos[0].Epoch, old.Epoch)
+	held, n, err := live.HeldJobs(ctx, 10)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, "b", held[0].JobID)
+	_, qn, err := live.Quarantine(ctx, 10)
+	require.NoError(t, err)
+	require.Zero(t, qn, "the rebuild's quarantine replaces the old one")
+
+	_, err = live.Apply(ctx, &store.Batch{Topic: "t", Epoch: old.Epoch, NextOffset: 6})
+	require.ErrorIs(t, err, store.ErrFenced, "an instance still running on the old model is fenced")
+
+	// A second rebuild starts clean: the shadow's names are free again.
+	require.NoError(t, shadow.Reset(ctx))
+	require.NoError(t, shadow.Migrate(ctx))
+	_, err = live.Swap(ctx, shadow, false)
+	require.NoError(t, err)
+	jobs, err = live.Jobs(ctx)
+	require.NoError(t, err)
+	require.Empty(t, jobs)
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -106,17 +107,8 @@ Example:
   DATABASE_URL=postgres://app@db:5432/app projector run --brokers kafka-1:9092,kafka-2:9092`,
 	flags: func(fs *flag.FlagSet) any {
 		o := &runOpts{}
-		registerStoreFlags(fs, &o.databaseURL, &o.schema, &o.table)
-		fs.Var(&o.brokers, "brokers", "Kafka bootstrap brokers, comma-separated host:port (required)")
-		fs.StringVar(&o.topic, "topic", "job-events", "topic to consume")
-		fs.StringVar(&o.group, "group", "projector", "Kafka consumer group; instances with the same group share the partitions")
+		o.register(fs, "projector", ":8080")
 		fs.StringVar(&o.start, "start", "earliest", "where a partition never projected before starts: earliest or latest")
-		fs.IntVar(&o.batchSize, "batch-size", 5000, "most records per batch transaction")
-		fs.DurationVar(&o.batchLinger, "batch-linger", 50*time.Millisecond, "how long a batch waits for more records after its first")
-		fs.StringVar(&o.httpAddr, "http-addr", ":8080", "address for /healthz, /readyz, /status and /metrics; \"off\" disables it")
-		fs.StringVar(&o.owner, "owner", "", "this instance's name in the partitions table (default host/pid)")
-		o.log.register(fs)
-		o.gap.register(fs)
 		return o
 	},
 	run: func(ctx context.Context, env *cmdEnv, opts any) error {
@@ -125,24 +117,7 @@ Example:
 		if err != nil {
 			return err
 		}
-		if len(o.brokers) == 0 {
-			return usagef("no Kafka brokers: pass --brokers host:port[,host:port] or set PROJECTOR_BROKERS")
-		}
-		for _, b := range o.brokers {
-			if _, _, err := net.SplitHostPort(b); err != nil {
-				return usagef("--brokers: %q is not a host:port address", b)
-			}
-		}
-		if o.start != "earliest" && o.start != "latest" {
-			return usagef("--start %q: want earliest or latest", o.start)
-		}
-		if o.batchSize < 1 || o.batchSize > 1_000_000 {
-			return usagef("--batch-size %d: must be from 1 to 1000000", o.batchSize)
-		}
-		if err := positive("batch-linger", o.batchLinger); err != nil {
-			return err
-		}
-		if err := o.gap.validate(); err != nil {
+		if err := o.validate(); err != nil {
 			return err
 		}
 		st, err := openStore(ctx, o.databaseURL, o.schema, o.table)
@@ -150,29 +125,80 @@ Example:
 			return err
 		}
 		defer st.Close()
-
-		cfg := projection.Config{
-			Brokers: o.brokers, Topic: o.topic, Group: o.group, Start: o.start,
-			BatchSize: o.batchSize, BatchLinger: o.batchLinger, Owner: o.owner,
-			Store: st, Logger: logger,
-		}
-		o.gap.apply(&cfg)
-		p, err := projection.New(cfg)
+		p, err := projection.New(o.config(st, logger))
 		if err != nil {
 			return &usageError{err.Error()}
 		}
-		if o.httpAddr != "off" && o.httpAddr != "" {
-			ln, err := net.Listen("tcp", o.httpAddr)
-			if err != nil {
-				return fmt.Errorf("--http-addr %s: %w", o.httpAddr, err)
-			}
-			srv := &http.Server{Handler: p.Handler(), ReadHeaderTimeout: 5 * time.Second}
-			go func() { _ = srv.Serve(ln) }()
-			defer srv.Shutdown(context.WithoutCancel(ctx))
-			logger.Info("serving health, status and metrics", "addr", ln.Addr().String())
+		stop, err := o.serve(ctx, p, logger)
+		if err != nil {
+			return err
 		}
+		defer stop()
 		return p.Run(ctx)
 	},
+}
+
+// register adds the engine's flags, shared by run and rebuild.
+func (o *runOpts) register(fs *flag.FlagSet, group, httpAddr string) {
+	registerStoreFlags(fs, &o.databaseURL, &o.schema, &o.table)
+	fs.Var(&o.brokers, "brokers", "Kafka bootstrap brokers, comma-separated host:port (required)")
+	fs.StringVar(&o.topic, "topic", "job-events", "topic to consume")
+	fs.StringVar(&o.group, "group", group, "Kafka consumer group; instances with the same group share the partitions")
+	fs.IntVar(&o.batchSize, "batch-size", 5000, "most records per batch transaction")
+	fs.DurationVar(&o.batchLinger, "batch-linger", 50*time.Millisecond, "how long a batch waits for more records after its first")
+	fs.StringVar(&o.httpAddr, "http-addr", httpAddr, "address for /healthz, /readyz, /status and /metrics; \"off\" disables it")
+	fs.StringVar(&o.owner, "owner", "", "this instance's name in the partitions table (default host/pid)")
+	o.log.register(fs)
+	o.gap.register(fs)
+}
+
+func (o *runOpts) validate() error {
+	if len(o.brokers) == 0 {
+		return usagef("no Kafka brokers: pass --brokers host:port[,host:port] or set PROJECTOR_BROKERS")
+	}
+	for _, b := range o.brokers {
+		if _, _, err := net.SplitHostPort(b); err != nil {
+			return usagef("--brokers: %q is not a host:port address", b)
+		}
+	}
+	if o.start != "earliest" && o.start != "latest" {
+		return usagef("--start %q: want earliest or latest", o.start)
+	}
+	if o.topic == "" || o.group == "" {
+		return usagef("--topic and --group must not be empty")
+	}
+	if o.batchSize < 1 || o.batchSize > 1_000_000 {
+		return usagef("--batch-size %d: must be from 1 to 1000000", o.batchSize)
+	}
+	if err := positive("batch-linger", o.batchLinger); err != nil {
+		return err
+	}
+	return o.gap.validate()
+}
+
+func (o *runOpts) config(st *store.Store, logger *slog.Logger) projection.Config {
+	cfg := projection.Config{
+		Brokers: o.brokers, Topic: o.topic, Group: o.group, Start: o.start,
+		BatchSize: o.batchSize, BatchLinger: o.batchLinger, Owner: o.owner,
+		Store: st, Logger: logger,
+	}
+	o.gap.apply(&cfg)
+	return cfg
+}
+
+// serve starts the health, status and metrics server unless it is off.
+func (o *runOpts) serve(ctx context.Context, p *projection.Projector, logger *slog.Logger) (func(), error) {
+	if o.httpAddr == "off" || o.httpAddr == "" {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", o.httpAddr)
+	if err != nil {
+		return nil, fmt.Errorf("--http-addr %s: %w", o.httpAddr, err)
+	}
+	srv := &http.Server{Handler: p.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	logger.Info("serving health, status and metrics", "addr", ln.Addr().String())
+	return func() { _ = srv.Shutdown(context.WithoutCancel(ctx)) }, nil
 }
 
 func registerStoreFlags(fs *flag.FlagSet, url, schema, table *string) {

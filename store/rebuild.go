@@ -1,0 +1,118 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ShadowSuffix names a projection's rebuild table: jobs → jobs_rebuild.
+const ShadowSuffix = "_rebuild"
+
+// Shadow returns the store of s's rebuild table in the same schema, on the
+// same pool.
+func (s *Store) Shadow() (*Store, error) {
+	name := s.projection + ShadowSuffix
+	if len(name) > 63 {
+		return nil, fmt.Errorf("store: table name %q is too long for a rebuild table (%q)", s.projection, name)
+	}
+	sh, err := New(s.pool, Config{Schema: s.schema, Table: name})
+	if err != nil {
+		return nil, err
+	}
+	return sh, nil
+}
+
+// Reset drops the projection's table and forgets its positions, held
+// deltas, quarantine and migrations: a rebuild starts from nothing.
+func (s *Store) Reset(ctx context.Context) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('projector.migrate'))`); err != nil {
+			return err
+		}
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.partitions).Scan(&exists); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `DROP TABLE IF EXISTS `+s.jobs); err != nil {
+			return fmt.Errorf("store: reset %s: %w", s.projection, err)
+		}
+		if !exists {
+			return nil
+		}
+		for _, t := range []string{s.partitions, s.held, s.quarantine, pgx.Identifier{s.schema, "projector_migrations"}.Sanitize()} {
+			if _, err := tx.Exec(ctx, `DELETE FROM `+t+` WHERE projection = $1`, s.projection); err != nil {
+				return fmt.Errorf("store: reset %s: %w", s.projection, err)
+			}
+		}
+		return nil
+	})
+}
+
+// SwapResult says what a swap did.
+type SwapResult struct {
+	// OldTable is where the previous read model went, when kept.
+	OldTable string
+}
+
+// Swap makes the shadow the live projection in one transaction: the
+// shadow table takes the live table's name, its positions, held deltas and
+// quarantine take the live projection's, and every partition's epoch moves
+// past both, which fences any instance still running on the old read model
+// (it claims again and continues from the shadow's positions). Readers see
+// the old model or the new one, never a mix.
+func (s *Store) Swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResult, error) {
+	type stmt struct {
+		sql  string
+		args []any
+	}
+	var res SwapResult
+	live, sh := s.projection, shadow.projection
+	ident := func(name string) string { return pgx.Identifier{s.schema, name}.Sanitize() }
+	steps := []stmt{
+		{`SELECT pg_advisory_xact_lock(hashtext('projector.migrate'))`, nil},
+		{`LOCK TABLE ` + s.jobs + `, ` + shadow.jobs + ` IN ACCESS EXCLUSIVE MODE`, nil},
+	}
+	if keepOld {
+		old := trim63(fmt.Sprintf("%s_before_%s", live, time.Now().UTC().Format("20060102150405")))
+		res.OldTable = s.schema + "." + old
+		steps = append(steps,
+			stmt{`ALTER TABLE ` + s.jobs + ` RENAME TO ` + pgx.Identifier{old}.Sanitize(), nil},
+			stmt{`ALTER INDEX ` + ident(live+"_pkey") + ` RENAME TO ` + pgx.Identifier{trim63(old + "_pkey")}.Sanitize(), nil})
+	} else {
+		steps = append(steps, stmt{`DROP TABLE ` + s.jobs, nil})
+	}
+	steps = append(steps,
+		stmt{`ALTER TABLE ` + shadow.jobs + ` RENAME TO ` + pgx.Identifier{live}.Sanitize(), nil},
+		stmt{`ALTER INDEX ` + ident(sh+"_pkey") + ` RENAME TO ` + pgx.Identifier{live + "_pkey"}.Sanitize(), nil},
+		// Epochs move past both the live and the shadow owners'.
+		stmt{`UPDATE ` + s.partitions + ` AS p SET epoch = greatest(p.epoch, coalesce((SELECT max(o.epoch) FROM ` + s.partitions + ` o
+			WHERE o.projection = $1 AND o.topic = p.topic AND o.partition = p.partition), 0)) + 1,
+			owner = 'rebuild', updated_at = now() WHERE p.projection = $2`, []any{live, sh}},
+		stmt{`DELETE FROM ` + s.partitions + ` WHERE projection = $1`, []any{live}},
+		stmt{`UPDATE ` + s.partitions + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
+		stmt{`DELETE FROM ` + s.held + ` WHERE projection = $1`, []any{live}},
+		stmt{`UPDATE ` + s.held + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
+		stmt{`DELETE FROM ` + s.quarantine + ` WHERE projection = $1`, []any{live}},
+		stmt{`UPDATE ` + s.quarantine + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
+		stmt{`DELETE FROM ` + ident("projector_migrations") + ` WHERE projection = $1`, []any{sh}},
+	)
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		for _, st := range steps {
+			if _, err := tx.Exec(ctx, st.sql, st.args...); err != nil {
+				return fmt.Errorf("store: swap %s into %s: %w", sh, live, err)
+			}
+		}
+		return nil
+	})
+	return res, err
+}
+
+func trim63(s string) string {
+	if len(s) > 63 {
+		return s[:63]
+	}
+	return s
+}
