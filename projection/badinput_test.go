@@ -61,19 +61,21 @@ func TestBadRecordsAreQuarantinedRawAndTheStreamMovesOn(t *testing.T) {
 	}
 
 	// The 1 MiB record must reach the projector: the topic accepts
-	// records up to 4 MiB.
-	r := newRigTopicConfig(t, 1, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: strconv.Itoa(4 << 20)})
+	// records up to 4 MiB. Everything goes to partition 1, so the stored
+	// partition is not a zero value by chance.
+	const part = 1
+	r := newRigTopicConfig(t, 2, kafka.ConfigEntry{ConfigName: "max.message.bytes", ConfigValue: strconv.Itoa(4 << 20)})
 	var recs []rec
 	for i, c := range cases {
 		good := fmt.Sprintf("good-after-%02d", i)
 		recs = append(recs,
-			rec{0, string(c.key), c.value},
-			rec{0, good, snap(good, 1, stateOf(good, 1))})
+			rec{part, string(c.key), c.value},
+			rec{part, good, snap(good, 1, stateOf(good, 1))})
 	}
 	offsets := r.produce(recs...)
 
 	run := r.start(r.config(func(c *Config) { c.BatchSize = 7 }))
-	r.caughtUp(30 * time.Second)
+	r.caughtUp(30*time.Second, run)
 
 	q, total, err := r.store.Quarantine(context.Background(), 100)
 	require.NoError(t, err)
@@ -94,7 +96,7 @@ func TestBadRecordsAreQuarantinedRawAndTheStreamMovesOn(t *testing.T) {
 			require.True(t, ok, "offset %d is not in the quarantine", off)
 			row := q[j]
 			require.Equal(t, r.topic, row.Topic)
-			require.Equal(t, 0, row.Partition)
+			require.Equal(t, part, row.Partition)
 			require.Equal(t, off, row.Offset)
 			require.True(t, bytes.Equal(c.key, row.Key), "key stored raw: got %q", row.Key)
 			require.True(t, bytes.Equal(c.value, row.Value), "value stored raw: got %d bytes %.80q", len(row.Value), row.Value)

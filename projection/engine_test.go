@@ -16,9 +16,9 @@ func TestSeedStoryLateSnapshotIsStale(t *testing.T) {
 		rec{0, "job-42", snap("job-42", 2, `{"status":"completed"}`)},
 	)
 	run := r.start(r.config())
-	r.caughtUp(20 * time.Second)
+	r.caughtUp(20*time.Second, run)
 	r.produce(rec{0, "job-42", snap("job-42", 1, `{"status":"running"}`)})
-	r.caughtUp(20 * time.Second)
+	r.caughtUp(20*time.Second, run)
 
 	rows := r.rows()
 	require.Equal(t, int64(2), rows["job-42"].Version)
@@ -45,7 +45,7 @@ func TestScrambledSnapshotsEndAtEachJobsHighestVersion(t *testing.T) {
 	produced := int64(s.flush(r))
 
 	run := r.start(r.config(func(c *Config) { c.BatchSize = 200 }))
-	r.caughtUp(30 * time.Second)
+	r.caughtUp(30*time.Second, run)
 
 	r.requireModel(s)
 	r.requirePositionsAtEnd()

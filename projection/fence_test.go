@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,6 +57,9 @@ func TestFencedBatchWritesNothingAndThePartitionIsReclaimed(t *testing.T) {
 	s := newStream(1)
 	for _, job := range jobIDs("fenced", 40) {
 		s.snapshots(job, 1, 2)
+	}
+	for _, job := range jobIDs("fenced-counter", 10) {
+		s.increments(job, 3)
 	}
 	produced := int64(s.flush(r))
 
@@ -119,7 +123,7 @@ func TestFencedBatchWritesNothingAndThePartitionIsReclaimed(t *testing.T) {
 	require.Equal(t, pos.Epoch, st.Partitions[0].Epoch, "the partition is worked under the new epoch")
 	newWorkerMayApply.open()
 
-	r.caughtUp(20 * time.Second)
+	r.caughtUp(20*time.Second, run)
 	r.requireModel(s)
 	r.requirePositionsAtEnd()
 	pos = r.positions()[0]
@@ -210,4 +214,82 @@ func schemaOf(s *store.Store) string {
 		panic(fmt.Sprintf("jobs table %s is not schema-qualified", jobs))
 	}
 	return jobs[:i]
+}
+
+// A real zombie: engine a holds a fetched batch when b joins the group. a's
+// generation ends, but its worker is still busy with the batch, so a cannot
+// rejoin; the broker completes the rebalance without a after the rebalance
+// timeout, b claims the partition and projects everything. When a's worker
+// finally commits, the fence rejects the batch: no record is committed
+// twice, and the model is b's.
+func TestZombieWorkerOutlivingItsGenerationIsFenced(t *testing.T) {
+	// Not parallel: it installs testHookBeforeApply.
+	r := newRig(t, 1)
+	rng := rand.New(rand.NewPCG(3, 9))
+	s := newStream(1)
+	for _, job := range jobIDs("zombie", 100) {
+		s.snapshots(job, 1, 2, 3)
+	}
+	for _, job := range jobIDs("zombie-counter", 10) {
+		s.increments(job, 5)
+	}
+	s.scramble(rng)
+	s.flush(r)
+
+	var calls atomic.Int32
+	zombieHolds := make(chan struct{})
+	zombieMayApply := newGate(t)
+	setApplyHook(t, func(int) {
+		if calls.Add(1) == 1 {
+			close(zombieHolds)
+			<-zombieMayApply.ch
+		}
+	})
+	a := r.start(r.config(func(c *Config) { c.Owner = "a"; c.BatchSize = 50 }))
+	t.Cleanup(zombieMayApply.open)
+	waitClosed(t, zombieHolds, 20*time.Second, "a fetches its first batch")
+	zombieEpoch := a.p.Status().Partitions[0].Epoch
+
+	b := r.start(r.config(func(c *Config) { c.Owner = "b"; c.BatchSize = 50 }))
+	r.caughtUp(30*time.Second, b)
+	r.requireModel(s)
+	pos := r.positions()[0]
+	require.Equal(t, "b", pos.Owner)
+	require.Greater(t, pos.Epoch, zombieEpoch)
+	require.Zero(t, a.p.Status().Counters.Consumed, "a committed nothing while it held its batch")
+
+	zombieMayApply.open()
+	r.eventually(20*time.Second, "a's batch is fenced", func() (bool, string) {
+		c := a.p.Status().Counters
+		return c.Fenced == 1, fmt.Sprintf("%+v", c)
+	})
+	ca := a.p.Status().Counters
+	require.Zero(t, ca.Consumed+ca.Applied+ca.Stale+ca.Batches, "the zombie's batch is not counted: %+v", ca)
+	r.requireModel(s)
+	r.requirePositionsAtEnd()
+
+	// The group settles again (a rejoins); whoever owns the partition now
+	// projects the next records from the stored position.
+	for _, job := range jobIDs("zombie", 100) {
+		s.snapshots(job, 5, 4)
+	}
+	for _, job := range jobIDs("zombie-counter", 10) {
+		s.increments(job, 3)
+	}
+	s.scramble(rng)
+	s.flush(r)
+	r.eventually(30*time.Second, "the stream is projected after the zombie's return", func() (bool, string) {
+		hwm := r.highWatermarks()[0]
+		pub := int64(-1)
+		for _, e := range []*running{a, b} {
+			for _, ps := range e.p.Status().Partitions {
+				pub = max(pub, ps.Position)
+			}
+		}
+		return r.positions()[0].NextOffset == hwm && pub == hwm, fmt.Sprintf("stored %d, published %d, end %d", r.positions()[0].NextOffset, pub, hwm)
+	})
+	r.requireModel(s)
+	ca, cb := a.p.Status().Counters, b.p.Status().Counters
+	require.Equal(t, int64(s.produced), ca.Consumed+cb.Consumed, "every record committed once: a %+v, b %+v", ca, cb)
+	require.Equal(t, int64(1), ca.Fenced+cb.Fenced)
 }

@@ -29,6 +29,7 @@ func TestTwoEnginesSplitThePartitionsAndOneTakesOverWhenTheOtherStops(t *testing
 	rng := rand.New(rand.NewPCG(6, 2))
 	s := newStream(parts)
 	jobs := jobIDs("grp", 300)
+	counters := jobIDs("grp-counter", 60)
 
 	a := r.start(r.config(func(c *Config) { c.Owner = "a"; c.BatchSize = 40 }))
 	b := r.start(r.config(func(c *Config) { c.Owner = "b"; c.BatchSize = 40 }))
@@ -47,19 +48,27 @@ func TestTwoEnginesSplitThePartitionsAndOneTakesOverWhenTheOtherStops(t *testing
 	for _, job := range jobs {
 		s.snapshots(job, 1, 2, 3)
 	}
+	for _, job := range counters {
+		s.increments(job, 4)
+	}
 	s.scramble(rng)
 	s.flush(r)
-	r.caughtUp(30 * time.Second)
+	r.caughtUp(30*time.Second, a, b)
 	r.requireModel(s)
 	owners := map[string]bool{}
 	for _, pos := range r.positions() {
 		owners[pos.Owner] = true
 	}
-	require.Equal(t, map[string]bool{"a": true, "b": true}, owners, "both engines committed batches")
+	require.Equal(t, map[string]bool{"a": true, "b": true}, owners, "each engine holds the claim of some partitions")
+	require.Positive(t, a.p.Status().Counters.Consumed, "a worked its share")
+	require.Positive(t, b.p.Status().Counters.Consumed, "b worked its share")
 
 	// Wave 2, and a stops while it may be in the middle of it.
 	for _, job := range jobs {
 		s.snapshots(job, 6, 4, 5)
+	}
+	for _, job := range counters {
+		s.increments(job, 4)
 	}
 	s.scramble(rng)
 	s.flush(r)
@@ -78,9 +87,12 @@ func TestTwoEnginesSplitThePartitionsAndOneTakesOverWhenTheOtherStops(t *testing
 	for _, job := range jobIDs("grp-late", 60) {
 		s.snapshots(job, 3, 1, 2)
 	}
+	for _, job := range counters {
+		s.increments(job, 4)
+	}
 	s.scramble(rng)
 	s.flush(r)
-	r.caughtUp(30 * time.Second)
+	r.caughtUp(30*time.Second, b)
 
 	r.requireModel(s)
 	r.requirePositionsAtEnd()

@@ -155,8 +155,12 @@ func dlt(job string, v int64, ops string) string {
 }
 
 // caughtUp waits until every partition's stored position reaches its high
-// watermark.
-func (r *rig) caughtUp(within time.Duration) {
+// watermark and, when engines are given, until one of them reports that
+// position too. A worker settles its counters after the batch transaction
+// commits and publishes its position after that, so counters read after
+// caughtUp with the running engines given are final; with none given they
+// may still lack the last batch.
+func (r *rig) caughtUp(within time.Duration, engines ...*running) {
 	r.t.Helper()
 	r.eventually(within, "stored positions reach the high watermarks", func() (bool, string) {
 		ctx := context.Background()
@@ -177,6 +181,20 @@ func (r *rig) caughtUp(within time.Duration) {
 		for p, h := range hwm {
 			if h > 0 && have[p] != h {
 				return false, fmt.Sprintf("partition %d at %d of %d", p, have[p], h)
+			}
+		}
+		if len(engines) == 0 {
+			return true, ""
+		}
+		published := map[int]int64{}
+		for _, e := range engines {
+			for _, ps := range e.p.Status().Partitions {
+				published[ps.Partition] = max(published[ps.Partition], ps.Position)
+			}
+		}
+		for p, h := range hwm {
+			if h > 0 && published[p] != h {
+				return false, fmt.Sprintf("partition %d stored at %d, engines report %d", p, h, published[p])
 			}
 		}
 		return true, ""
@@ -229,6 +247,12 @@ func (r *rig) requirePositionsAtEnd() {
 	hwm := r.highWatermarks()
 	pos := r.positions()
 	for p, h := range hwm {
+		if h == 0 {
+			if at, ok := pos[p]; ok {
+				require.Equal(r.t, int64(-1), at.NextOffset, "empty partition %d: nothing read", p)
+			}
+			continue
+		}
 		require.Contains(r.t, pos, p, "partition %d has no stored position", p)
 		require.Equal(r.t, h, pos[p].NextOffset, "partition %d: stored position vs high watermark", p)
 	}
@@ -251,18 +275,27 @@ func (r *rig) rows() map[string]store.Job {
 	return jobs
 }
 
-// stream builds snapshot records for a set of jobs, routed to partitions by
-// a hash of the job id (so a job's records share one partition), and keeps
-// the read model they must leave: every job at its highest version with
-// exactly that version's state.
+// stream builds job event records, routed to partitions by a hash of the
+// job id (so a job's records share one partition), and keeps the read model
+// they must leave: every job at its highest version with exactly that
+// version's state.
+//
+// Snapshot jobs may arrive in any order; counter jobs are runs of increment
+// deltas, which must arrive in version order (a scramble keeps it), and
+// whose final count shows that no delta was applied twice or skipped.
 type stream struct {
 	parts    int
 	pending  []rec
 	produced int
 	want     map[string]int64
+	counter  map[string]bool
+	// seq orders a counter job's pending records by version.
+	seq map[string][]int64
 }
 
-func newStream(parts int) *stream { return &stream{parts: parts, want: map[string]int64{}} }
+func newStream(parts int) *stream {
+	return &stream{parts: parts, want: map[string]int64{}, counter: map[string]bool{}, seq: map[string][]int64{}}
+}
 
 func partitionOf(job string, parts int) int {
 	h := fnv.New32a()
@@ -270,11 +303,16 @@ func partitionOf(job string, parts int) int {
 	return int(h.Sum32() % uint32(parts))
 }
 
-// stateOf is version v's state of job: distinct per version, so a row at
-// the right version with another version's state is caught.
+// stateOf is version v's state of a snapshot job: distinct per version, so
+// a row at the right version with another version's state is caught.
 func stateOf(job string, v int64) string {
 	statuses := []string{"queued", "running", "paused", "completed", "failed"}
 	return fmt.Sprintf(`{"job":%q,"status":%q,"progress":%d,"attempt":{"n":%d}}`, job, statuses[v%5], v*7%100, v)
+}
+
+// counterStateOf is a counter job's state after v deltas.
+func counterStateOf(v int64) string {
+	return fmt.Sprintf(`{"count":%d,"last":%d}`, v*(v+1)/2, v)
 }
 
 // snapshots queues one snapshot of job per version given.
@@ -285,10 +323,36 @@ func (s *stream) snapshots(job string, versions ...int64) {
 	}
 }
 
-// scramble shuffles the queued records: versions of one job arrive out of
-// order, and jobs interleave.
+// increments queues the next n deltas of counter job: delta v adds v to
+// /count, so a delta applied twice or skipped shows in the sum.
+func (s *stream) increments(job string, n int) {
+	s.counter[job] = true
+	for range n {
+		v := s.want[job] + 1
+		s.pending = append(s.pending, rec{partitionOf(job, s.parts), job,
+			dlt(job, v, fmt.Sprintf(`[{"op":"increment","path":"/count","by":%d},{"op":"set","path":"/last","value":%d}]`, v, v))})
+		s.seq[job] = append(s.seq[job], v)
+		s.want[job] = v
+	}
+}
+
+// scramble shuffles the queued records: snapshot versions of one job
+// arrive out of order and jobs interleave; a counter job's deltas keep
+// their order.
 func (s *stream) scramble(rng *rand.Rand) {
 	rng.Shuffle(len(s.pending), func(i, j int) { s.pending[i], s.pending[j] = s.pending[j], s.pending[i] })
+	byJob := map[string][]int{}
+	for i, x := range s.pending {
+		if s.counter[x.key] {
+			byJob[x.key] = append(byJob[x.key], i)
+		}
+	}
+	for job, idx := range byJob {
+		for k, i := range idx {
+			v := s.seq[job][k]
+			s.pending[i].value = dlt(job, v, fmt.Sprintf(`[{"op":"increment","path":"/count","by":%d},{"op":"set","path":"/last","value":%d}]`, v, v))
+		}
+	}
 }
 
 // flush produces the queued records and returns how many.
@@ -297,6 +361,7 @@ func (s *stream) flush(r *rig) int {
 	n := len(s.pending)
 	r.produce(s.pending...)
 	s.pending = nil
+	s.seq = map[string][]int64{}
 	s.produced += n
 	return n
 }
@@ -311,7 +376,11 @@ func (r *rig) requireModel(s *stream) {
 		row, ok := rows[job]
 		require.True(r.t, ok, "job %s has no row", job)
 		require.Equal(r.t, v, row.Version, "job %s version", job)
-		require.JSONEq(r.t, stateOf(job, v), string(row.State), "job %s state", job)
+		want := stateOf(job, v)
+		if s.counter[job] {
+			want = counterStateOf(v)
+		}
+		require.JSONEq(r.t, want, string(row.State), "job %s state", job)
 		require.Equal(r.t, fmt.Sprintf("evt-%s-%d", job, v), row.EventID, "job %s event id", job)
 	}
 }

@@ -12,7 +12,8 @@ import (
 
 // A projector that stopped is followed by a new one in the same group on
 // the same store: the new one starts at the stored positions, so across the
-// two runs every record is read and committed exactly once.
+// two runs every record is read and committed exactly once (and the counter
+// jobs' increments each land once).
 func TestRestartBetweenWavesResumesAtTheStoredPositions(t *testing.T) {
 	t.Parallel()
 	const parts = 3
@@ -20,14 +21,18 @@ func TestRestartBetweenWavesResumesAtTheStoredPositions(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	s := newStream(parts)
 	jobs := jobIDs("wave", 300)
+	counters := jobIDs("wave-counter", 30)
 	for _, job := range jobs {
 		s.snapshots(job, 1, 2, 3)
+	}
+	for _, job := range counters {
+		s.increments(job, 5)
 	}
 	s.scramble(rng)
 	wave1 := int64(s.flush(r))
 
 	a := r.start(r.config(func(c *Config) { c.BatchSize = 50; c.Owner = "a" }))
-	r.caughtUp(30 * time.Second)
+	r.caughtUp(30*time.Second, a)
 	a.halt(t)
 	ca := a.p.Status().Counters
 	require.Equal(t, wave1, ca.Consumed, "%+v", ca)
@@ -49,11 +54,14 @@ func TestRestartBetweenWavesResumesAtTheStoredPositions(t *testing.T) {
 	for _, job := range jobIDs("late", 50) {
 		s.snapshots(job, 2, 1)
 	}
+	for _, job := range counters {
+		s.increments(job, 4)
+	}
 	s.scramble(rng)
 	wave2 := int64(s.flush(r))
 
 	b := r.start(r.config(func(c *Config) { c.BatchSize = 50; c.Owner = "b" }))
-	r.caughtUp(30 * time.Second)
+	r.caughtUp(30*time.Second, b)
 	r.requireModel(s)
 	r.requirePositionsAtEnd()
 	cb := b.p.Status().Counters
@@ -77,6 +85,9 @@ func TestRestartMidStreamReadsEveryRecordExactlyOnce(t *testing.T) {
 	s := newStream(parts)
 	for _, job := range jobIDs("mid", 400) {
 		s.snapshots(job, versions(1, 2+rng.Int64N(3))...)
+	}
+	for _, job := range jobIDs("mid-counter", 40) {
+		s.increments(job, 8)
 	}
 	s.scramble(rng)
 	produced := int64(s.flush(r))
@@ -114,7 +125,7 @@ func TestRestartMidStreamReadsEveryRecordExactlyOnce(t *testing.T) {
 	require.Equal(t, stored, ca.Consumed, "a's committed batches are exactly its stored positions: %+v", ca)
 
 	b := r.start(r.config(func(c *Config) { c.BatchSize = batch; c.Owner = "b" }))
-	r.caughtUp(30 * time.Second)
+	r.caughtUp(30*time.Second, b)
 	r.requireModel(s)
 	r.requirePositionsAtEnd()
 	cb := b.p.Status().Counters
