@@ -24,6 +24,10 @@ type Projector struct {
 
 	generation atomic.Int32
 	ready      atomic.Bool
+	// running counts the functions handed to generations: kafka-go does
+	// not track one started on a generation that has already ended, so Run
+	// waits on this too.
+	running sync.WaitGroup
 }
 
 // New checks cfg and returns a Projector ready to [Projector.Run].
@@ -103,6 +107,7 @@ func (p *Projector) Run(ctx context.Context) error {
 	p.ready.Store(false)
 	// Close ends the generation and waits for every worker it started.
 	_ = group.Close()
+	p.running.Wait()
 	cfg.Logger.Info("projector stopped", "counters", p.counters.snapshot())
 	return nil
 }
@@ -119,7 +124,7 @@ func (p *Projector) startGeneration(gen *kafka.Generation) {
 	cfg.Logger.Info("generation joined", "generation", gen.ID, "partitions", parts)
 
 	c := &committer{gen: gen, topic: cfg.Topic, pending: map[int]int64{}, sent: map[int]int64{}, log: cfg.Logger}
-	gen.Start(c.run)
+	p.start(gen, c.run)
 	for _, a := range assigned {
 		w := &worker{
 			p:         p,
@@ -130,13 +135,22 @@ func (p *Projector) startGeneration(gen *kafka.Generation) {
 			position:  -1,
 			committed: c.offer,
 		}
-		gen.Start(func(ctx context.Context) {
-			defer p.book.drop(w.partition)
+		p.start(gen, func(ctx context.Context) {
+			defer p.book.drop(w.partition, w)
 			if err := w.run(ctx); err != nil && !errors.Is(err, context.Canceled) && ctx.Err() == nil {
 				w.log.Error("partition worker stopped", "err", err)
 			}
 		})
 	}
+}
+
+// start runs fn for a generation and counts it until it returns.
+func (p *Projector) start(gen *kafka.Generation, fn func(ctx context.Context)) {
+	p.running.Add(1)
+	gen.Start(func(ctx context.Context) {
+		defer p.running.Done()
+		fn(ctx)
+	})
 }
 
 // committer forwards stored positions to the Kafka group, for lag tooling

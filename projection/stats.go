@@ -98,14 +98,19 @@ type Status struct {
 type partitionBook struct {
 	mu    sync.Mutex
 	parts map[int]PartitionStatus
+	// owner is the worker that last published each partition, so a worker
+	// of an ended generation cannot remove its successor's entry.
+	owner map[int]any
 }
 
-func (b *partitionBook) set(p PartitionStatus) {
+func (b *partitionBook) set(p PartitionStatus, by any) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.parts == nil {
 		b.parts = make(map[int]PartitionStatus)
+		b.owner = make(map[int]any)
 	}
+	b.owner[p.Partition] = by
 	p.Lag = max(p.HighWatermark-p.Position, 0)
 	if p.Position < 0 {
 		p.Lag = p.HighWatermark
@@ -114,10 +119,13 @@ func (b *partitionBook) set(p PartitionStatus) {
 	b.parts[p.Partition] = p
 }
 
-func (b *partitionBook) drop(p int) {
+func (b *partitionBook) drop(p int, by any) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	delete(b.parts, p)
+	if b.owner[p] == by {
+		delete(b.parts, p)
+		delete(b.owner, p)
+	}
 }
 
 func (b *partitionBook) list() []PartitionStatus {

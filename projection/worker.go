@@ -449,7 +449,7 @@ func (w *worker) publish() {
 			Since: g.Since, Attempts: g.Attempts, NextAttempt: g.NextAttempt, LastStep: string(g.LastStep), LastError: g.LastErr,
 		})
 	}
-	w.p.book.set(PartitionStatus{Partition: w.partition, Position: w.position, HighWatermark: w.hwm, Epoch: w.epoch, Held: held})
+	w.p.book.set(PartitionStatus{Partition: w.partition, Position: w.position, HighWatermark: w.hwm, Epoch: w.epoch, Held: held}, w)
 }
 
 func firstOffset(msgs []kafka.Message) int64 {
