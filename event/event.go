@@ -81,54 +81,56 @@ func DecodeValue(value []byte) (Event, error) {
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return Event{}, &FieldError{Field: "value", Reason: "not a JSON object"}
 	}
-	// A map, not a struct: encoding/json matches struct fields without
-	// regard to case, so an unknown member such as "Version" would
-	// override "version" instead of being ignored.
-	var w map[string]json.RawMessage
-	if err := json.Unmarshal(trimmed, &w); err != nil {
-		return Event{}, &FieldError{Field: "value", Reason: "malformed JSON: " + err.Error()}
-	}
-	if hasNULEscape(trimmed) {
-		return Event{}, &FieldError{Field: "value", Reason: `contains the escape \u0000, which PostgreSQL cannot store in text or jsonb`}
-	}
-	if reason := postgresRefuses(trimmed); reason != "" {
-		return Event{}, &FieldError{Field: "value", Reason: reason}
+	// One pass validates the value and picks out the members by their
+	// exact names (encoding/json would match struct fields regardless of
+	// case, letting an unknown "Version" override "version").
+	w, serr := scanObject(trimmed)
+	if serr != nil {
+		if serr.malformed {
+			return Event{}, &FieldError{Field: "value", Reason: "malformed JSON: " + serr.msg}
+		}
+		field := "value"
+		switch serr.field {
+		case "job_id", "state", "ops", "event_id", "occurred_at":
+			field = serr.field
+		}
+		return Event{}, &FieldError{Field: field, Reason: serr.msg}
 	}
 	var ev Event
 	var err error
-	if ev.JobID, err = jobID(w["job_id"]); err != nil {
+	if ev.JobID, err = jobID(w.jobID); err != nil {
 		return Event{}, err
 	}
-	if ev.Version, err = version(w["version"]); err != nil {
+	if ev.Version, err = version(w.version); err != nil {
 		return Event{}, err
 	}
-	if ev.Kind, err = kind(w["kind"]); err != nil {
+	if ev.Kind, err = kind(w.kind); err != nil {
 		return Event{}, err
 	}
 	switch ev.Kind {
 	case Snapshot:
-		st := bytes.TrimSpace(w["state"])
+		st := bytes.TrimSpace(w.state)
 		if len(st) == 0 || bytes.Equal(st, []byte("null")) {
 			return Event{}, &FieldError{Field: "state", Reason: "required for a snapshot"}
 		}
 		if st[0] != '{' {
 			return Event{}, &FieldError{Field: "state", Reason: "must be a JSON object"}
 		}
-		ev.State = st
+		ev.State = bytes.Clone(st) // never alias the record's buffer
 	case Delta:
-		ops, err := delta.ParseOps(w["ops"])
+		ops, err := delta.ParseOps(w.ops)
 		if err != nil {
 			return Event{}, &FieldError{Field: "ops", Reason: err.Error()}
 		}
 		ev.Ops = ops
-		ev.RawOps = bytes.TrimSpace(w["ops"])
+		ev.RawOps = bytes.Clone(bytes.TrimSpace(w.ops))
 	}
-	if raw := w["event_id"]; len(raw) > 0 && !isNull(raw) {
+	if raw := w.eventID; len(raw) > 0 && !isNull(raw) {
 		if err := json.Unmarshal(raw, &ev.EventID); err != nil {
 			return Event{}, &FieldError{Field: "event_id", Reason: "must be a string"}
 		}
 	}
-	if raw := w["occurred_at"]; len(raw) > 0 && !isNull(raw) {
+	if raw := w.occurredAt; len(raw) > 0 && !isNull(raw) {
 		var s string
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return Event{}, &FieldError{Field: "occurred_at", Reason: "must be an RFC 3339 time string"}
@@ -209,117 +211,3 @@ func clip(s string) string {
 	return s
 }
 
-// hasNULEscape reports a \u0000 escape in JSON text: a NUL character that
-// PostgreSQL refuses in text and jsonb, which would fail every retry of the
-// batch instead of quarantining the one record.
-func hasNULEscape(b []byte) bool {
-	for i := bytes.Index(b, []byte(`u0000`)); i >= 0; {
-		slashes := 0
-		for j := i - 1; j >= 0 && b[j] == '\\'; j-- {
-			slashes++
-		}
-		if slashes%2 == 1 {
-			return true
-		}
-		next := bytes.Index(b[i+1:], []byte(`u0000`))
-		if next < 0 {
-			return false
-		}
-		i += 1 + next
-	}
-	return false
-}
-
-// PostgreSQL numeric limits: digits before the decimal point, and after.
-const (
-	maxNumericWeight = 131072
-	maxNumericScale  = 16383
-)
-
-// postgresRefuses scans valid JSON text for what PostgreSQL's jsonb refuses
-// although JSON allows it: unpaired UTF-16 surrogate escapes, and numbers
-// beyond the numeric type's range. Such a record would fail its batch on
-// every retry; refused here, it is quarantined alone.
-func postgresRefuses(b []byte) string {
-	for i := 0; i < len(b); i++ {
-		switch c := b[i]; {
-		case c == '"':
-			for i++; i < len(b) && b[i] != '"'; i++ {
-				if b[i] != '\\' {
-					continue
-				}
-				i++
-				if i >= len(b) || b[i] != 'u' || i+4 >= len(b) {
-					continue
-				}
-				r := hex4(b[i+1 : i+5])
-				switch {
-				case r >= 0xD800 && r <= 0xDBFF:
-					if i+10 < len(b) && b[i+5] == '\\' && b[i+6] == 'u' {
-						if lo := hex4(b[i+7 : i+11]); lo >= 0xDC00 && lo <= 0xDFFF {
-							i += 10
-							continue
-						}
-					}
-					return "contains an unpaired UTF-16 surrogate escape, which PostgreSQL jsonb refuses"
-				case r >= 0xDC00 && r <= 0xDFFF:
-					return "contains an unpaired UTF-16 surrogate escape, which PostgreSQL jsonb refuses"
-				}
-				i += 4
-			}
-		case c == '-' || (c >= '0' && c <= '9'):
-			j := i
-			if b[j] == '-' {
-				j++
-			}
-			intDigits, fracDigits := 0, 0
-			for ; j < len(b) && b[j] >= '0' && b[j] <= '9'; j++ {
-				intDigits++
-			}
-			if j < len(b) && b[j] == '.' {
-				for j++; j < len(b) && b[j] >= '0' && b[j] <= '9'; j++ {
-					fracDigits++
-				}
-			}
-			exp := 0
-			if j < len(b) && (b[j] == 'e' || b[j] == 'E') {
-				j++
-				neg := false
-				if j < len(b) && (b[j] == '+' || b[j] == '-') {
-					neg = b[j] == '-'
-					j++
-				}
-				for ; j < len(b) && b[j] >= '0' && b[j] <= '9'; j++ {
-					if exp < 10*maxNumericWeight {
-						exp = exp*10 + int(b[j]-'0')
-					}
-				}
-				if neg {
-					exp = -exp
-				}
-			}
-			if intDigits+exp > maxNumericWeight || fracDigits-exp > maxNumericScale {
-				return "contains a number beyond the range PostgreSQL can store"
-			}
-			i = j - 1
-		}
-	}
-	return ""
-}
-
-func hex4(b []byte) rune {
-	var r rune
-	for _, c := range b {
-		switch {
-		case c >= '0' && c <= '9':
-			r = r<<4 | rune(c-'0')
-		case c >= 'a' && c <= 'f':
-			r = r<<4 | rune(c-'a'+10)
-		case c >= 'A' && c <= 'F':
-			r = r<<4 | rune(c-'A'+10)
-		default:
-			return -1
-		}
-	}
-	return r
-}

@@ -1,0 +1,392 @@
+package event
+
+import (
+	"encoding/json"
+	"fmt"
+	"unicode/utf8"
+)
+
+// maxDepth bounds nesting: deeper values are bad input rather than a risk
+// to the decoder's or PostgreSQL's stack.
+const maxDepth = 1000
+
+// members are the raw values of the top-level members the wire format
+// names; for a repeated name the last one counts, as encoding/json does.
+type members struct {
+	jobID, version, kind, state, ops, eventID, occurredAt []byte
+}
+
+// scanError is malformed JSON, or JSON that PostgreSQL would refuse.
+type scanError struct {
+	malformed bool
+	// field is the top-level member the problem is in, when known.
+	field string
+	msg   string
+}
+
+// scanner validates a record value in one pass and picks out the known
+// top-level members. It is stricter than JSON in what PostgreSQL needs:
+// text must be valid UTF-8, with no \u0000 and no unpaired surrogate
+// escape, and numbers must fit PostgreSQL's numeric type.
+type scanner struct {
+	b     []byte
+	i     int
+	field string // the top-level member being scanned
+	err   *scanError
+}
+
+func scanObject(b []byte) (members, *scanError) {
+	s := scanner{b: b}
+	var m members
+	s.ws()
+	if s.i >= len(b) || b[s.i] != '{' {
+		return m, &scanError{malformed: true, msg: "not a JSON object"}
+	}
+	s.i++
+	s.ws()
+	if s.peek() == '}' {
+		s.i++
+	} else {
+		for s.err == nil {
+			s.ws()
+			kstart := s.i
+			if !s.str() {
+				break
+			}
+			key := b[kstart:s.i]
+			s.ws()
+			if !s.expect(':') {
+				break
+			}
+			s.ws()
+			vstart := s.i
+			s.field = unquote(key)
+			if !s.value(1) {
+				break
+			}
+			s.field = ""
+			m.set(key, b[vstart:s.i])
+			s.ws()
+			if s.peek() == ',' {
+				s.i++
+				continue
+			}
+			s.expect('}')
+			break
+		}
+	}
+	if s.err == nil {
+		s.ws()
+		if s.i < len(b) {
+			s.fail("invalid character %q after the top-level object", b[s.i])
+		}
+	}
+	return m, s.err
+}
+
+// unquote returns a scanned string's text.
+func unquote(raw []byte) string {
+	for _, c := range raw {
+		if c == '\\' {
+			var key string
+			_ = json.Unmarshal(raw, &key)
+			return key
+		}
+	}
+	return string(raw[1 : len(raw)-1])
+}
+
+func (m *members) set(rawKey, v []byte) {
+	switch unquote(rawKey) {
+	case "job_id":
+		m.jobID = v
+	case "version":
+		m.version = v
+	case "kind":
+		m.kind = v
+	case "state":
+		m.state = v
+	case "ops":
+		m.ops = v
+	case "event_id":
+		m.eventID = v
+	case "occurred_at":
+		m.occurredAt = v
+	}
+}
+
+func (s *scanner) fail(format string, args ...any) {
+	if s.err == nil {
+		s.err = &scanError{malformed: true, msg: fmt.Sprintf(format, args...) + fmt.Sprintf(" at offset %d", s.i)}
+	}
+}
+
+func (s *scanner) refuse(msg string) {
+	if s.err == nil {
+		s.err = &scanError{field: s.field, msg: msg}
+	}
+}
+
+func (s *scanner) peek() byte {
+	if s.i < len(s.b) {
+		return s.b[s.i]
+	}
+	return 0
+}
+
+func (s *scanner) ws() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+func (s *scanner) expect(c byte) bool {
+	if s.peek() != c {
+		if s.i >= len(s.b) {
+			s.fail("unexpected end of JSON input, want %q", c)
+		} else {
+			s.fail("invalid character %q, want %q", s.b[s.i], c)
+		}
+		return false
+	}
+	s.i++
+	return true
+}
+
+func (s *scanner) value(depth int) bool {
+	if depth > maxDepth {
+		s.refuse(fmt.Sprintf("nested deeper than %d levels", maxDepth))
+		return false
+	}
+	switch c := s.peek(); {
+	case c == '{':
+		s.i++
+		s.ws()
+		if s.peek() == '}' {
+			s.i++
+			return true
+		}
+		for {
+			s.ws()
+			if !s.str() {
+				return false
+			}
+			s.ws()
+			if !s.expect(':') {
+				return false
+			}
+			s.ws()
+			if !s.value(depth + 1) {
+				return false
+			}
+			s.ws()
+			if s.peek() == ',' {
+				s.i++
+				continue
+			}
+			return s.expect('}')
+		}
+	case c == '[':
+		s.i++
+		s.ws()
+		if s.peek() == ']' {
+			s.i++
+			return true
+		}
+		for {
+			s.ws()
+			if !s.value(depth + 1) {
+				return false
+			}
+			s.ws()
+			if s.peek() == ',' {
+				s.i++
+				continue
+			}
+			return s.expect(']')
+		}
+	case c == '"':
+		return s.str()
+	case c == '-' || (c >= '0' && c <= '9'):
+		return s.number()
+	case c == 't':
+		return s.literal("true")
+	case c == 'f':
+		return s.literal("false")
+	case c == 'n':
+		return s.literal("null")
+	case s.i >= len(s.b):
+		s.fail("unexpected end of JSON input")
+	default:
+		s.fail("invalid character %q looking for a value", c)
+	}
+	return false
+}
+
+func (s *scanner) literal(lit string) bool {
+	if len(s.b)-s.i < len(lit) || string(s.b[s.i:s.i+len(lit)]) != lit {
+		s.fail("invalid literal, want %s", lit)
+		return false
+	}
+	s.i += len(lit)
+	return true
+}
+
+// str scans a string, checking escapes and UTF-8.
+func (s *scanner) str() bool {
+	if !s.expect('"') {
+		return false
+	}
+	for s.i < len(s.b) {
+		c := s.b[s.i]
+		switch {
+		case c == '"':
+			s.i++
+			return true
+		case c == '\\':
+			s.i++
+			switch s.peek() {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				s.i++
+			case 'u':
+				r := s.hex4(s.i + 1)
+				if r < 0 {
+					s.fail("invalid \\u escape")
+					return false
+				}
+				s.i += 5
+				switch {
+				case r == 0:
+					s.refuse(`contains the escape \u0000, which PostgreSQL cannot store in text or jsonb`)
+					return false
+				case r >= 0xD800 && r <= 0xDBFF:
+					if s.peek() == '\\' && s.i+1 < len(s.b) && s.b[s.i+1] == 'u' {
+						if lo := s.hex4(s.i + 2); lo >= 0xDC00 && lo <= 0xDFFF {
+							s.i += 6
+							continue
+						}
+					}
+					s.refuse("contains an unpaired UTF-16 surrogate escape, which PostgreSQL jsonb refuses")
+					return false
+				case r >= 0xDC00 && r <= 0xDFFF:
+					s.refuse("contains an unpaired UTF-16 surrogate escape, which PostgreSQL jsonb refuses")
+					return false
+				}
+			default:
+				s.fail("invalid escape in string")
+				return false
+			}
+		case c < 0x20:
+			s.fail("invalid control character in string")
+			return false
+		case c < utf8.RuneSelf:
+			s.i++
+		default:
+			r, n := utf8.DecodeRune(s.b[s.i:])
+			if r == utf8.RuneError && n <= 1 {
+				s.refuse("contains bytes that are not valid UTF-8")
+				return false
+			}
+			s.i += n
+		}
+	}
+	s.fail("unexpected end of JSON input in a string")
+	return false
+}
+
+func (s *scanner) hex4(at int) rune {
+	if at+4 > len(s.b) {
+		return -1
+	}
+	return hex4(s.b[at : at+4])
+}
+
+// PostgreSQL numeric limits: digits before the decimal point, and after.
+const (
+	maxNumericWeight = 131072
+	maxNumericScale  = 16383
+)
+
+// number scans a JSON number and checks it fits PostgreSQL's numeric.
+func (s *scanner) number() bool {
+	b := s.b
+	if b[s.i] == '-' {
+		s.i++
+	}
+	intDigits, fracDigits := 0, 0
+	switch {
+	case s.peek() == '0':
+		s.i++
+		intDigits = 1
+	case s.peek() >= '1' && s.peek() <= '9':
+		for s.i < len(b) && b[s.i] >= '0' && b[s.i] <= '9' {
+			s.i++
+			intDigits++
+		}
+	default:
+		s.fail("invalid number")
+		return false
+	}
+	if s.peek() == '.' {
+		s.i++
+		for s.i < len(b) && b[s.i] >= '0' && b[s.i] <= '9' {
+			s.i++
+			fracDigits++
+		}
+		if fracDigits == 0 {
+			s.fail("invalid number: no digits after the decimal point")
+			return false
+		}
+	}
+	exp := 0
+	if c := s.peek(); c == 'e' || c == 'E' {
+		s.i++
+		neg := false
+		if c := s.peek(); c == '+' || c == '-' {
+			neg = c == '-'
+			s.i++
+		}
+		digits := 0
+		for s.i < len(b) && b[s.i] >= '0' && b[s.i] <= '9' {
+			if exp < 10*maxNumericWeight {
+				exp = exp*10 + int(b[s.i]-'0')
+			}
+			s.i++
+			digits++
+		}
+		if digits == 0 {
+			s.fail("invalid number: no digits in the exponent")
+			return false
+		}
+		if neg {
+			exp = -exp
+		}
+	}
+	if intDigits+exp > maxNumericWeight || fracDigits-exp > maxNumericScale {
+		s.refuse("contains a number beyond the range PostgreSQL can store")
+		return false
+	}
+	return true
+}
+
+func hex4(b []byte) rune {
+	var r rune
+	for _, c := range b {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return -1
+		}
+	}
+	return r
+}
