@@ -210,4 +210,3 @@ func clip(s string) string {
 	}
 	return s
 }
-
