@@ -255,6 +255,22 @@ func numberLiteral(v any) (string, bool) {
 }
 
 func decodeValue(raw []byte) (any, error) {
+	// Scalars, the common case, without a decoder.
+	switch t := bytes.TrimSpace(raw); {
+	case len(t) == 0:
+	case t[0] == '"':
+		if s, ok := plainString(t); ok {
+			return s, nil
+		}
+	case string(t) == "true":
+		return true, nil
+	case string(t) == "false":
+		return false, nil
+	case string(t) == "null":
+		return nil, nil
+	case (t[0] == '-' || (t[0] >= '0' && t[0] <= '9')) && isJSONNumber(t):
+		return json.Number(t), nil
+	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	var v any

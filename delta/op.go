@@ -58,10 +58,14 @@ func ParseOps(raw json.RawMessage) ([]Op, error) {
 	if raw[0] != '[' {
 		return nil, &OpError{Index: -1, Field: "ops", Reason: "must be an array"}
 	}
-	var wire []json.RawMessage
-	if err := json.Unmarshal(raw, &wire); err != nil {
+	if !json.Valid(raw) {
 		return nil, &OpError{Index: -1, Field: "ops", Reason: "must be an array of op objects"}
 	}
+	var wire [][]byte
+	elements(raw, func(v []byte) bool {
+		wire = append(wire, v)
+		return true
+	})
 	if len(wire) == 0 {
 		return nil, &OpError{Index: -1, Field: "ops", Reason: "must hold at least 1 op"}
 	}
@@ -84,13 +88,16 @@ func parseOp(i int, raw json.RawMessage) (Op, error) {
 	if len(raw) == 0 || raw[0] != '{' {
 		return Op{}, &OpError{Index: i, Field: "op", Reason: "each op must be a JSON object"}
 	}
-	// A map, not a struct: encoding/json matches struct fields without
-	// regard to case, which would let an unknown member such as "PATH"
-	// override "path".
-	var w map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &w); err != nil {
-		return Op{}, &OpError{Index: i, Field: "op", Reason: "malformed op: " + err.Error()}
-	}
+	// Members by exact name: encoding/json's struct decoding matches
+	// names regardless of case, which would let an unknown member such as
+	// "PATH" override "path". For a repeated name the last one counts.
+	w := map[string]json.RawMessage{}
+	members(raw, func(key string, v []byte) {
+		switch key {
+		case "op", "path", "value", "by":
+			w[key] = v
+		}
+	})
 	kind, ok, err := stringMember(w, "op")
 	if err != nil {
 		return Op{}, &OpError{Index: i, Field: "op", Reason: "must be the string set, remove or increment"}
@@ -161,6 +168,9 @@ func stringMember(w map[string]json.RawMessage, name string) (s string, ok bool,
 	raw, present := w[name]
 	if !present || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
 		return "", false, nil
+	}
+	if s, ok := plainString(raw); ok {
+		return s, true, nil
 	}
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return "", false, err

@@ -118,12 +118,13 @@ func DecodeValue(value []byte) (Event, error) {
 		}
 		ev.State = bytes.Clone(st) // never alias the record's buffer
 	case Delta:
-		ops, err := delta.ParseOps(w.ops)
+		// Parsed from a copy: the ops' values must not alias the record.
+		ev.RawOps = bytes.Clone(bytes.TrimSpace(w.ops))
+		ops, err := delta.ParseOps(ev.RawOps)
 		if err != nil {
 			return Event{}, &FieldError{Field: "ops", Reason: err.Error()}
 		}
 		ev.Ops = ops
-		ev.RawOps = bytes.Clone(bytes.TrimSpace(w.ops))
 	}
 	if raw := w.eventID; len(raw) > 0 && !isNull(raw) {
 		if err := json.Unmarshal(raw, &ev.EventID); err != nil {

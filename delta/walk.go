@@ -1,0 +1,131 @@
+package delta
+
+import (
+	"encoding/json"
+	"unicode/utf8"
+)
+
+// The walkers below read JSON text that json.Valid has accepted; they pick
+// members out by their exact names, which encoding/json's struct decoding
+// would not (it matches names regardless of case), in one pass with no
+// reflection.
+
+// skip returns the index just past the value that starts at b[i] (after
+// any whitespace).
+func skip(b []byte, i int) int {
+	i = ws(b, i)
+	if i >= len(b) {
+		return i
+	}
+	switch b[i] {
+	case '"':
+		for i++; i < len(b); i++ {
+			switch b[i] {
+			case '\\':
+				i++
+			case '"':
+				return i + 1
+			}
+		}
+		return i
+	case '{', '[':
+		depth := 0
+		for ; i < len(b); i++ {
+			switch b[i] {
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1
+				}
+			case '"':
+				i = skip(b, i) - 1
+			}
+		}
+		return i
+	default:
+		for ; i < len(b); i++ {
+			switch b[i] {
+			case ',', '}', ']', ' ', '\t', '\n', '\r':
+				return i
+			}
+		}
+		return i
+	}
+}
+
+func ws(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// elements calls fn with each element of a valid JSON array.
+func elements(b []byte, fn func(v []byte) bool) {
+	i := ws(b, 0) + 1 // past '['
+	for {
+		i = ws(b, i)
+		if i >= len(b) || b[i] == ']' {
+			return
+		}
+		end := skip(b, i)
+		if !fn(b[i:end]) {
+			return
+		}
+		i = ws(b, end)
+		if i < len(b) && b[i] == ',' {
+			i++
+		}
+	}
+}
+
+// members calls fn with each member of a valid JSON object.
+func members(b []byte, fn func(key string, v []byte)) {
+	i := ws(b, 0) + 1 // past '{'
+	for {
+		i = ws(b, i)
+		if i >= len(b) || b[i] == '}' {
+			return
+		}
+		kend := skip(b, i)
+		key := unquote(b[i:kend])
+		i = ws(b, kend) + 1 // past ':'
+		i = ws(b, i)
+		vend := skip(b, i)
+		fn(key, b[i:vend])
+		i = ws(b, vend)
+		if i < len(b) && b[i] == ',' {
+			i++
+		}
+	}
+}
+
+// unquote returns the text of a valid JSON string literal.
+func unquote(raw []byte) string {
+	if s, ok := plainString(raw); ok {
+		return s
+	}
+	var s string
+	_ = json.Unmarshal(raw, &s)
+	return s
+}
+
+// plainString returns the text of a string literal that needs no
+// unescaping.
+func plainString(raw []byte) (string, bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return "", false
+	}
+	body := raw[1 : len(raw)-1]
+	for _, c := range body {
+		if c == '\\' || c == '"' || c < 0x20 {
+			return "", false
+		}
+	}
+	if !utf8.Valid(body) {
+		return "", false
+	}
+	return string(body), true
+}

@@ -1,0 +1,55 @@
+package delta
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+)
+
+// FuzzWalkersAgreeWithEncodingJSON holds the one-pass walkers to
+// encoding/json on every valid JSON array of values and object.
+func FuzzWalkersAgreeWithEncodingJSON(f *testing.F) {
+	for _, s := range []string{
+		`[]`, `[1, "a", {"b": [1, {"c": "]"}]}, null]`, ` [ {"op":"set","path":"/a\"b","value":"x\\"} ] `,
+		`{"op":"set","OP":"x","op":"remove"}`, `{"a\u0062":1,"\"":2}`, `{}`, `{"a":{"b":"}"},"c":[]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if !json.Valid(b) {
+			return
+		}
+		switch t0 := bytes.TrimSpace(b); {
+		case len(t0) > 0 && t0[0] == '[':
+			var want []json.RawMessage
+			if err := json.Unmarshal(b, &want); err != nil {
+				t.Fatal(err)
+			}
+			var got [][]byte
+			elements(b, func(v []byte) bool { got = append(got, v); return true })
+			if len(got) != len(want) {
+				t.Fatalf("%q: %d elements, encoding/json %d", b, len(got), len(want))
+			}
+			for i := range got {
+				if !bytes.Equal(got[i], bytes.TrimSpace(want[i])) {
+					t.Fatalf("%q: element %d %q, encoding/json %q", b, i, got[i], want[i])
+				}
+			}
+		case len(t0) > 0 && t0[0] == '{':
+			var want map[string]json.RawMessage
+			if err := json.Unmarshal(b, &want); err != nil {
+				t.Fatal(err)
+			}
+			got := map[string][]byte{}
+			members(b, func(k string, v []byte) { got[k] = v })
+			if len(got) != len(want) {
+				t.Fatalf("%q: %d members, encoding/json %d", b, len(got), len(want))
+			}
+			for k, v := range want {
+				if !bytes.Equal(got[k], bytes.TrimSpace(v)) {
+					t.Fatalf("%q: member %q %q, encoding/json %q", b, k, got[k], v)
+				}
+			}
+		}
+	})
+}
