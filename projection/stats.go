@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"log/slog"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -24,6 +25,17 @@ type Counters struct {
 	ClosedBySnapshot int64 `json:"gaps_closed_by_snapshot"`
 	// HeldJobs is how many jobs are held right now.
 	HeldJobs int64 `json:"held_jobs"`
+}
+
+// LogValue lets a log line show the counters as attributes.
+func (c Counters) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.Int64("consumed", c.Consumed), slog.Int64("applied", c.Applied), slog.Int64("stale", c.Stale),
+		slog.Int64("duplicates", c.Duplicates), slog.Int64("conflicts", c.Conflicts), slog.Int64("held", c.Held),
+		slog.Int64("quarantined", c.Quarantined), slog.Int64("batches", c.Batches), slog.Int64("fenced", c.Fenced),
+		slog.Int64("gaps_closed_by_wait", c.ClosedByWait), slog.Int64("gaps_closed_by_reread", c.ClosedByReread),
+		slog.Int64("gaps_closed_by_snapshot", c.ClosedBySnapshot),
+	)
 }
 
 type counters struct {

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -64,55 +65,77 @@ type SwapResult struct {
 // (it claims again and continues from the shadow's positions). Readers see
 // the old model or the new one, never a mix.
 func (s *Store) Swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResult, error) {
-	type stmt struct {
-		sql  string
-		args []any
-	}
 	var res SwapResult
 	live, sh := s.projection, shadow.projection
-	ident := func(name string) string { return pgx.Identifier{s.schema, name}.Sanitize() }
-	steps := []stmt{
-		{`SELECT pg_advisory_xact_lock(hashtext('projector.migrate'))`, nil},
-		{`LOCK TABLE ` + s.jobs + `, ` + shadow.jobs + ` IN ACCESS EXCLUSIVE MODE`, nil},
-	}
-	if keepOld {
-		old := trim63(fmt.Sprintf("%s_before_%s", live, time.Now().UTC().Format("20060102150405")))
-		res.OldTable = s.schema + "." + old
-		steps = append(steps,
-			stmt{`ALTER TABLE ` + s.jobs + ` RENAME TO ` + pgx.Identifier{old}.Sanitize(), nil},
-			stmt{`ALTER INDEX ` + ident(live+"_pkey") + ` RENAME TO ` + pgx.Identifier{trim63(old + "_pkey")}.Sanitize(), nil})
-	} else {
-		steps = append(steps, stmt{`DROP TABLE ` + s.jobs, nil})
-	}
-	steps = append(steps,
-		stmt{`ALTER TABLE ` + shadow.jobs + ` RENAME TO ` + pgx.Identifier{live}.Sanitize(), nil},
-		stmt{`ALTER INDEX ` + ident(sh+"_pkey") + ` RENAME TO ` + pgx.Identifier{live + "_pkey"}.Sanitize(), nil},
-		// Epochs move past both the live and the shadow owners'.
-		stmt{`UPDATE ` + s.partitions + ` AS p SET epoch = greatest(p.epoch, coalesce((SELECT max(o.epoch) FROM ` + s.partitions + ` o
-			WHERE o.projection = $1 AND o.topic = p.topic AND o.partition = p.partition), 0)) + 1,
-			owner = 'rebuild', updated_at = now() WHERE p.projection = $2`, []any{live, sh}},
-		stmt{`DELETE FROM ` + s.partitions + ` WHERE projection = $1`, []any{live}},
-		stmt{`UPDATE ` + s.partitions + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
-		stmt{`DELETE FROM ` + s.held + ` WHERE projection = $1`, []any{live}},
-		stmt{`UPDATE ` + s.held + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
-		stmt{`DELETE FROM ` + s.quarantine + ` WHERE projection = $1`, []any{live}},
-		stmt{`UPDATE ` + s.quarantine + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
-		stmt{`DELETE FROM ` + ident("projector_migrations") + ` WHERE projection = $1`, []any{sh}},
-	)
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		for _, st := range steps {
-			if _, err := tx.Exec(ctx, st.sql, st.args...); err != nil {
+		exec := func(sql string, args ...any) error {
+			if _, err := tx.Exec(ctx, sql, args...); err != nil {
 				return fmt.Errorf("store: swap %s into %s: %w", sh, live, err)
+			}
+			return nil
+		}
+		// The primary keys' names as PostgreSQL chose them (it truncates
+		// long ones), so the rebuilt table can take over the live one's.
+		pkey := func(table string) (string, error) {
+			var name string
+			err := tx.QueryRow(ctx, `SELECT conname FROM pg_constraint WHERE conrelid = to_regclass($1) AND contype = 'p'`, table).Scan(&name)
+			if err != nil {
+				return "", fmt.Errorf("store: swap: primary key of %s: %w", table, err)
+			}
+			return name, nil
+		}
+		if err := exec(`SELECT pg_advisory_xact_lock(hashtext('projector.migrate'))`); err != nil {
+			return err
+		}
+		if err := exec(`LOCK TABLE ` + s.jobs + `, ` + shadow.jobs + ` IN ACCESS EXCLUSIVE MODE`); err != nil {
+			return err
+		}
+		livePK, err := pkey(s.jobs)
+		if err != nil {
+			return err
+		}
+		shadowPK, err := pkey(shadow.jobs)
+		if err != nil {
+			return err
+		}
+		if keepOld {
+			suffix := "_before_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+			kept := live[:min(len(live), 63-len(suffix))] + suffix
+			keptPK := kept[:min(len(kept), 63-len("_pkey"))] + "_pkey"
+			res.OldTable = s.schema + "." + kept
+			if err := exec(`ALTER TABLE ` + s.jobs + ` RENAME TO ` + pgx.Identifier{kept}.Sanitize()); err != nil {
+				return err
+			}
+			if err := exec(`ALTER TABLE ` + pgx.Identifier{s.schema, kept}.Sanitize() + ` RENAME CONSTRAINT ` +
+				pgx.Identifier{livePK}.Sanitize() + ` TO ` + pgx.Identifier{keptPK}.Sanitize()); err != nil {
+				return err
+			}
+		} else if err := exec(`DROP TABLE ` + s.jobs); err != nil {
+			return err
+		}
+		for _, st := range []struct {
+			sql  string
+			args []any
+		}{
+			{`ALTER TABLE ` + shadow.jobs + ` RENAME TO ` + pgx.Identifier{live}.Sanitize(), nil},
+			{`ALTER TABLE ` + s.jobs + ` RENAME CONSTRAINT ` + pgx.Identifier{shadowPK}.Sanitize() + ` TO ` + pgx.Identifier{livePK}.Sanitize(), nil},
+			// Epochs move past both the live and the shadow owners'.
+			{`UPDATE ` + s.partitions + ` AS p SET epoch = greatest(p.epoch, coalesce((SELECT max(o.epoch) FROM ` + s.partitions + ` o
+				WHERE o.projection = $1 AND o.topic = p.topic AND o.partition = p.partition), 0)) + 1,
+				owner = 'rebuild', updated_at = now() WHERE p.projection = $2`, []any{live, sh}},
+			{`DELETE FROM ` + s.partitions + ` WHERE projection = $1`, []any{live}},
+			{`UPDATE ` + s.partitions + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
+			{`DELETE FROM ` + s.held + ` WHERE projection = $1`, []any{live}},
+			{`UPDATE ` + s.held + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
+			{`DELETE FROM ` + s.quarantine + ` WHERE projection = $1`, []any{live}},
+			{`UPDATE ` + s.quarantine + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
+			{`DELETE FROM ` + pgx.Identifier{s.schema, "projector_migrations"}.Sanitize() + ` WHERE projection = $1`, []any{sh}},
+		} {
+			if err := exec(st.sql, st.args...); err != nil {
+				return err
 			}
 		}
 		return nil
 	})
 	return res, err
-}
-
-func trim63(s string) string {
-	if len(s) > 63 {
-		return s[:63]
-	}
-	return s
 }

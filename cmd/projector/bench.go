@@ -33,7 +33,7 @@ Example:
 	flags: func(fs *flag.FlagSet) any {
 		o := &benchOpts{}
 		fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL connection string (default: the local server on 127.0.0.1:5432)")
-		fs.IntVar(&o.events, "events", 200000, "snapshot events in the stream")
+		fs.IntVar(&o.events, "events", 200000, "snapshot events in the stream, about (jobs get a varying number each)")
 		fs.IntVar(&o.jobs, "jobs", 50000, "distinct jobs (events are spread over them)")
 		fs.IntVar(&o.partitions, "partitions", 6, "partitions of the benchmark topic")
 		fs.IntVar(&o.sample, "per-event-sample", 5000, "events the slow one-upsert-per-event baseline writes")

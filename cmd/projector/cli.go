@@ -63,12 +63,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			w, code = stderr, exitUsage
 		}
 		if len(args) > 1 {
-			if c := find(args[1]); c != nil {
-				fs, _ := c.flagSet(stderr)
-				fs.SetOutput(stdout)
-				fs.Usage()
-				return exitOK
+			c := find(args[1])
+			if c == nil {
+				fmt.Fprintf(stderr, "projector: unknown command %q\n\n", args[1])
+				fmt.Fprintf(stderr, topUsage, commandList())
+				return exitUsage
 			}
+			fs, _ := c.flagSet(stderr)
+			fs.SetOutput(stdout)
+			fs.Usage()
+			return exitOK
 		}
 		fmt.Fprintf(w, topUsage, commandList())
 		return code

@@ -1,0 +1,215 @@
+package main
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+var allCommands = []string{"run", "rebuild", "status", "demo", "bench"}
+
+// runFlags are the flags of `projector run` with their variables, as
+// README.md and docs/operations.md list them.
+var runFlags = map[string]string{
+	"database-url": "DATABASE_URL", "brokers": "PROJECTOR_BROKERS", "topic": "PROJECTOR_TOPIC",
+	"group": "PROJECTOR_GROUP", "start": "PROJECTOR_START", "schema": "PROJECTOR_SCHEMA",
+	"table": "PROJECTOR_TABLE", "batch-size": "PROJECTOR_BATCH_SIZE", "batch-linger": "PROJECTOR_BATCH_LINGER",
+	"gap-wait": "PROJECTOR_GAP_WAIT", "reread": "PROJECTOR_REREAD", "reread-window": "PROJECTOR_REREAD_WINDOW",
+	"reread-max-bytes": "PROJECTOR_REREAD_MAX_BYTES", "snapshot-url": "PROJECTOR_SNAPSHOT_URL",
+	"snapshot-timeout": "PROJECTOR_SNAPSHOT_TIMEOUT", "snapshot-concurrency": "PROJECTOR_SNAPSHOT_CONCURRENCY",
+	"gap-retry-max": "PROJECTOR_GAP_RETRY_MAX", "http-addr": "PROJECTOR_HTTP_ADDR", "owner": "PROJECTOR_OWNER",
+	"log-level": "PROJECTOR_LOG_LEVEL", "log-format": "PROJECTOR_LOG_FORMAT",
+}
+
+// flagLine is one flag of a command's help: "  --name type  [VARIABLE]".
+var flagLine = regexp.MustCompile(`(?m)^  --([a-z-]+)\b.*\[([A-Z_]+)\]$`)
+
+func helpFlags(help string) map[string]string {
+	out := map[string]string{}
+	for _, m := range flagLine.FindAllStringSubmatch(help, -1) {
+		out[m[1]] = m[2]
+	}
+	return out
+}
+
+func TestUsage(t *testing.T) {
+	t.Parallel()
+
+	t.Run("no arguments", func(t *testing.T) {
+		t.Parallel()
+		r := runBin(t, 10*time.Second, baseEnv())
+		require.Equal(t, 2, r.code, "%s", r)
+		require.Empty(t, r.stdout)
+		require.Contains(t, r.stderr, "Usage:")
+		for _, c := range allCommands {
+			require.Contains(t, r.stderr, "\n  "+c+" ", "%s", r)
+		}
+	})
+
+	for _, args := range [][]string{{"help"}, {"--help"}, {"-h"}} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			t.Parallel()
+			r := runBin(t, 10*time.Second, baseEnv(), args...)
+			require.Equal(t, 0, r.code, "%s", r)
+			require.Contains(t, r.stdout, "Usage:")
+			require.Contains(t, r.stdout, "Exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration.")
+			for _, c := range allCommands {
+				require.Regexp(t, fmt.Sprintf(`(?m)^  %s\s+\S`, c), r.stdout, "command %s with its summary", c)
+			}
+		})
+	}
+
+	t.Run("run --help", func(t *testing.T) {
+		t.Parallel()
+		r := runBin(t, 10*time.Second, baseEnv(), "run", "--help")
+		require.Equal(t, 0, r.code, "%s", r)
+		require.Contains(t, r.stdout, "projector run [flags]")
+		require.Equal(t, runFlags, helpFlags(r.stdout), "every flag with its environment variable\n%s", r.stdout)
+		// "help run" prints the same.
+		h := runBin(t, 10*time.Second, baseEnv(), "help", "run")
+		require.Equal(t, 0, h.code, "%s", h)
+		require.Equal(t, r.stdout, h.stdout)
+	})
+
+	// Every command's help lists its flags, each with the variable the
+	// naming rule gives it.
+	for _, c := range allCommands {
+		t.Run(c+" --help", func(t *testing.T) {
+			t.Parallel()
+			r := runBin(t, 10*time.Second, baseEnv(), c, "--help")
+			require.Equal(t, 0, r.code, "%s", r)
+			require.Contains(t, r.stdout, "projector "+c+" [flags]")
+			flags := helpFlags(r.stdout)
+			require.NotEmpty(t, flags)
+			require.Equal(t, strings.Count(r.stdout, "\n  --"), len(flags), "a flag line without its variable:\n%s", r.stdout)
+			for name, env := range flags {
+				want := "PROJECTOR_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+				if name == "database-url" {
+					want = "DATABASE_URL"
+				}
+				require.Equal(t, want, env, "--%s", name)
+			}
+			require.Contains(t, flags, "database-url")
+		})
+	}
+}
+
+func TestBadUsageExits2(t *testing.T) {
+	t.Parallel()
+	const brokers = "127.0.0.1:9" // never dialled: the settings fail first
+	db := "DATABASE_URL=postgres://postgres@127.0.0.1:1/x?connect_timeout=2"
+	for _, tc := range []struct {
+		name string
+		env  []string
+		args []string
+		want []string // in stderr
+	}{
+		{"unknown command", nil, []string{"frobnicate"}, []string{`unknown command "frobnicate"`, "Usage:"}},
+		{"unknown flag", nil, []string{"run", "--frobnicate"}, []string{"frobnicate"}},
+		{"unknown flag of status", nil, []string{"status", "--brokerz", "x"}, []string{"brokerz"}},
+		{"stray argument", []string{db}, []string{"run", "--brokers", brokers, "extra"}, []string{`unexpected argument "extra"`}},
+		{"no DATABASE_URL", nil, []string{"run", "--brokers", brokers}, []string{"DATABASE_URL"}},
+		{"empty DATABASE_URL", []string{"DATABASE_URL= "}, []string{"run", "--brokers", brokers}, []string{"DATABASE_URL"}},
+		{"bad percent encoding", []string{"DATABASE_URL=postgres://%%bad"}, []string{"run", "--brokers", brokers}, []string{"DATABASE_URL", "not a valid PostgreSQL connection string"}},
+		{"not a url at all", []string{"DATABASE_URL=not a url at all"}, []string{"run", "--brokers", brokers}, []string{"DATABASE_URL", "not a valid PostgreSQL connection string"}},
+		{"bad --database-url", nil, []string{"run", "--brokers", brokers, "--database-url", "postgres://%%bad"}, []string{"not a valid PostgreSQL connection string"}},
+		{"no brokers", []string{db}, []string{"run"}, []string{"brokers"}},
+		{"broker without port", []string{db}, []string{"run", "--brokers", "kafka-1"}, []string{"--brokers", "kafka-1"}},
+		{"bad --start", []string{db}, []string{"run", "--brokers", brokers, "--start", "middle"}, []string{"--start", "middle"}},
+		{"negative --gap-wait", []string{db}, []string{"run", "--brokers", brokers, "--gap-wait", "-1s"}, []string{"--gap-wait"}},
+		{"bad --gap-wait", []string{db}, []string{"run", "--brokers", brokers, "--gap-wait", "soon"}, []string{"gap-wait"}},
+		{"relative --snapshot-url", []string{db}, []string{"run", "--brokers", brokers, "--snapshot-url", "authority:8080/x"}, []string{"--snapshot-url"}},
+		{"ftp --snapshot-url", []string{db}, []string{"run", "--brokers", brokers, "--snapshot-url", "ftp://authority"}, []string{"--snapshot-url"}},
+		{"--batch-size 0", []string{db}, []string{"run", "--brokers", brokers, "--batch-size", "0"}, []string{"--batch-size"}},
+		{"--batch-linger 0", []string{db}, []string{"run", "--brokers", brokers, "--batch-linger", "0s"}, []string{"--batch-linger"}},
+		{"bad --log-level", []string{db}, []string{"run", "--brokers", brokers, "--log-level", "loud"}, []string{"--log-level", "loud"}},
+		{"bad --log-format", []string{db}, []string{"run", "--brokers", brokers, "--log-format", "xml"}, []string{"--log-format"}},
+		{"bad --schema", []string{db}, []string{"run", "--brokers", brokers, "--schema", "1; DROP"}, []string{"schema"}},
+		{"PROJECTOR_BATCH_SIZE=abc", []string{db, "PROJECTOR_BATCH_SIZE=abc"}, []string{"run", "--brokers", brokers}, []string{"PROJECTOR_BATCH_SIZE"}},
+		{"PROJECTOR_GAP_WAIT=-5s", []string{db, "PROJECTOR_GAP_WAIT=-5s"}, []string{"run", "--brokers", brokers}, []string{"--gap-wait"}},
+		{"PROJECTOR_REREAD=maybe", []string{db, "PROJECTOR_REREAD=maybe"}, []string{"run", "--brokers", brokers}, []string{"PROJECTOR_REREAD"}},
+		// The environment is read: brokers from PROJECTOR_BROKERS, so
+		// the missing DATABASE_URL is what is reported.
+		{"brokers from the environment", []string{"PROJECTOR_BROKERS=" + brokers}, []string{"run"}, []string{"DATABASE_URL"}},
+		// A flag wins over its variable: the bad variable is not read.
+		{"flag wins over variable", []string{"PROJECTOR_BATCH_SIZE=abc"}, []string{"run", "--brokers", brokers, "--batch-size", "10"}, []string{"DATABASE_URL"}},
+		{"rebuild negative --held-wait", []string{db}, []string{"rebuild", "--brokers", brokers, "--held-wait", "-1s"}, []string{"--held-wait"}},
+		{"rebuild no brokers", []string{db}, []string{"rebuild"}, []string{"brokers"}},
+		{"status --limit -1", []string{db}, []string{"status", "--limit", "-1"}, []string{"--limit"}},
+		{"status --limit abc", []string{db}, []string{"status", "--limit", "abc"}, []string{"limit"}},
+		{"status no DATABASE_URL", nil, []string{"status"}, []string{"DATABASE_URL"}},
+		{"demo --jobs 0", nil, []string{"demo", "--jobs", "0"}, []string{"--jobs"}},
+		{"demo --events-per-job 1", nil, []string{"demo", "--events-per-job", "1"}, []string{"--events-per-job"}},
+		{"bench --events 10", nil, []string{"bench", "--events", "10"}, []string{"--events"}},
+		{"bench --jobs above --events", nil, []string{"bench", "--events", "1000", "--jobs", "2000"}, []string{"--jobs"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := runBin(t, 20*time.Second, baseEnv(tc.env...), tc.args...)
+			require.Equal(t, 2, r.code, "%s", r)
+			require.Empty(t, r.stdout, "usage errors go to stderr")
+			for _, w := range tc.want {
+				require.Contains(t, r.stderr, w, "%s", r)
+			}
+			if tc.args[0] != "frobnicate" {
+				// One line saying what is wrong, then where the help is; not the whole help.
+				ls := lines(r.stderr)
+				require.LessOrEqual(t, len(ls), 2, "%s", r)
+				require.True(t, strings.HasPrefix(ls[0], "projector "+tc.args[0]+": "), "%s", r)
+				if len(ls) == 2 {
+					require.Equal(t, "Run 'projector "+tc.args[0]+" --help' for the flags.", ls[1])
+				}
+			}
+		})
+	}
+}
+
+// TestUnknownFlagNamesIt: the parse error names the flag on its one line.
+func TestUnknownFlagNamesIt(t *testing.T) {
+	t.Parallel()
+	r := runBin(t, 10*time.Second, baseEnv(), "run", "--no-such-flag")
+	require.Equal(t, 2, r.code, "%s", r)
+	first := lines(r.stderr)[0]
+	require.Contains(t, first, "no-such-flag")
+	require.NotContains(t, r.stderr, "Usage:")
+}
+
+// TestUnreachableDatabaseExits1: settings are right but the server does not
+// answer: a runtime failure, with the error, and no password in it.
+func TestUnreachableDatabaseExits1(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"run", "--brokers", "127.0.0.1:9", "--http-addr", "off"},
+		{"status"},
+		{"rebuild", "--brokers", "127.0.0.1:9"},
+	} {
+		t.Run(args[0], func(t *testing.T) {
+			t.Parallel()
+			r := runBin(t, 30*time.Second,
+				baseEnv("DATABASE_URL=postgres://postgres:s3cret@127.0.0.1:1/x?connect_timeout=2"), args...)
+			require.Equal(t, 1, r.code, "%s", r)
+			require.True(t, strings.HasPrefix(r.stderr, "projector "+args[0]+": "), "%s", r)
+			require.Contains(t, r.stderr, "127.0.0.1:1", "%s", r)
+			require.NotContains(t, r.stderr, "s3cret", "the password stays out of the message")
+			require.NotContains(t, r.stderr, "--help", "a runtime failure is not a usage error")
+		})
+	}
+}
+
+// TestRunHTTPAddrInUse: the settings are right, but the address is taken:
+// exit 1, after the migrations ran.
+func TestRunHTTPAddrInUse(t *testing.T) {
+	t.Parallel()
+	s := newStory(t, 1)
+	p := startBin(t, "run holder", dbEnv(), s.runArgs("g-holder", "holder")...)
+	addr := p.httpAddr(15 * time.Second)
+
+	r := runBin(t, 30*time.Second, dbEnv(), s.runArgs("g-second", "second", "--http-addr", addr)...)
+	require.Equal(t, 1, r.code, "%s", r)
+	require.Contains(t, r.stderr, "--http-addr "+addr, "%s", r)
+	p.stop(stopWithin)
+}

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// statusJSON is `projector status --json`, as docs/operations.md lists it.
+type statusJSON struct {
+	Projection string `json:"projection"`
+	Schema     string `json:"schema"`
+	Partitions []struct {
+		Topic         string `json:"topic"`
+		Partition     int    `json:"partition"`
+		NextOffset    *int64 `json:"next_offset"`
+		Epoch         int64  `json:"epoch"`
+		Owner         string `json:"owner"`
+		HighWatermark *int64 `json:"high_watermark"`
+		Lag           *int64 `json:"lag"`
+	} `json:"partitions"`
+	Lag              *int64            `json:"lag"`
+	HeldJobs         *int              `json:"held_jobs"`
+	Held             []json.RawMessage `json:"held"`
+	Quarantined      *int              `json:"quarantined"`
+	RecentQuarantine []struct {
+		Topic     string `json:"topic"`
+		Partition int    `json:"partition"`
+		Offset    int64  `json:"offset"`
+		Key       string `json:"key"`
+		Error     string `json:"error"`
+	} `json:"recent_quarantine"`
+	Jobs *int64 `json:"jobs"`
+}
+
+func parseStatus(t *testing.T, r result) statusJSON {
+	t.Helper()
+	require.Equal(t, 0, r.code, "%s", r)
+	var st statusJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st), "%s", r)
+	return st
+}
+
+// TestStatus reads a finished run's projection with `projector status`:
+// the text tables, --json without and with --brokers, and --limit.
+func TestStatus(t *testing.T) {
+	t.Parallel()
+	s := newStory(t, 3)
+	s.fullStory()
+	s.runToEnd("g-status")
+	hw := s.highWatermarks()
+
+	text := runBin(t, 30*time.Second, dbEnv(), "status", "--schema", s.schema)
+	require.Equal(t, 0, text.code, "%s", text)
+	for _, want := range []string{
+		"projection " + s.schema + ".jobs: 61 jobs",
+		"POSITION",
+		"EPOCH",
+		"held jobs: 0",
+		fmt.Sprintf("quarantined records: %d", s.quarantined),
+		"value: not a JSON object", // the recent quarantine, with errors
+	} {
+		require.Contains(t, text.stdout, want, "%s", text)
+	}
+	for p := range 3 {
+		require.Regexp(t, fmt.Sprintf(`(?m)^%s\s+%d\s+%d\s`, regexp.QuoteMeta(s.topic), p, hw[p]), text.stdout, "partition %d's line", p)
+	}
+
+	st := parseStatus(t, runBin(t, 30*time.Second, dbEnv(), "status", "--schema", s.schema, "--json"))
+	require.Equal(t, "jobs", st.Projection)
+	require.Equal(t, s.schema, st.Schema)
+	require.Len(t, st.Partitions, 3)
+	for _, p := range st.Partitions {
+		require.Equal(t, s.topic, p.Topic)
+		require.NotNil(t, p.NextOffset, "partition %d has next_offset", p.Partition)
+		require.Equal(t, hw[p.Partition], *p.NextOffset, "partition %d", p.Partition)
+		require.Positive(t, p.Epoch)
+		require.Equal(t, "inst-g-status", p.Owner)
+		require.Nil(t, p.Lag, "no lag without --brokers")
+	}
+	require.Nil(t, st.Lag, "no lag without --brokers")
+	require.NotNil(t, st.Quarantined)
+	require.Equal(t, int(s.quarantined), *st.Quarantined)
+	require.Len(t, st.RecentQuarantine, int(s.quarantined))
+	for _, q := range st.RecentQuarantine {
+		require.Equal(t, s.topic, q.Topic)
+		require.NotEmpty(t, q.Error)
+	}
+	require.NotNil(t, st.HeldJobs)
+	require.Zero(t, *st.HeldJobs)
+	require.NotNil(t, st.Held, "held is [] rather than null")
+	require.NotNil(t, st.Jobs)
+	require.Equal(t, int64(len(s.want)), *st.Jobs)
+
+	// With the brokers the lag is known: zero after the catch-up.
+	st = parseStatus(t, runBin(t, 30*time.Second, dbEnv(),
+		"status", "--schema", s.schema, "--json", "--brokers", s.brokers(), "--topic", s.topic))
+	require.NotNil(t, st.Lag)
+	require.Zero(t, *st.Lag)
+	require.Len(t, st.Partitions, 3)
+	for _, p := range st.Partitions {
+		require.NotNil(t, p.HighWatermark, "partition %d", p.Partition)
+		require.NotNil(t, p.Lag, "partition %d", p.Partition)
+		require.Equal(t, hw[p.Partition], *p.HighWatermark, "partition %d", p.Partition)
+		require.Zero(t, *p.Lag, "partition %d", p.Partition)
+	}
+
+	// New records are lag until projected; the environment works like
+	// the flags.
+	s.produce(rec(1, "late-job", snapshotValue("late-job", 1, map[string]any{"status": "queued"})),
+		rec(1, "late-job", snapshotValue("late-job", 2, map[string]any{"status": "running"})))
+	withLag := runBin(t, 30*time.Second, dbEnv("PROJECTOR_SCHEMA="+s.schema, "PROJECTOR_BROKERS="+s.brokers(), "PROJECTOR_TOPIC="+s.topic), "status")
+	require.Equal(t, 0, withLag.code, "%s", withLag)
+	require.Contains(t, withLag.stdout, "total lag: 2", "%s", withLag)
+
+	// --limit bounds the lists, not the counts.
+	st = parseStatus(t, runBin(t, 30*time.Second, dbEnv(), "status", "--schema", s.schema, "--json", "--limit", "1"))
+	require.Len(t, st.RecentQuarantine, 1)
+	require.Equal(t, int(s.quarantined), *st.Quarantined)
+}
+
+// TestStatusFreshSchema: status on a schema nobody projected into creates
+// the tables and reports them empty; with brokers, unprojected partitions
+// lag by their whole length.
+func TestStatusFreshSchema(t *testing.T) {
+	t.Parallel()
+	s := newStory(t, 2)
+	s.produce(rec(0, "a", snapshotValue("a", 1, map[string]any{})), rec(1, "b", snapshotValue("b", 1, map[string]any{})),
+		rec(1, "b", snapshotValue("b", 2, map[string]any{})))
+
+	text := runBin(t, 30*time.Second, dbEnv(), "status", "--schema", s.schema)
+	require.Equal(t, 0, text.code, "%s", text)
+	require.Contains(t, text.stdout, "no partition has been claimed yet")
+	require.Contains(t, text.stdout, "quarantined records: 0")
+
+	st := parseStatus(t, runBin(t, 30*time.Second, dbEnv(), "status", "--schema", s.schema, "--json", "--brokers", s.brokers(), "--topic", s.topic))
+	require.NotNil(t, st.Lag)
+	require.Equal(t, int64(3), *st.Lag)
+	require.Len(t, st.Partitions, 2)
+	for _, p := range st.Partitions {
+		require.Equal(t, int64(-1), *p.NextOffset, "never projected")
+	}
+	require.Equal(t, int64(0), *st.Jobs)
+}
