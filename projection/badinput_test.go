@@ -52,7 +52,7 @@ func TestBadRecordsAreQuarantinedRawAndTheStreamMovesOn(t *testing.T) {
 		{"snapshot state not an object", []byte("bad-statearr"), []byte(`{"job_id":"bad-statearr","version":1,"kind":"snapshot","state":[1]}`),
 			[]string{"state", "must be a JSON object"}},
 		{"delta without ops", []byte("bad-noops"), []byte(`{"job_id":"bad-noops","version":1,"kind":"delta"}`), []string{"ops"}},
-		{"NUL escape", []byte("bad-nul"), []byte(snap("bad-nul", 1, `{"s":"a\u0000b"}`)), []string{"value", `\u0000`}},
+		{"NUL escape", []byte("bad-nul"), []byte(snap("bad-nul", 1, `{"s":"a\u0000b"}`)), []string{"state", `\u0000`}},
 		{"value over 1 MiB", []byte("huge"), []byte(huge), []string{"value", strconv.Itoa(len(huge)) + " bytes", "1 MiB"}},
 		{"transaction control record bytes", []byte{0, 0, 0, 0}, []byte{0, 0, 0, 0, 0, 0}, []string{"value", "not a JSON object"}},
 		{"tombstone (null value)", []byte("bad-tombstone"), nil, []string{"value", "empty", "tombstone"}},
