@@ -1,6 +1,3 @@
-// Package bench measures the projector's throughput side by side with the
-// ways teams write read models without it, on the same machine, stream and
-// server, in one run, and reports each as a ratio of raw COPY speed.
 package bench
 
 import (

@@ -1,7 +1,3 @@
-// Package demo runs the whole story on one machine: an in-process Kafka
-// broker, a generated job event stream with every fault kind, a trusted
-// snapshot authority, the same engine as `projector run`, and a check of
-// every projected row against the reference model.
 package demo
 
 import (

@@ -1,7 +1,3 @@
-// Package pgtest gives tests a real PostgreSQL: one pool per test binary,
-// from DATABASE_URL or the local server, and a fresh migrated schema per
-// test that is dropped at cleanup. A missing server fails the test with a
-// message saying how to provide one; it never skips.
 package pgtest
 
 import (
