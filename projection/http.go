@@ -43,9 +43,14 @@ func (p *Projector) Handler() http.Handler {
 			{"projector_records_quarantined_total", "Records that broke the wire format.", c.Quarantined},
 			{"projector_batches_total", "Batch transactions committed.", c.Batches},
 			{"projector_fenced_total", "Batches rejected because another owner claimed the partition.", c.Fenced},
+			{"projector_gaps_closed_by_wait_total", "Gaps closed by the missing versions arriving in the log.", c.ClosedByWait},
+			{"projector_gaps_closed_by_reread_total", "Gaps closed by reading the store or the log again.", c.ClosedByReread},
+			{"projector_gaps_closed_by_snapshot_total", "Gaps closed by a trusted snapshot.", c.ClosedBySnapshot},
+			{"projector_records_lost_before_read_total", "Records deleted from the log (retention, compaction) before they were read.", c.Lost},
 		} {
 			fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n%s %d\n", m.name, m.help, m.name, m.name, m.v)
 		}
+		fmt.Fprintf(w, "# HELP projector_held_jobs Jobs held behind a gap right now.\n# TYPE projector_held_jobs gauge\nprojector_held_jobs %d\n", c.HeldJobs)
 		fmt.Fprintf(w, "# HELP projector_partition_lag Records between the stored position and the high watermark.\n# TYPE projector_partition_lag gauge\n")
 		for _, ps := range s.Partitions {
 			fmt.Fprintf(w, "projector_partition_lag{topic=%q,partition=\"%d\"} %d\n", s.Topic, ps.Partition, ps.Lag)

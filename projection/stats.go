@@ -25,6 +25,9 @@ type Counters struct {
 	ClosedBySnapshot int64 `json:"gaps_closed_by_snapshot"`
 	// HeldJobs is how many jobs are held right now.
 	HeldJobs int64 `json:"held_jobs"`
+	// Lost counts records deleted from the log (retention, compaction)
+	// before they could be read.
+	Lost int64 `json:"lost_before_read"`
 }
 
 // LogValue lets a log line show the counters as attributes.
@@ -34,13 +37,13 @@ func (c Counters) LogValue() slog.Value {
 		slog.Int64("duplicates", c.Duplicates), slog.Int64("conflicts", c.Conflicts), slog.Int64("held", c.Held),
 		slog.Int64("quarantined", c.Quarantined), slog.Int64("batches", c.Batches), slog.Int64("fenced", c.Fenced),
 		slog.Int64("gaps_closed_by_wait", c.ClosedByWait), slog.Int64("gaps_closed_by_reread", c.ClosedByReread),
-		slog.Int64("gaps_closed_by_snapshot", c.ClosedBySnapshot),
+		slog.Int64("gaps_closed_by_snapshot", c.ClosedBySnapshot), slog.Int64("lost_before_read", c.Lost),
 	)
 }
 
 type counters struct {
 	consumed, applied, stale, duplicates, conflicts, held, quarantined, batches, fenced atomic.Int64
-	closedWait, closedReread, closedSnapshot                                            atomic.Int64
+	closedWait, closedReread, closedSnapshot, lost                                      atomic.Int64
 }
 
 func (c *counters) add(t tally) {
@@ -60,6 +63,7 @@ func (c *counters) snapshot() Counters {
 		Duplicates: c.duplicates.Load(), Conflicts: c.conflicts.Load(), Held: c.held.Load(),
 		Quarantined: c.quarantined.Load(), Batches: c.batches.Load(), Fenced: c.fenced.Load(),
 		ClosedByWait: c.closedWait.Load(), ClosedByReread: c.closedReread.Load(), ClosedBySnapshot: c.closedSnapshot.Load(),
+		Lost: c.lost.Load(),
 	}
 }
 

@@ -31,6 +31,10 @@ type worker struct {
 	hwm       int64
 	committed func(partition int, next int64)
 
+	// readSincePosition is set once a record was read after the reader
+	// was (re)positioned at the stored position.
+	readSincePosition bool
+
 	// resolving is set while a resolver goroutine runs; its answers
 	// arrive on resolved.
 	resolving bool
@@ -79,6 +83,9 @@ func (w *worker) run(ctx context.Context) error {
 		MaxWait:     cfg.MaxWait,
 		Dialer:      w.p.dialer,
 		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) { w.log.Debug("kafka: " + fmt.Sprintf(msg, args...)) }),
+		// Return an out-of-range position instead of retrying it for ever
+		// in silence: see [worker.outOfRange].
+		OffsetOutOfRangeError: true,
 	})
 	defer r.Close()
 	if err := r.SetOffset(start); err != nil {
@@ -200,12 +207,25 @@ func (w *worker) fetch(ctx context.Context, r *kafka.Reader) ([]kafka.Message, i
 	}
 	m, err := r.FetchMessage(fctx)
 	if err != nil {
-		if ctx.Err() == nil && fctx.Err() == nil {
+		switch {
+		case ctx.Err() != nil || fctx.Err() != nil:
+		case errors.Is(err, kafka.OffsetOutOfRange):
+			w.outOfRange(ctx, r)
+		default:
 			w.log.Warn("fetch failed", "err", err)
 			sleep(ctx, time.Second)
 		}
 		return nil, 0
 	}
+	if w.position >= 0 && m.Offset > w.position && !w.readSincePosition {
+		// kafka-go moves a reader whose offset is below the log start to
+		// the log start without a word: records were deleted (retention,
+		// compaction) before this projection read them. Say so.
+		w.log.Error("records between the stored position and the first record read were never delivered: deleted from the log (retention or compaction) before they were read",
+			"position", w.position, "first_read", m.Offset, "lost_records", m.Offset-w.position)
+		w.p.counters.lost.Add(m.Offset - w.position)
+	}
+	w.readSincePosition = true
 	msgs := []kafka.Message{m}
 	hwm := m.HighWaterMark
 	lctx, cancel := context.WithTimeout(ctx, cfg.BatchLinger)
@@ -219,6 +239,53 @@ func (w *worker) fetch(ctx context.Context, r *kafka.Reader) ([]kafka.Message, i
 		hwm = m.HighWaterMark
 	}
 	return msgs, hwm
+}
+
+// outOfRange handles a position the partition no longer holds. Below the
+// log start, records were deleted (retention, compaction, DeleteRecords)
+// before they were read: nothing can read them any more, so the worker
+// says so loudly, counts them, and goes on from the log start (the gaps
+// they leave are held and closed like any other). Past the log end, the
+// topic was recreated or its log truncated: the worker reports it and
+// waits rather than skip what will be appended.
+func (w *worker) outOfRange(ctx context.Context, r *kafka.Reader) {
+	first, last, err := w.logBounds(ctx)
+	switch {
+	case err != nil:
+		w.log.Warn("offset out of range; reading the partition's bounds failed", "position", w.position, "err", err)
+		sleep(ctx, time.Second)
+	case w.position >= 0 && w.position < first:
+		w.log.Error("records were deleted from the log before they were read (retention or compaction); continuing from the log start",
+			"position", w.position, "log_start", first, "lost_records", first-w.position)
+		w.p.counters.lost.Add(first - w.position)
+		w.position = first
+		w.readSincePosition = false
+	case w.position > last:
+		w.log.Error("the stored position is past the end of the partition: was the topic recreated or its log truncated? waiting; rebuild the projection if the topic was recreated",
+			"position", w.position, "log_end", last)
+		sleep(ctx, 10*time.Second)
+	default:
+		sleep(ctx, time.Second)
+	}
+	next := w.position
+	if next < 0 {
+		next = kafka.FirstOffset
+	}
+	if err := r.SetOffset(next); err != nil {
+		w.log.Warn("set offset", "offset", next, "err", err)
+	}
+}
+
+func (w *worker) logBounds(ctx context.Context) (first, last int64, err error) {
+	cfg := w.p.cfg
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := w.p.dialer.DialLeader(dctx, "tcp", cfg.Brokers[0], w.topic, w.partition)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer conn.Close()
+	return conn.ReadOffsets()
 }
 
 // startResolver runs the due steps of the policy chain in the background,
