@@ -97,6 +97,9 @@ func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.R
 	if err != nil {
 		return nil, err
 	}
+	// Rows read for this plan stay here, not in the cache, which may drop
+	// entries as it fills; the cache learns them once the batch commits.
+	known := make(map[string]gapfill.Job, len(need))
 	for _, id := range need {
 		j := gapfill.Job{ID: id}
 		if row, ok := loaded[id]; ok {
@@ -106,11 +109,14 @@ func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.R
 			}
 			j = gapfill.Job{ID: id, Version: row.Version, State: state, Raw: row.State, EventID: row.EventID}
 		}
-		w.cache.put(j)
+		known[id] = j
 	}
 
 	for _, id := range order {
-		j, cached := w.cache.get(id)
+		j, cached := known[id]
+		if !cached {
+			j, cached = w.cache.get(id)
+		}
 		if !hasDelta[id] && (!cached || len(j.Held) == 0) {
 			p.snapshotOnly(w, id, inputs[id], j, cached)
 			continue
