@@ -187,7 +187,17 @@ func walk(state map[string]any, tokens []string, create bool) (map[string]any, e
 // add adds two JSON number literals. Two integers are added exactly, at any
 // size, because a counter that drifts past 2^53 is silently wrong forever;
 // anything else is added as float64, the precision JSON promises readers.
+// An integral value written with a fraction or an exponent (5.0, 1e20)
+// counts as an integer: PostgreSQL stores 1e20 as 100000000000000000000,
+// and the sum must not depend on which of the two spellings a row had.
 func add(a, b string) (json.Number, error) {
+	if !isIntegerLiteral(a) || !isIntegerLiteral(b) {
+		x, okX := new(big.Rat).SetString(a)
+		y, okY := new(big.Rat).SetString(b)
+		if okX && okY && x.IsInt() && y.IsInt() {
+			return json.Number(new(big.Int).Add(x.Num(), y.Num()).String()), nil
+		}
+	}
 	if isIntegerLiteral(a) && isIntegerLiteral(b) {
 		x, errX := strconv.ParseInt(a, 10, 64)
 		y, errY := strconv.ParseInt(b, 10, 64)

@@ -180,10 +180,10 @@ func TestApply(t *testing.T) {
 			want:  `{"n":101}`,
 		},
 		{
-			name:  "large floats keep an exponent",
+			name:  "integral values written with an exponent add exactly",
 			state: `{"n":1e21}`,
-			ops:   `[{"op":"increment","path":"/n","by":1e21}]`,
-			want:  `{"n":2e+21}`,
+			ops:   `[{"op":"increment","path":"/n","by":1}]`,
+			want:  `{"n":1000000000000000000001}`,
 		},
 		{
 			name:  "ops apply in order",
@@ -253,13 +253,6 @@ func TestApplyRejects(t *testing.T) {
 			ops:    `[{"op":"increment","path":"/n","by":1}]`,
 			path:   "/n",
 			reason: "not a number (it is an array)",
-		},
-		{
-			name:   "float overflow",
-			state:  `{"n":1.7e308}`,
-			ops:    `[{"op":"increment","path":"/n","by":1.7e308}]`,
-			path:   "/n",
-			reason: "beyond the range of a float64",
 		},
 		{
 			name:   "set under a string parent",

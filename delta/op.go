@@ -20,6 +20,11 @@ const (
 // MaxOps is the most ops one delta may carry.
 const MaxOps = 1000
 
+// MaxPathDepth bounds a path's levels. Together with the bound on a value's
+// nesting it keeps every state shallow enough to be stored and read back:
+// an op can only address, and so only deepen, what is within its reach.
+const MaxPathDepth = 256
+
 // Op is one validated operation of a delta.
 type Op struct {
 	Kind Kind
@@ -151,6 +156,9 @@ func ParsePointer(p string) ([]string, error) {
 		return nil, fmt.Errorf("%q is not a JSON Pointer: it must start with \"/\"", p)
 	}
 	parts := strings.Split(p[1:], "/")
+	if len(parts) > MaxPathDepth {
+		return nil, fmt.Errorf("the path is %d levels deep, at most %d allowed", len(parts), MaxPathDepth)
+	}
 	for i, part := range parts {
 		for j := 0; j < len(part); j++ {
 			if part[j] == '~' && (j+1 >= len(part) || (part[j+1] != '0' && part[j+1] != '1')) {

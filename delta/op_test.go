@@ -161,3 +161,22 @@ func TestParsePointer(t *testing.T) {
 		})
 	}
 }
+
+func TestParsePointerBoundsTheDepth(t *testing.T) {
+	t.Parallel()
+	_, err := delta.ParsePointer(strings.Repeat("/a", delta.MaxPathDepth))
+	require.NoError(t, err)
+	_, err = delta.ParsePointer(strings.Repeat("/a", delta.MaxPathDepth+1))
+	require.ErrorContains(t, err, "levels deep")
+}
+
+func TestIncrementDoesNotDependOnHowAnIntegerWasSpelled(t *testing.T) {
+	t.Parallel()
+	ops, err := delta.ParseOps(json.RawMessage(`[{"op":"increment","path":"/n","by":1}]`))
+	require.NoError(t, err)
+	for _, state := range []string{`{"n":1e20}`, `{"n":100000000000000000000}`, `{"n":100000000000000000000.0}`} {
+		got, err := delta.ApplyJSON(json.RawMessage(state), ops)
+		require.NoError(t, err)
+		require.JSONEq(t, `{"n":100000000000000000001}`, string(got), state)
+	}
+}

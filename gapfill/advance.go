@@ -75,18 +75,12 @@ func (j *Job) Missing(limit int) []int64 {
 	if len(j.Held) == 0 {
 		return nil
 	}
+	top := j.maxHeld()
 	var out []int64
-	for v := j.Version + 1; len(out) < limit; v++ {
-		if _, ok := j.Held[v]; ok {
-			if v > j.maxHeld() {
-				break
-			}
-			continue
+	for v := j.Version + 1; v < top && len(out) < limit; v++ {
+		if _, held := j.Held[v]; !held {
+			out = append(out, v)
 		}
-		if v > j.maxHeld() {
-			break
-		}
-		out = append(out, v)
 	}
 	return out
 }

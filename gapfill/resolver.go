@@ -155,10 +155,7 @@ func (r *Resolver) reread(ctx context.Context, idx []int, work []Job, res []Reso
 		if res[i].Closed {
 			continue
 		}
-		if err != nil {
-			res[i].Err = fmt.Errorf("re-read log: %w", err)
-			continue
-		}
+		// What a cut-short re-read found still counts.
 		ins := byJob[work[i].ID]
 		sort.SliceStable(ins, func(a, b int) bool { return ins[a].Event.Version < ins[b].Event.Version })
 		var useful []Input
@@ -168,6 +165,10 @@ func (r *Resolver) reread(ctx context.Context, idx []int, work []Job, res []Reso
 			}
 		}
 		if r.settle(&work[i], &res[i], useful, StepReread) {
+			continue
+		}
+		if err != nil {
+			res[i].Err = fmt.Errorf("re-read log: %w", err)
 			continue
 		}
 		if res[i].Err == nil {

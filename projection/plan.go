@@ -117,6 +117,7 @@ func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.R
 		if !cached {
 			j, cached = w.cache.get(id)
 		}
+		j.ID = id
 		if !hasDelta[id] && (!cached || len(j.Held) == 0) {
 			p.snapshotOnly(w, id, inputs[id], j, cached)
 			continue

@@ -339,6 +339,7 @@ func (w *worker) reschedule(res []gapfill.Resolution) {
 // whoever owns the partition next.
 func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill.Resolution) error {
 	bo := retryPolicy()
+	staleRetries := 0
 	for {
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), applyTimeout)
 		now := time.Now()
@@ -366,12 +367,23 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 			w.log.Warn("fenced: another owner claimed this partition; the batch was rolled back and the partition stopped",
 				"first_offset", firstOffset(msgs), "records", len(msgs))
 			return errFenced
+		case errors.As(err, &stale) && ctx.Err() != nil:
+			w.log.Warn("batch abandoned at shutdown; it will be read again", "err", err, "first_offset", firstOffset(msgs))
+			return nil
 		case errors.As(err, &stale):
 			w.log.Info("rows moved under the batch; reloading them", "jobs", len(stale.Jobs), "first", stale.Jobs[0])
 			for _, id := range stale.Jobs {
-				w.forgetRow(id)
+				if err = w.forgetRow(ctx, id); err != nil {
+					break
+				}
 			}
-			continue
+			if err == nil {
+				if staleRetries++; staleRetries > 3 {
+					// Another writer keeps moving these rows: do not spin.
+					sleep(ctx, bo.NextBackOff())
+				}
+				continue
+			}
 		}
 		if store.IsBadData(err) {
 			return w.isolate(ctx, msgs, res, err)
@@ -386,7 +398,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 		// The cache may hold what the failed transaction would have
 		// written: start again from what is stored.
 		if err := w.restore(ctx); err != nil {
-			return nil
+			return w.unrestored(ctx, err)
 		}
 	}
 }
@@ -398,7 +410,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 // and are tried again.
 func (w *worker) isolate(ctx context.Context, msgs []kafka.Message, res []gapfill.Resolution, cause error) error {
 	if err := w.restore(ctx); err != nil {
-		return nil
+		return w.unrestored(ctx, err)
 	}
 	if len(msgs) == 1 && len(res) == 0 {
 		m := msgs[0]
@@ -427,26 +439,43 @@ func (w *worker) isolate(ctx context.Context, msgs []kafka.Message, res []gapfil
 	return nil
 }
 
-// forgetRow drops a job's cached row but keeps its held deltas, so the
-// next plan reads the row again.
-func (w *worker) forgetRow(id string) {
+// unrestored ends the worker when its memory of the partition could not
+// be rebuilt from the store: the batch in flight is not committed, so the
+// next owner reads it again. Only a stop is quiet; anything else is an
+// error that ends the partition's generation, loudly.
+func (w *worker) unrestored(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return fmt.Errorf("projection: %s/%d: reload after a failed batch: %w", w.topic, w.partition, err)
+}
+
+// forgetRow reads a held job's row again, keeping its held deltas; a job
+// that holds nothing is just dropped from the cache, for the next plan to
+// read.
+func (w *worker) forgetRow(ctx context.Context, id string) error {
 	j, ok := w.cache.get(id)
 	if !ok {
-		return
+		return nil
 	}
 	if len(j.Held) == 0 {
 		w.cache.forget(id)
-		return
+		return nil
 	}
-	row, err := w.p.cfg.Store.LoadJobs(context.Background(), []string{id})
+	rows, err := w.p.cfg.Store.LoadJobs(ctx, []string{id})
 	if err != nil {
-		return
+		return err
 	}
-	if r, ok := row[id]; ok {
-		if state, err := delta.DecodeState(r.State); err == nil {
-			w.cache.put(gapfill.Job{ID: id, Version: r.Version, State: state, Raw: r.State, EventID: r.EventID, Held: j.Held})
+	fresh := gapfill.Job{ID: id, Held: j.Held} // no row: version 0
+	if r, ok := rows[id]; ok {
+		state, err := delta.DecodeState(r.State)
+		if err != nil {
+			return fmt.Errorf("projection: job %q: stored state: %w", id, err)
 		}
+		fresh = gapfill.Job{ID: id, Version: r.Version, State: state, Raw: r.State, EventID: r.EventID, Held: j.Held}
 	}
+	w.cache.put(fresh)
+	return nil
 }
 
 // settle records a committed batch in the cache, the detector and the

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -284,7 +285,9 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 		vals := make([][]byte, len(b.Bad))
 		errs := make([]string, len(b.Bad))
 		for i, r := range b.Bad {
-			parts[i], offs[i], keys[i], vals[i], errs[i] = int32(r.Partition), r.Offset, r.Key, r.Value, r.Err
+			// The reason quotes input: keep it text PostgreSQL accepts.
+			reason := strings.ToValidUTF8(strings.ReplaceAll(r.Err, "\x00", ""), "\uFFFD")
+			parts[i], offs[i], keys[i], vals[i], errs[i] = int32(r.Partition), r.Offset, r.Key, r.Value, reason
 			if r.Partition < 0 {
 				parts[i] = int32(b.Partition)
 			}

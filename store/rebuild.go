@@ -87,6 +87,12 @@ func (s *Store) Swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResu
 		if err := exec(`SELECT pg_advisory_xact_lock(hashtext('projector.migrate'))`); err != nil {
 			return err
 		}
+		// Positions first, in the order a batch takes its locks (position,
+		// then rows): this waits for batches and claims in flight, so the
+		// epochs read below are final, and never deadlocks with them.
+		if err := exec(`SELECT 1 FROM `+s.partitions+` WHERE projection IN ($1, $2) ORDER BY projection, topic, partition FOR UPDATE`, live, sh); err != nil {
+			return err
+		}
 		if err := exec(`LOCK TABLE ` + s.jobs + `, ` + shadow.jobs + ` IN ACCESS EXCLUSIVE MODE`); err != nil {
 			return err
 		}
