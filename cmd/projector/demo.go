@@ -40,7 +40,7 @@ Example:
 	flags: func(fs *flag.FlagSet) any {
 		o := &demoOpts{}
 		fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL connection string (default: the local server, else a throwaway cluster)")
-		fs.Uint64Var(&o.seed, "seed", 1, "seed of the generated stream: the same seed gives the same records, faults and final read model")
+		fs.Uint64Var(&o.seed, "seed", 1, "seed of the generated stream: the same seed gives the same records, faults, applied and\nquarantined counts and final read model (gap closings between partitions depend on timing)")
 		fs.IntVar(&o.jobs, "jobs", 2000, "number of jobs")
 		fs.IntVar(&o.events, "events-per-job", 20, "events per job, about")
 		fs.IntVar(&o.partitions, "partitions", 6, "partitions of the demo topic")
