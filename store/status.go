@@ -75,7 +75,7 @@ type Quarantined struct {
 	Key       []byte    `json:"key"`
 	Value     []byte    `json:"value"`
 	Error     string    `json:"error"`
-	CreatedAt time.Time `json:"created_at"`
+	CreatedAt time.Time `json:"time"`
 }
 
 // Quarantine lists the newest quarantined records, at most limit, and the total.
@@ -84,7 +84,7 @@ func (s *Store) Quarantine(ctx context.Context, limit int) ([]Quarantined, int, 
 	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+s.quarantine+` WHERE projection = $1`, s.projection).Scan(&total); err != nil {
 		return nil, 0, fmt.Errorf("store: quarantine: %w", err)
 	}
-	rows, err := s.pool.Query(ctx, `SELECT topic, partition, "offset", key, value, error, created_at
+	rows, err := s.pool.Query(ctx, `SELECT topic, partition, "offset", key, value, error, "time"
 		FROM `+s.quarantine+` WHERE projection = $1 ORDER BY id DESC LIMIT $2`, s.projection, limit)
 	if err != nil {
 		return nil, 0, fmt.Errorf("store: quarantine: %w", err)

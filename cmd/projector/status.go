@@ -48,7 +48,7 @@ type quarantineReport struct {
 	Offset    int64     `json:"offset"`
 	Key       string    `json:"key"`
 	Error     string    `json:"error"`
-	CreatedAt time.Time `json:"created_at"`
+	CreatedAt time.Time `json:"time"`
 }
 
 var statusCommand = &command{

@@ -32,7 +32,7 @@ CREATE TABLE IF NOT EXISTS {{schema}}.projector_quarantine (
     key         bytea,
     value       bytea,
     error       text        NOT NULL,
-    created_at  timestamptz NOT NULL DEFAULT now(),
+    "time"      timestamptz NOT NULL DEFAULT now(),
     UNIQUE (projection, topic, partition, "offset")
 );
 
