@@ -41,8 +41,32 @@ type worker struct {
 	resolved  chan []gapfill.Resolution
 }
 
-// applyTimeout bounds one batch transaction.
-const applyTimeout = 2 * time.Minute
+// applyTimeout bounds one batch transaction; shutdownGrace bounds the one
+// in flight when the worker is stopped.
+const (
+	applyTimeout  = 2 * time.Minute
+	shutdownGrace = 15 * time.Second
+)
+
+// applyContext is the context of one batch transaction: it outlives ctx,
+// because a batch in flight at shutdown is finished rather than thrown away,
+// but by no more than shutdownGrace.
+func applyContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), applyTimeout)
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(shutdownGrace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-actx.Done():
+		}
+	})
+	return actx, func() {
+		stop()
+		cancel()
+	}
+}
 
 // errFenced stops a worker whose partition was claimed by another owner.
 var errFenced = errors.New("partition fenced")
@@ -341,7 +365,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 	bo := retryPolicy()
 	staleRetries := 0
 	for {
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), applyTimeout)
+		actx, cancel := applyContext(ctx)
 		now := time.Now()
 		pl, err := w.plan(actx, msgs, res, now)
 		var result store.Result
@@ -417,7 +441,7 @@ func (w *worker) isolate(ctx context.Context, msgs []kafka.Message, res []gapfil
 		w.log.Warn("record refused by PostgreSQL; quarantined", "offset", m.Offset, "err", cause)
 		bad := &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: m.Offset + 1,
 			Bad: []store.Bad{{Partition: -1, Offset: m.Offset, Key: m.Key, Value: m.Value, Err: "refused by PostgreSQL: " + cause.Error()}}}
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), applyTimeout)
+		actx, cancel := applyContext(ctx)
 		defer cancel()
 		if _, err := w.p.cfg.Store.Apply(actx, bad); err != nil {
 			if errors.Is(err, store.ErrFenced) {
