@@ -199,7 +199,7 @@ func (r *Resolver) snapshot(ctx context.Context, idx []int, work []Job, res []Re
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
-				res[i].Err = fmt.Errorf("snapshot: %w", err)
+				res[i].Err = err // the source names the step
 				return
 			}
 			if ev.Kind != event.Snapshot || ev.JobID != work[i].ID {

@@ -17,7 +17,7 @@ import (
 )
 
 // ErrNotFound: the authority answered 404, it does not know the job.
-var ErrNotFound = errors.New("snapshot: the authority does not know this job (404)")
+var ErrNotFound = errors.New("the authority does not know this job (404)")
 
 // Defaults of a [Client], used for any field left at zero.
 const (

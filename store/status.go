@@ -37,11 +37,15 @@ func (s *Store) Positions(ctx context.Context) ([]Position, error) {
 
 // HeldSummary is one job's held deltas.
 type HeldSummary struct {
-	JobID     string    `json:"job_id"`
-	Topic     string    `json:"topic"`
-	Partition int       `json:"partition"`
-	Versions  []int64   `json:"held_versions"`
-	Since     time.Time `json:"since"`
+	JobID     string `json:"job_id"`
+	Topic     string `json:"topic"`
+	Partition int    `json:"partition"`
+	// RowVersion is the job's version in the read model (0: no row).
+	RowVersion int64 `json:"row_version"`
+	// Missing are the first versions the held ones wait for.
+	Missing  []int64   `json:"missing_versions"`
+	Versions []int64   `json:"held_versions"`
+	Since    time.Time `json:"since"`
 }
 
 // HeldJobs lists the jobs with held deltas, oldest hold first, at most limit.
@@ -50,8 +54,12 @@ func (s *Store) HeldJobs(ctx context.Context, limit int) ([]HeldSummary, int, er
 	if err := s.pool.QueryRow(ctx, `SELECT count(DISTINCT job_id) FROM `+s.held+` WHERE projection = $1`, s.projection).Scan(&total); err != nil {
 		return nil, 0, fmt.Errorf("store: held: %w", err)
 	}
-	rows, err := s.pool.Query(ctx, `SELECT job_id, min(topic), min(partition), array_agg(version ORDER BY version), min(held_since)
-		FROM `+s.held+` WHERE projection = $1 GROUP BY job_id ORDER BY min(held_since), job_id LIMIT $2`, s.projection, limit)
+	rows, err := s.pool.Query(ctx, `SELECT h.job_id, h.topic, h.partition, coalesce(j.version, 0), h.versions, h.since
+		FROM (SELECT job_id, min(topic) AS topic, min(partition) AS partition,
+				array_agg(version ORDER BY version) AS versions, min(held_since) AS since
+			FROM `+s.held+` WHERE projection = $1 GROUP BY job_id) h
+		LEFT JOIN `+s.jobs+` j ON j.job_id = h.job_id
+		ORDER BY h.since, h.job_id LIMIT $2`, s.projection, limit)
 	if err != nil {
 		return nil, 0, fmt.Errorf("store: held: %w", err)
 	}
@@ -59,9 +67,10 @@ func (s *Store) HeldJobs(ctx context.Context, limit int) ([]HeldSummary, int, er
 	var out []HeldSummary
 	for rows.Next() {
 		var h HeldSummary
-		if err := rows.Scan(&h.JobID, &h.Topic, &h.Partition, &h.Versions, &h.Since); err != nil {
+		if err := rows.Scan(&h.JobID, &h.Topic, &h.Partition, &h.RowVersion, &h.Versions, &h.Since); err != nil {
 			return nil, 0, fmt.Errorf("store: held: %w", err)
 		}
+		h.Missing = missing(h.RowVersion, h.Versions, 10)
 		out = append(out, h)
 	}
 	return out, total, rows.Err()
@@ -128,4 +137,18 @@ func (s *Store) CountJobs(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("store: count jobs: %w", err)
 	}
 	return n, nil
+}
+
+// missing lists, up to limit, the versions between the row's and the
+// highest held one that are not held: what the held deltas wait for.
+func missing(row int64, held []int64, limit int) []int64 {
+	out := []int64{}
+	next := row + 1
+	for _, v := range held {
+		for ; next < v && len(out) < limit; next++ {
+			out = append(out, next)
+		}
+		next = max(next, v+1)
+	}
+	return out
 }

@@ -201,3 +201,30 @@ func TestSwapMakesTheShadowLiveAndFencesTheOldOwner(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, jobs)
 }
+
+func TestHeldJobsSayWhatTheyWaitFor(t *testing.T) {
+	t.Parallel()
+	s := pgtest.Store(t)
+	ctx := context.Background()
+	c, err := s.Claim(ctx, "t", 0, "me")
+	require.NoError(t, err)
+	_, err = s.Apply(ctx, &store.Batch{Topic: "t", Epoch: c.Epoch, NextOffset: 5,
+		Snapshots: []store.Write{{JobID: "a", Version: 2, State: json.RawMessage(`{}`)}},
+		Hold: []store.Held{
+			{JobID: "a", Version: 5, Ops: json.RawMessage(`[]`)}, {JobID: "a", Version: 7, Ops: json.RawMessage(`[]`)},
+			{JobID: "b", Version: 3, Ops: json.RawMessage(`[]`)},
+		}})
+	require.NoError(t, err)
+	held, n, err := s.HeldJobs(ctx, 10)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	byJob := map[string]store.HeldSummary{}
+	for _, h := range held {
+		byJob[h.JobID] = h
+	}
+	require.Equal(t, int64(2), byJob["a"].RowVersion)
+	require.Equal(t, []int64{3, 4, 6}, byJob["a"].Missing)
+	require.Equal(t, []int64{5, 7}, byJob["a"].Versions)
+	require.Equal(t, int64(0), byJob["b"].RowVersion, "no row yet")
+	require.Equal(t, []int64{1, 2}, byJob["b"].Missing)
+}

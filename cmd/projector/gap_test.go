@@ -139,7 +139,7 @@ func TestRunGapPolicy(t *testing.T) {
 	require.Equal(t, []int64{3}, held.Versions)
 	text := runBin(t, 30*time.Second, dbEnv(), "status", "--schema", s.schema)
 	require.Contains(t, text.stdout, "held jobs: 1")
-	require.Regexp(t, `(?m)^stuck\s+\S+/1\s+\[3\]`, text.stdout)
+	require.Regexp(t, `(?m)^stuck\s+\S+/1\s+1\s+\[2\]\s+\[3\]`, text.stdout)
 
 	// The missing delta arrives: v2 applies and the held v3 follows.
 	s.produce(rec(1, "stuck", deltaValue("stuck", 2, map[string]any{"op": "increment", "path": "/processed", "by": 2})))

@@ -189,9 +189,9 @@ func printStatus(env *cmdEnv, rep *statusReport) {
 	}
 	fmt.Fprintf(w, "\nheld jobs: %d\n", rep.HeldJobs)
 	if len(rep.Held) > 0 {
-		fmt.Fprintln(w, "JOB\tTOPIC/PARTITION\tHELD VERSIONS\tSINCE")
+		fmt.Fprintln(w, "JOB\tTOPIC/PARTITION\tROW VERSION\tMISSING\tHELD VERSIONS\tSINCE")
 		for _, h := range rep.Held {
-			fmt.Fprintf(w, "%s\t%s/%d\t%v\t%s\n", h.JobID, h.Topic, h.Partition, h.Versions, h.Since.UTC().Format(time.RFC3339))
+			fmt.Fprintf(w, "%s\t%s/%d\t%d\t%v\t%v\t%s\n", h.JobID, h.Topic, h.Partition, h.RowVersion, h.Missing, h.Versions, h.Since.UTC().Format(time.RFC3339))
 		}
 	}
 	fmt.Fprintf(w, "\nquarantined records: %d\n", rep.Quarantine)
