@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -227,4 +229,68 @@ func TestHeldJobsSayWhatTheyWaitFor(t *testing.T) {
 	require.Equal(t, []int64{5, 7}, byJob["a"].Versions)
 	require.Equal(t, int64(0), byJob["b"].RowVersion, "no row yet")
 	require.Equal(t, []int64{1, 2}, byJob["b"].Missing)
+}
+
+// TestSwapWaitsForABatchInFlightWithoutDeadlock: a live batch holds its
+// position row and then writes the read model; a swap that starts between
+// the two waits for the batch instead of deadlocking with it, and the batch's
+// owner is fenced afterwards.
+func TestSwapWaitsForABatchInFlightWithoutDeadlock(t *testing.T) {
+	t.Parallel()
+	live := pgtest.Store(t)
+	ctx := context.Background()
+	c, err := live.Claim(ctx, "t", 0, "live")
+	require.NoError(t, err)
+	shadow, err := live.Shadow()
+	require.NoError(t, err)
+	require.NoError(t, shadow.Reset(ctx))
+	require.NoError(t, shadow.Migrate(ctx))
+	sc, err := shadow.Claim(ctx, "t", 0, "rebuild")
+	require.NoError(t, err)
+	_, err = shadow.Apply(ctx, &store.Batch{Topic: "t", Epoch: sc.Epoch, NextOffset: 7,
+		Snapshots: []store.Write{{JobID: "a", Version: 3, State: json.RawMessage(`{"rebuilt":true}`)}}})
+	require.NoError(t, err)
+
+	// The live batch, by hand: the fence first, as store.Apply does.
+	tx, err := live.Pool().Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	tag, err := tx.Exec(ctx, `UPDATE `+schemaOf(live)+`.projector_partitions SET next_offset = 5 WHERE projection = 'jobs' AND epoch = $1`, c.Epoch)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), tag.RowsAffected())
+
+	swapped := make(chan error, 1)
+	go func() {
+		_, err := live.Swap(ctx, shadow, false)
+		swapped <- err
+	}()
+	// The swap waits on the batch's row lock.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		require.NoError(t, live.Pool().QueryRow(ctx,
+			`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%FOR UPDATE%'`).Scan(&waiting))
+		if waiting > 0 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the swap never waited for the batch")
+		time.Sleep(10 * time.Millisecond) // polling a condition with a deadline
+	}
+	// The batch goes on to write the read model, then commits: no deadlock.
+	_, err = tx.Exec(ctx, `INSERT INTO `+live.JobsTable()+` (job_id, version, state) VALUES ('b', 1, '{}')`)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-swapped)
+
+	jobs, err := live.Jobs(ctx)
+	require.NoError(t, err)
+	require.Len(t, jobs, 1, "the rebuilt model is live")
+	require.JSONEq(t, `{"rebuilt":true}`, string(jobs["a"].State))
+	_, err = live.Apply(ctx, &store.Batch{Topic: "t", Epoch: c.Epoch, NextOffset: 6})
+	require.ErrorIs(t, err, store.ErrFenced)
+}
+
+func schemaOf(s *store.Store) string {
+	table := s.JobsTable() // "schema"."jobs"
+	return table[:strings.Index(table, ".")]
 }
