@@ -107,7 +107,7 @@ Example:
   DATABASE_URL=postgres://app@db:5432/app projector run --brokers kafka-1:9092,kafka-2:9092`,
 	flags: func(fs *flag.FlagSet) any {
 		o := &runOpts{}
-		o.register(fs, "projector", ":8080")
+		o.register(fs, "projector", "")
 		fs.StringVar(&o.start, "start", "earliest", "where a partition never projected before starts: earliest or latest")
 		return o
 	},
@@ -138,6 +138,10 @@ Example:
 	},
 }
 
+// defaultHTTPAddr serves health, status and metrics when --http-addr is
+// not set.
+const defaultHTTPAddr = ":8080"
+
 // register adds the engine's flags, shared by run and rebuild.
 func (o *runOpts) register(fs *flag.FlagSet, group, httpAddr string) {
 	registerStoreFlags(fs, &o.databaseURL, &o.schema, &o.table)
@@ -146,7 +150,11 @@ func (o *runOpts) register(fs *flag.FlagSet, group, httpAddr string) {
 	fs.StringVar(&o.group, "group", group, "Kafka consumer group; instances with the same group share the partitions")
 	fs.IntVar(&o.batchSize, "batch-size", 5000, "most records per batch transaction")
 	fs.DurationVar(&o.batchLinger, "batch-linger", 50*time.Millisecond, "how long a batch waits for more records after its first")
-	fs.StringVar(&o.httpAddr, "http-addr", httpAddr, "address for /healthz, /readyz, /status and /metrics; \"off\" disables it")
+	usage := "address for /healthz, /readyz, /status and /metrics; \"off\" disables it"
+	if httpAddr == "" {
+		usage += "\n(default :8080; if :8080 is taken, for example by a second instance on the\nsame host, the server is skipped with a warning: set it to make that an error)"
+	}
+	fs.StringVar(&o.httpAddr, "http-addr", httpAddr, usage)
 	fs.StringVar(&o.owner, "owner", "", "this instance's name in the partitions table (default host/pid)")
 	o.log.register(fs)
 	o.gap.register(fs)
@@ -188,12 +196,20 @@ func (o *runOpts) config(st *store.Store, logger *slog.Logger) projection.Config
 
 // serve starts the health, status and metrics server unless it is off.
 func (o *runOpts) serve(ctx context.Context, p *projection.Projector, logger *slog.Logger) (func(), error) {
-	if o.httpAddr == "off" || o.httpAddr == "" {
+	if o.httpAddr == "off" {
 		return func() {}, nil
 	}
-	ln, err := net.Listen("tcp", o.httpAddr)
+	addr, chosen := o.httpAddr, o.httpAddr != ""
+	if !chosen {
+		addr = defaultHTTPAddr
+	}
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("--http-addr %s: %w", o.httpAddr, err)
+		if chosen {
+			return nil, fmt.Errorf("--http-addr %s: %w", addr, err)
+		}
+		logger.Warn("health, status and metrics are not served: the default address is taken; set --http-addr", "addr", addr, "err", err)
+		return func() {}, nil
 	}
 	srv := &http.Server{Handler: p.Handler(), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()

@@ -201,3 +201,37 @@ func lines(s string) []string {
 	}
 	return out
 }
+
+// TestRunTwoInstancesOnOneHostWithDefaults: two instances started with no
+// --http-addr on one host cannot both serve :8080. The second one warns and
+// runs on without its HTTP server rather than exit: the projection, not the
+// status page, is what it is for.
+func TestRunTwoInstancesOnOneHostWithDefaults(t *testing.T) {
+	t.Parallel()
+	s := newStory(t, 6)
+	s.jobs("task", 60, 1, 2)
+
+	a := startBin(t, "run a", dbEnv(), s.runArgs("g-defaults", "inst-a", "--http-addr", "")...)
+	b := startBin(t, "run b", dbEnv(), s.runArgs("g-defaults", "inst-b", "--http-addr", "")...)
+	eventually(t, 2*joinWithin, "both instances own partitions", func() (bool, string) {
+		a.requireAlive()
+		b.requireAlive()
+		ctx, cancel := s.ctx()
+		defer cancel()
+		pos, err := s.st.Positions(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		owners := map[string]bool{}
+		for _, p := range pos {
+			owners[p.Owner] = true
+		}
+		return owners["inst-a"] && owners["inst-b"], fmt.Sprintf("owners %v", owners)
+	})
+	s.caughtUp(joinWithin, a, b)
+	s.requireModel()
+	require.True(t, strings.Contains(a.logs.String()+b.logs.String(), "not served"),
+		"an instance that could not bind :8080 says so")
+	a.stop(stopWithin)
+	b.stop(stopWithin)
+}
