@@ -132,11 +132,13 @@ func (c Config) WithDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	// A crashed instance's partitions move after SessionTimeout: short
+	// enough to fail over quickly, above brokers' usual 6 s minimum.
 	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = 3 * time.Second
+		c.HeartbeatInterval = time.Second
 	}
 	if c.SessionTimeout == 0 {
-		c.SessionTimeout = 30 * time.Second
+		c.SessionTimeout = 10 * time.Second
 	}
 	if c.RebalanceTimeout == 0 {
 		c.RebalanceTimeout = 30 * time.Second
