@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Joining a consumer group with the production timings (3s heartbeat, 30s
-// session and rebalance timeouts) takes a few seconds; the deadlines are
+// Joining a consumer group with the production timings (1s heartbeat, 10s
+// session and 30s rebalance timeouts) takes a few seconds; the deadlines are
 // generous so a loaded machine does not fail the tests.
 const (
 	joinWithin = 30 * time.Second
