@@ -235,3 +235,34 @@ func TestRunTwoInstancesOnOneHostWithDefaults(t *testing.T) {
 	a.stop(stopWithin)
 	b.stop(stopWithin)
 }
+
+// TestRunKilledMidStreamLosesNothing: SIGKILL gives the daemon no chance to
+// finish anything. Whatever it committed stays, whatever it did not is read
+// again by the next instance, and every increment counts exactly once.
+func TestRunKilledMidStreamLosesNothing(t *testing.T) {
+	t.Parallel()
+	s := newStory(t, 3)
+	s.jobs("task", 400, 1, 4)
+
+	a := startBin(t, "run a", dbEnv(), s.runArgs("g-kill", "inst-a", "--http-addr", "off", "--batch-size", "50")...)
+	eventually(t, joinWithin, "the first instance commits some batches", func() (bool, string) {
+		a.requireAlive()
+		pos, err := s.positions()
+		if err != nil {
+			return false, err.Error()
+		}
+		var n int64
+		for _, p := range pos {
+			n += max(p, 0)
+		}
+		return n >= 100, fmt.Sprintf("%d records committed", n)
+	})
+	require.NoError(t, a.cmd.Process.Kill())
+	<-a.done
+
+	b := startBin(t, "run b", dbEnv(), s.runArgs("g-kill", "inst-b", "--http-addr", "off")...)
+	s.caughtUp(2*joinWithin, b)
+	s.requireModel()
+	b.stop(stopWithin)
+	s.requirePositionsAtEnd()
+}
