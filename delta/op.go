@@ -10,7 +10,7 @@ import (
 // Kind names what an [Op] does.
 type Kind string
 
-// The op kinds of CONTRACT section 1.
+// The op kinds of docs/contract.md section 1.
 const (
 	Set       Kind = "set"
 	Remove    Kind = "remove"

@@ -1,4 +1,4 @@
-// Package event owns the wire format of one job event (CONTRACT section 1):
+// Package event owns the wire format of one job event (docs/contract.md, section 1):
 // decoding a Kafka record's key and value into an [Event] and refusing, with a
 // typed [*FieldError] that names the field, anything that breaks the format.
 //

@@ -1,4 +1,4 @@
-// Package gapfill owns the version rules for deltas (CONTRACT section 2):
+// Package gapfill owns the version rules for deltas (docs/contract.md, section 2):
 // which delta is next in line, which is a duplicate, which is ahead of a
 // gap and must be held, and how a held gap is closed: wait for the missing
 // versions, re-read the store and the log, or take a trusted snapshot.

@@ -25,7 +25,7 @@ import (
 //   - the reference fold: the state at every version, computed once from
 //     {} by a big-integer model of the ops and cross-checked with
 //     delta.Apply, so a skipped, repeated or rounded increment shows;
-//   - a model of the version rules (CONTRACT section 2) that predicts,
+//   - a model of the version rules (docs/contract.md, section 2) that predicts,
 //     per Advance, the row's version, the held set and every counter.
 //
 // Run more cases with -rapid.checks=2000.
@@ -226,7 +226,7 @@ func chunks(t *rapid.T, all []delivery) [][]delivery {
 	return out
 }
 
-// ruleModel is the version rules of CONTRACT section 2 for one job,
+// ruleModel is the version rules of docs/contract.md section 2 for one job,
 // tracking versions only.
 type ruleModel struct {
 	version int64

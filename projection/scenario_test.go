@@ -276,7 +276,7 @@ func onOff(b bool) string {
 	return "off"
 }
 
-// authority is the trusted snapshot endpoint of CONTRACT section 3.
+// authority is the trusted snapshot endpoint of docs/contract.md section 3.
 type authority struct {
 	url   string
 	mu    sync.Mutex

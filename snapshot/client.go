@@ -32,7 +32,7 @@ const (
 // authority at once, so they do not come back in lockstep.
 const randomization = 0.5
 
-// Client fetches trusted snapshots from the authority (CONTRACT section 3).
+// Client fetches trusted snapshots from the authority (docs/contract.md, section 3).
 // It is safe for concurrent use; it must not be copied after first use.
 type Client struct {
 	// BaseURL is the authority, e.g. http://authority:8080; requests go to

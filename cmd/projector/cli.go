@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// Exit codes of CONTRACT section 5.
+// Exit codes of docs/contract.md section 5.
 const (
 	exitOK      = 0
 	exitFailure = 1
