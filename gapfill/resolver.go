@@ -3,7 +3,6 @@ package gapfill
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -177,10 +176,6 @@ func (r *Resolver) reread(ctx context.Context, idx []int, work []Job, res []Reso
 		}
 	}
 }
-
-// ErrNoAuthority is the reason a gap stays held when the authority does not
-// know the job.
-var ErrNoAuthority = errors.New("the authority does not know this job")
 
 func (r *Resolver) snapshot(ctx context.Context, idx []int, work []Job, res []Resolution, now time.Time) {
 	if r.Snapshots == nil {

@@ -120,7 +120,7 @@ func (f *fakeAuthority) Fetch(ctx context.Context, id string) (event.Event, erro
 	}
 	ev, ok := f.events[id]
 	if !ok {
-		return event.Event{}, fmt.Errorf("GET /jobs/%s: 404: %w", id, gapfill.ErrNoAuthority)
+		return event.Event{}, fmt.Errorf("GET /jobs/%s: 404: %w", id, errNoAuthority)
 	}
 	return ev, nil
 }
@@ -218,7 +218,7 @@ func TestResolverStoreRowClosesGap(t *testing.T) {
 	// c: the row moved but not far enough; the authority does not know it.
 	require.False(t, res["c"].Closed)
 	require.Equal(t, row(2), *res["c"].Row)
-	require.ErrorIs(t, res["c"].Err, gapfill.ErrNoAuthority)
+	require.ErrorIs(t, res["c"].Err, errNoAuthority)
 	// d: nothing moved; no Row to offer.
 	require.False(t, res["d"].Closed)
 	require.Nil(t, res["d"].Row)
@@ -371,7 +371,7 @@ func TestResolverAuthorityErrors(t *testing.T) {
 		require.Empty(t, got.Inputs, id)
 		require.Error(t, got.Err, id)
 	}
-	require.ErrorIs(t, res["unknown"].Err, gapfill.ErrNoAuthority)
+	require.ErrorIs(t, res["unknown"].Err, errNoAuthority)
 	require.ErrorContains(t, res["unknown"].Err, "404")
 	require.ErrorIs(t, res["busy"].Err, unavailable)
 	require.ErrorContains(t, res["wrong-job"].Err, `"someone-else"`)
@@ -522,3 +522,7 @@ func TestResolverConcurrency(t *testing.T) {
 		})
 	}
 }
+
+// errNoAuthority is what the fake authority answers for a job it does not
+// know, as the real client's 404 does.
+var errNoAuthority = errors.New("the authority does not know this job")

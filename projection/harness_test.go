@@ -21,12 +21,11 @@ import (
 
 // rig is one test's broker, topic and store.
 type rig struct {
-	t       *testing.T
-	kafka   *kafkatest.Cluster
-	topic   string
-	store   *store.Store
-	parts   int
-	nextKey int
+	t     *testing.T
+	kafka *kafkatest.Cluster
+	topic string
+	store *store.Store
+	parts int
 }
 
 func newRig(t *testing.T, partitions int) *rig {
