@@ -3,6 +3,7 @@ package delta_test
 import (
 	"encoding/json"
 	"strings"
+	"time"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -178,5 +179,22 @@ func TestIncrementDoesNotDependOnHowAnIntegerWasSpelled(t *testing.T) {
 		got, err := delta.ApplyJSON(json.RawMessage(state), ops)
 		require.NoError(t, err)
 		require.JSONEq(t, `{"n":100000000000000000001}`, string(got), state)
+	}
+}
+
+func TestIncrementByAHugeExponentFailsFast(t *testing.T) {
+	t.Parallel()
+	ops, err := delta.ParseOps(json.RawMessage(`[{"op":"increment","path":"/n","by":1e999999999}]`))
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := delta.ApplyJSON(json.RawMessage(`{"n":1.5}`), ops)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.ErrorContains(t, err, "beyond the range")
+	case <-time.After(5 * time.Second):
+		t.Fatal("an increment by 1e999999999 must not try to build a billion-digit integer")
 	}
 }
