@@ -3,8 +3,8 @@ package delta_test
 import (
 	"encoding/json"
 	"strings"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
