@@ -65,6 +65,10 @@ type Job struct {
 	Raw json.RawMessage
 	// EventID is the event id of the event that made the row's version.
 	EventID string
+	// LastOps are the ops of the delta that made the row's version; nil
+	// when a snapshot did (or it is not known). A delta at that version
+	// with other ops is a conflict, not a duplicate.
+	LastOps json.RawMessage
 	// Held maps version to held delta; every key is above Version+1.
 	Held map[int64]Held
 }
@@ -197,7 +201,7 @@ func Advance(job Job, inputs []Input) (Job, Outcome) {
 				out.Rejected = append(out.Rejected, Rejected{Input: in, Err: err})
 				continue
 			}
-			job.Version, job.State, job.Raw, job.EventID = ev.Version, state, ev.State, ev.EventID
+			job.Version, job.State, job.Raw, job.EventID, job.LastOps = ev.Version, state, ev.State, ev.EventID, nil
 			out.Applied++
 			out.Changed = true
 			out.LastOffset, out.LastEventID = in.Offset, ev.EventID
@@ -214,7 +218,12 @@ func Advance(job Job, inputs []Input) (Job, Outcome) {
 		case event.Delta:
 			switch {
 			case ev.Version <= job.Version:
-				if delivered {
+				switch {
+				case !delivered:
+				case ev.Version == job.Version && job.LastOps != nil && !sameOps(job.LastOps, ev.RawOps):
+					out.Conflicts = append(out.Conflicts, Conflict{Version: ev.Version, KeptEventID: job.EventID,
+						DroppedEventID: ev.EventID, DroppedPartition: in.Partition, DroppedOffset: in.Offset})
+				default:
 					out.Duplicates++
 				}
 			case ev.Version == job.Version+1:
@@ -289,7 +298,7 @@ func apply(job *Job, in Input, out *Outcome) bool {
 		out.Rejected = append(out.Rejected, Rejected{Input: in, Err: err})
 		return false
 	}
-	job.Version, job.State, job.Raw, job.EventID = in.Event.Version, state, nil, in.Event.EventID
+	job.Version, job.State, job.Raw, job.EventID, job.LastOps = in.Event.Version, state, nil, in.Event.EventID, in.Event.RawOps
 	out.Applied++
 	out.Changed = true
 	out.LastOffset, out.LastEventID = in.Offset, in.Event.EventID

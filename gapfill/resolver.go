@@ -17,6 +17,7 @@ type Row struct {
 	Version int64
 	State   json.RawMessage
 	EventID string
+	LastOps json.RawMessage
 }
 
 // StoreReader reads rows again: another writer, a snapshot or a previous
@@ -121,7 +122,7 @@ func (r *Resolver) reread(ctx context.Context, idx []int, work []Job, res []Reso
 				continue
 			}
 			res[i].Row = &row
-			work[i] = Job{ID: work[i].ID, Version: row.Version, State: state, Raw: row.State, EventID: row.EventID, Held: work[i].Held}
+			work[i] = Job{ID: work[i].ID, Version: row.Version, State: state, Raw: row.State, EventID: row.EventID, LastOps: row.LastOps, Held: work[i].Held}
 			r.settle(&work[i], &res[i], nil, StepReread)
 		}
 	}

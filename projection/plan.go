@@ -107,7 +107,7 @@ func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.R
 			if err != nil {
 				return nil, fmt.Errorf("projection: job %q: stored state: %w", id, err)
 			}
-			j = gapfill.Job{ID: id, Version: row.Version, State: state, Raw: row.State, EventID: row.EventID}
+			j = gapfill.Job{ID: id, Version: row.Version, State: state, Raw: row.State, EventID: row.EventID, LastOps: row.LastOps}
 		}
 		known[id] = j
 	}
@@ -127,7 +127,7 @@ func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.R
 			if err != nil {
 				return nil, fmt.Errorf("projection: job %q: stored state: %w", id, err)
 			}
-			j = gapfill.Job{ID: id, Version: row.Version, State: state, Raw: row.State, EventID: row.EventID, Held: j.Held}
+			j = gapfill.Job{ID: id, Version: row.Version, State: state, Raw: row.State, EventID: row.EventID, LastOps: row.LastOps, Held: j.Held}
 		}
 		p.advance(w, j, inputs[id], now)
 	}
@@ -195,7 +195,7 @@ func (p *plan) advance(w *worker, j gapfill.Job, ins []gapfill.Input, now time.T
 	if out.Changed {
 		p.batch.Updates = append(p.batch.Updates, store.Write{
 			JobID: j.ID, Version: next.Version, State: next.Raw, Expect: j.Version,
-			Offset: out.LastOffset, EventID: out.LastEventID,
+			Offset: out.LastOffset, EventID: out.LastEventID, LastOps: next.LastOps,
 		})
 	}
 	for _, h := range out.NewlyHeld {

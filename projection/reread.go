@@ -22,7 +22,7 @@ func (r storeRows) Rows(ctx context.Context, ids []string) (map[string]gapfill.R
 	}
 	out := make(map[string]gapfill.Row, len(jobs))
 	for id, j := range jobs {
-		out[id] = gapfill.Row{Version: j.Version, State: j.State, EventID: j.EventID}
+		out[id] = gapfill.Row{Version: j.Version, State: j.State, EventID: j.EventID, LastOps: j.LastOps}
 	}
 	return out, nil
 }

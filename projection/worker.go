@@ -180,7 +180,7 @@ func (w *worker) restore(ctx context.Context) error {
 				if err != nil {
 					return fmt.Errorf("projection: job %q: stored state: %w", h.JobID, err)
 				}
-				j = gapfill.Job{ID: h.JobID, Version: row.Version, State: state, Raw: row.State, EventID: row.EventID, Held: map[int64]gapfill.Held{}}
+				j = gapfill.Job{ID: h.JobID, Version: row.Version, State: state, Raw: row.State, EventID: row.EventID, LastOps: row.LastOps, Held: map[int64]gapfill.Held{}}
 			}
 		}
 		ops, err := delta.ParseOps(h.Ops)
@@ -496,7 +496,7 @@ func (w *worker) forgetRow(ctx context.Context, id string) error {
 		if err != nil {
 			return fmt.Errorf("projection: job %q: stored state: %w", id, err)
 		}
-		fresh = gapfill.Job{ID: id, Version: r.Version, State: state, Raw: r.State, EventID: r.EventID, Held: j.Held}
+		fresh = gapfill.Job{ID: id, Version: r.Version, State: state, Raw: r.State, EventID: r.EventID, LastOps: r.LastOps, Held: j.Held}
 	}
 	w.cache.put(fresh)
 	return nil

@@ -53,6 +53,9 @@ type Job struct {
 	Version int64
 	State   json.RawMessage
 	EventID string
+	// LastOps are the ops of the delta that made Version; nil when a
+	// snapshot did.
+	LastOps json.RawMessage
 }
 
 // LoadJobs reads the rows of ids that exist; a missing job is at version 0.
@@ -69,18 +72,22 @@ func loadJobs(ctx context.Context, q querier, table string, ids []string) (map[s
 	if len(ids) == 0 {
 		return out, nil
 	}
-	rows, err := q.Query(ctx, `SELECT job_id, version, state::text, coalesce(event_id, '') FROM `+table+` WHERE job_id = ANY($1::text[])`, ids)
+	rows, err := q.Query(ctx, `SELECT job_id, version, state::text, coalesce(event_id, ''), coalesce(last_ops::text, '')
+		FROM `+table+` WHERE job_id = ANY($1::text[])`, ids)
 	if err != nil {
 		return nil, fmt.Errorf("store: load %d jobs: %w", len(ids), err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var j Job
-		var state string
-		if err := rows.Scan(&j.ID, &j.Version, &state, &j.EventID); err != nil {
+		var state, lastOps string
+		if err := rows.Scan(&j.ID, &j.Version, &state, &j.EventID, &lastOps); err != nil {
 			return nil, fmt.Errorf("store: load jobs: %w", err)
 		}
 		j.State = json.RawMessage(state)
+		if lastOps != "" {
+			j.LastOps = json.RawMessage(lastOps)
+		}
 		out[j.ID] = j
 	}
 	if err := rows.Err(); err != nil {
@@ -100,6 +107,9 @@ type Write struct {
 	// Offset and EventID record where the state came from.
 	Offset  int64
 	EventID string
+	// LastOps are the ops of the delta that made Version, for an update;
+	// nil when a snapshot did.
+	LastOps json.RawMessage
 }
 
 // Held is a delta waiting for the versions before it.
@@ -216,7 +226,7 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 				ON CONFLICT (job_id) DO UPDATE SET
 					version = excluded.version, state = excluded.state, updated_at = excluded.updated_at,
 					source_topic = excluded.source_topic, source_partition = excluded.source_partition,
-					source_offset = excluded.source_offset, event_id = excluded.event_id
+					source_offset = excluded.source_offset, event_id = excluded.event_id, last_ops = NULL
 				WHERE t.version < excluded.version
 				RETURNING t.job_id
 			)
@@ -366,11 +376,12 @@ func (s *Store) applyUpdates(ctx context.Context, tx pgx.Tx, b *Batch) error {
 		}
 		err := collect(tx.Query(ctx, `UPDATE `+s.jobs+` AS t SET
 				version = i.version, state = i.state::jsonb, updated_at = now(),
-				source_topic = $7, source_partition = $8, source_offset = i.off, event_id = NULLIF(i.event_id, '')
-			FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::bigint[])
-				AS i(job_id, version, state, off, event_id, expect)
+				source_topic = $8, source_partition = $9, source_offset = i.off, event_id = NULLIF(i.event_id, ''),
+				last_ops = NULLIF(i.last_ops, '')::jsonb
+			FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::bigint[], $7::text[])
+				AS i(job_id, version, state, off, event_id, expect, last_ops)
 			WHERE t.job_id = i.job_id AND t.version = i.expect
-			RETURNING t.job_id`, ids, vers, states, offs, evs, expect, b.Topic, b.Partition))
+			RETURNING t.job_id`, ids, vers, states, offs, evs, expect, lastOps(upd), b.Topic, b.Partition))
 		if err != nil {
 			return fmt.Errorf("store: apply %s/%d@%d: updates: %w", b.Topic, b.Partition, b.NextOffset, err)
 		}
@@ -378,11 +389,11 @@ func (s *Store) applyUpdates(ctx context.Context, tx pgx.Tx, b *Batch) error {
 	if len(ins) > 0 {
 		ids, vers, states, offs, evs := columns(ins)
 		err := collect(tx.Query(ctx, `INSERT INTO `+s.jobs+`
-			(job_id, version, state, updated_at, source_topic, source_partition, source_offset, event_id)
-			SELECT i.job_id, i.version, i.state::jsonb, now(), $6, $7, i.off, NULLIF(i.event_id, '')
-			FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[]) AS i(job_id, version, state, off, event_id)
+			(job_id, version, state, updated_at, source_topic, source_partition, source_offset, event_id, last_ops)
+			SELECT i.job_id, i.version, i.state::jsonb, now(), $7, $8, i.off, NULLIF(i.event_id, ''), NULLIF(i.last_ops, '')::jsonb
+			FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::text[]) AS i(job_id, version, state, off, event_id, last_ops)
 			ON CONFLICT (job_id) DO NOTHING
-			RETURNING job_id`, ids, vers, states, offs, evs, b.Topic, b.Partition))
+			RETURNING job_id`, ids, vers, states, offs, evs, lastOps(ins), b.Topic, b.Partition))
 		if err != nil {
 			return fmt.Errorf("store: apply %s/%d@%d: inserts: %w", b.Topic, b.Partition, b.NextOffset, err)
 		}
@@ -409,4 +420,12 @@ func columns(ws []Write) (ids []string, vers []int64, states []string, offs []in
 		ids[i], vers[i], states[i], offs[i], evs[i] = w.JobID, w.Version, string(w.State), w.Offset, w.EventID
 	}
 	return
+}
+
+func lastOps(ws []Write) []string {
+	out := make([]string, len(ws))
+	for i, w := range ws {
+		out[i] = string(w.LastOps)
+	}
+	return out
 }

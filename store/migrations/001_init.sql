@@ -9,7 +9,10 @@ CREATE TABLE IF NOT EXISTS {{schema}}.{{jobs}} (
     source_topic     text,
     source_partition integer,
     source_offset    bigint,
-    event_id         text
+    event_id         text,
+    -- the ops of the delta that made this version (null when a snapshot
+    -- did): a different delta at the same version is a conflict
+    last_ops         jsonb
 );
 
 CREATE TABLE IF NOT EXISTS {{schema}}.projector_partitions (
