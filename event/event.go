@@ -7,7 +7,6 @@ import (
 	"math"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/projector/projector/delta"
 )
@@ -146,11 +145,6 @@ func DecodeValue(value []byte) (Event, error) {
 func jobID(raw json.RawMessage) (string, error) {
 	if len(raw) == 0 || isNull(raw) {
 		return "", &FieldError{Field: "job_id", Reason: "required"}
-	}
-	// Checked on the raw bytes: decoding replaces invalid UTF-8 with U+FFFD,
-	// which would silently merge distinct producer ids into one job.
-	if !utf8.Valid(raw) {
-		return "", &FieldError{Field: "job_id", Reason: "must be valid UTF-8"}
 	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err != nil {

@@ -1,13 +1,11 @@
 package projection
 
 import (
-	"bytes"
 	"context"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -22,6 +20,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/projector/projector/snapshot"
 	"github.com/projector/projector/store"
 )
 
@@ -1017,65 +1016,15 @@ func parseStatusPredicate(s string) (predicate, error) {
 }
 
 // sameJSONText compares two JSON texts as values; numbers are compared
-// exactly, by value (5, 5.0 and 5e0 are equal; 2^53 and 2^53+1 are not).
+// exactly, by value (5, 5.0 and 5e0 are equal; 2^53 and 2^53+1 are not),
+// as snapshot.SameState does.
 func sameJSONText(a, b []byte) (bool, error) {
-	va, err := decodeJSONNumbers(a)
-	if err != nil {
-		return false, err
+	for _, t := range [][]byte{a, b} {
+		if !json.Valid(t) {
+			return false, fmt.Errorf("not valid JSON: %s", t)
+		}
 	}
-	vb, err := decodeJSONNumbers(b)
-	if err != nil {
-		return false, err
-	}
-	return sameJSON(va, vb), nil
-}
-
-func decodeJSONNumbers(b []byte) (any, error) {
-	d := json.NewDecoder(bytes.NewReader(b))
-	d.UseNumber()
-	var v any
-	if err := d.Decode(&v); err != nil {
-		return nil, fmt.Errorf("decode %s: %w", b, err)
-	}
-	return v, nil
-}
-
-func sameJSON(a, b any) bool {
-	switch x := a.(type) {
-	case map[string]any:
-		y, ok := b.(map[string]any)
-		if !ok || len(x) != len(y) {
-			return false
-		}
-		for k, v := range x {
-			w, ok := y[k]
-			if !ok || !sameJSON(v, w) {
-				return false
-			}
-		}
-		return true
-	case []any:
-		y, ok := b.([]any)
-		if !ok || len(x) != len(y) {
-			return false
-		}
-		for i := range x {
-			if !sameJSON(x[i], y[i]) {
-				return false
-			}
-		}
-		return true
-	case json.Number:
-		y, ok := b.(json.Number)
-		if !ok {
-			return false
-		}
-		rx, okx := new(big.Rat).SetString(string(x))
-		ry, oky := new(big.Rat).SetString(string(y))
-		return okx && oky && rx.Cmp(ry) == 0
-	default:
-		return a == b
-	}
+	return snapshot.SameState(a, b), nil
 }
 
 // TestScenarioParseErrors checks that the format is strict: every mistake
