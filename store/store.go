@@ -93,7 +93,13 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
-	cfg = cfg.WithDefaults()
+	return newStore(pool, cfg.WithDefaults()), nil
+}
+
+// newStore builds a Store for cfg without the user-facing checks of
+// [Config.Validate]: the rebuild's shadow lives under the reserved
+// projector_ prefix that users may not name.
+func newStore(pool *pgxpool.Pool, cfg Config) *Store {
 	q := func(name string) string { return pgx.Identifier{cfg.Schema, name}.Sanitize() }
 	return &Store{
 		pool:       pool,
@@ -103,7 +109,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		partitions: q("projector_partitions"),
 		quarantine: q("projector_quarantine"),
 		held:       q("projector_held"),
-	}, nil
+	}
 }
 
 // Close releases the pool if the Store opened it.
