@@ -19,7 +19,7 @@ func (s *Store) Shadow() (*Store, error) {
 	if len(name) > 63 {
 		return nil, fmt.Errorf("store: table name %q is too long for a rebuild table (%q)", s.projection, name)
 	}
-	sh, err := New(s.pool, Config{Schema: s.schema, Table: name})
+	sh, err := newStore(s.pool, s.schema, name)
 	if err != nil {
 		return nil, err
 	}
