@@ -44,7 +44,6 @@ const (
 
 var (
 	lowerIdentRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
-	identRE      = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 )
 
 // WithDefaults returns c with empty fields set to their defaults.
@@ -124,28 +123,23 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
-	cfg = cfg.WithDefaults()
-	return newStore(pool, cfg.Schema, cfg.Table)
+	return newStore(pool, cfg.WithDefaults()), nil
 }
 
-// newStore is [New] for the projector's own derived tables (a rebuild's
-// shadow), which may take the reserved prefix and be longer than a
-// user's table: it checks only that table is an identifier PostgreSQL
-// keeps whole.
-func newStore(pool *pgxpool.Pool, schema, table string) (*Store, error) {
-	if !identRE.MatchString(schema) || !identRE.MatchString(table) {
-		return nil, fmt.Errorf("store: %s.%s: not an identifier of at most 63 bytes", schema, table)
-	}
-	q := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
+// newStore builds a Store for cfg without the user-facing checks of
+// [Config.Validate]: the rebuild's shadow lives under the reserved
+// projector_ prefix that users may not name.
+func newStore(pool *pgxpool.Pool, cfg Config) *Store {
+	q := func(name string) string { return pgx.Identifier{cfg.Schema, name}.Sanitize() }
 	return &Store{
 		pool:       pool,
-		schema:     schema,
-		projection: table,
-		jobs:       q(table),
+		schema:     cfg.Schema,
+		projection: cfg.Table,
+		jobs:       q(cfg.Table),
 		partitions: q("projector_partitions"),
 		quarantine: q("projector_quarantine"),
 		held:       q("projector_held"),
-	}, nil
+	}
 }
 
 // Close releases the pool if the Store opened it.
