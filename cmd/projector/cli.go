@@ -7,10 +7,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/projector/projector/store"
 )
 
 // Exit codes of docs/contract.md section 5.
@@ -116,7 +121,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			usage()
 			return exitOK
 		}
-		fmt.Fprintf(stderr, "projector %s: %v\nRun 'projector %s --help' for the flags.\n", c.name, err, c.name)
+		fmt.Fprintf(stderr, "projector %s: %v\nRun 'projector %s --help' for the flags.\n", c.name, flagError(fs, err), c.name)
 		return exitUsage
 	}
 	if c.args == "" && len(positional) > 0 {
@@ -260,10 +265,67 @@ func applyEnv(fs *flag.FlagSet) error {
 			return
 		}
 		if err := fs.Set(f.Name, v); err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %v", envName(f.Name), v, err))
+			errs = append(errs, fmt.Errorf("%s=%q (--%s): %s", envName(f.Name), v, f.Name, want(f, err)))
 		}
 	})
 	return errors.Join(errs...)
+}
+
+// The flag package's parse errors, which name flags with one dash.
+var (
+	errInvalidValue = regexp.MustCompile(`^invalid (?:boolean )?value (".*") for (?:flag )?-([^:]+): (.*)$`)
+	errFlagName     = regexp.MustCompile(`^(flag provided but not defined|flag needs an argument): -(.+)$`)
+)
+
+// flagError rewrites a parse error to name the flag as it is written,
+// with two dashes, and to say what value it wants.
+func flagError(fs *flag.FlagSet, err error) error {
+	msg := err.Error()
+	if m := errInvalidValue.FindStringSubmatch(msg); m != nil {
+		if f := fs.Lookup(m[2]); f != nil {
+			return fmt.Errorf("--%s %s: %s", m[2], m[1], want(f, errors.New(m[3])))
+		}
+	}
+	if m := errFlagName.FindStringSubmatch(msg); m != nil {
+		if m[1] == "flag needs an argument" {
+			if f := fs.Lookup(m[2]); f != nil {
+				return fmt.Errorf("--%s needs a value: %s", m[2], want(f, nil))
+			}
+		}
+		return fmt.Errorf("unknown flag --%s", m[2])
+	}
+	return err
+}
+
+// want says what a flag's value must look like, after the reason the
+// given one was refused.
+func want(f *flag.Flag, err error) string {
+	var what string
+	if g, ok := f.Value.(flag.Getter); ok {
+		switch g.Get().(type) {
+		case time.Duration:
+			what = "want a duration such as 10s, 500ms or 2m"
+		case bool:
+			what = "want true or false"
+		case int, int64, uint, uint64:
+			what = "want a whole number"
+		case float64:
+			what = "want a number"
+		}
+	}
+	switch {
+	case err == nil && what == "":
+		return "see --help"
+	case err == nil:
+		return what
+	case what == "":
+		return err.Error()
+	}
+	// The flag package's own reasons ("parse error") add nothing to what.
+	if r := err.Error(); r != "parse error" && !strings.Contains(r, "invalid syntax") {
+		return r + "; " + what
+	}
+	return what
 }
 
 // listFlag is a comma-separated list.
@@ -305,6 +367,56 @@ func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, usagef("--log-format %q: want text or json", l.format)
+}
+
+// checkBrokers reports the first entry of --brokers that is not
+// host:port with a port from 1 to 65535.
+func checkBrokers(brokers []string) error {
+	if len(brokers) == 0 {
+		return usagef("no Kafka brokers: pass --brokers host:port[,host:port] or set PROJECTOR_BROKERS")
+	}
+	for _, b := range brokers {
+		host, port, err := net.SplitHostPort(b)
+		if err != nil || host == "" {
+			return usagef("--brokers: %q is not a host:port address, e.g. kafka-1:9092", b)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return usagef("--brokers: %q: the port %q is not a number from 1 to 65535, e.g. kafka-1:9092", b, port)
+		}
+	}
+	return nil
+}
+
+// checkHTTPAddr reports an --http-addr that is neither "off" nor a
+// [host]:port to listen on (port 0 picks a free one).
+func checkHTTPAddr(addr string) error {
+	if addr == "" || addr == "off" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return usagef("--http-addr %q: want [host]:port such as :8080 or 127.0.0.1:8080, or off", addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return usagef("--http-addr %q: the port %q is not a number from 0 to 65535; want [host]:port such as :8080, or off", addr, port)
+	}
+	return nil
+}
+
+// checkStoreNames refuses an empty --schema or --table (a flag or a
+// PROJECTOR_ variable set to ""): a templating slip must not quietly
+// select public.jobs. The name rules themselves are [store.Config.Validate]'s.
+func checkStoreNames(schema, table string) error {
+	if schema == "" {
+		return usagef("--schema is empty (from the flag or PROJECTOR_SCHEMA): name a schema, e.g. --schema public")
+	}
+	if table == "" {
+		return usagef("--table is empty (from the flag or PROJECTOR_TABLE): name a table, e.g. --table jobs")
+	}
+	if err := (store.Config{Schema: schema, Table: table}).Validate(); err != nil {
+		return usagef("%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	return nil
 }
 
 func positive(name string, d time.Duration) error {
