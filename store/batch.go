@@ -178,6 +178,10 @@ type Batch struct {
 	Hold    []Held
 	Release []HeldKey
 	Bad     []Bad
+	// Gaps are the gaps this batch closes, for the gap log; Attempts the
+	// gap attempts that left their jobs held, recorded on the held rows.
+	Gaps     []GapClosed
+	Attempts []Attempt
 }
 
 // Result tells which writes applied.
@@ -274,6 +278,9 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 			s.projection, b.Topic, ids, vers, parts, offs, ops, evs, since); err != nil {
 			return res, fmt.Errorf("store: apply %s/%d@%d: hold: %w", b.Topic, b.Partition, b.NextOffset, err)
 		}
+	}
+	if err := s.writeGapLog(ctx, tx, b); err != nil {
+		return res, err
 	}
 	if len(b.Release) > 0 {
 		ids := make([]string, len(b.Release))
