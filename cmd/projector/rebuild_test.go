@@ -35,7 +35,8 @@ func (s *story) tablesLike(pattern string) []string {
 // TestRebuild: after a run built the model and stopped, rows damaged by
 // hand are restored from the log by `projector rebuild`, which swaps the
 // shadow in, leaves no shadow behind and keeps positions and quarantine;
-// with --keep-old the previous model stays as a table of its own.
+// with --keep-old the previous model stays as a table of its own inside
+// the reserved prefix.
 func TestRebuild(t *testing.T) {
 	t.Parallel()
 	s := newStory(t, 3)
@@ -56,21 +57,21 @@ func TestRebuild(t *testing.T) {
 
 	s.requireModel()
 	s.requirePositionsAtEnd()
-	require.Equal(t, int(s.quarantined), s.quarantineCount(), "the rebuilt quarantine replaces the old one")
+	require.Equal(t, int(s.quarantined), s.quarantineCount(), "the quarantine is merged: one row per record")
 	require.Empty(t, s.tablesLike("projector_rebuild_%"), "no shadow table left")
-	require.Empty(t, s.tablesLike("jobs_before_%"), "the old model is dropped without --keep-old")
+	require.Empty(t, s.tablesLike("projector_old_jobs_%"), "the old model is dropped without --keep-old")
 
 	// Again with --keep-old: the damaged model survives under its own name.
 	require.EqualValues(t, 1, s.exec(`UPDATE `+jobs+` SET state = '{"corrupt":true}' WHERE job_id = 'job-42'`))
 	r = runBin(t, 90*time.Second, dbEnv(), append(args, "--keep-old")...)
 	require.Equal(t, 0, r.code, "%s", r)
 	require.Contains(t, r.stdout, "swapped:", "%s", r)
-	require.Contains(t, r.stdout, "the previous read model is kept as "+s.schema+".jobs_before_", "%s", r)
+	require.Contains(t, r.stdout, "the previous read model is kept as "+s.schema+".projector_old_jobs_1", "%s", r)
 
 	s.requireModel()
 	s.requirePositionsAtEnd()
 	require.Empty(t, s.tablesLike("projector_rebuild_%"))
-	kept := s.tablesLike("jobs_before_%")
+	kept := s.tablesLike("projector_old_jobs_%")
 	require.Len(t, kept, 1)
 	var state string
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
