@@ -95,3 +95,43 @@ func TestStopCommitsTheLastBatchPositionToTheGroup(t *testing.T) {
 	require.Equal(t, r.highWatermarks()[hp], stored[hp], "the batch held at the stop was committed in the shutdown grace")
 	require.Equal(t, stored, r.groupOffsets(cfg.Group), "the group's committed offsets are the positions stored in PostgreSQL")
 }
+
+// --start latest is resolved once, when a partition is first claimed, and
+// stored at once: an engine that stops (or crashes) before its first batch
+// leaves that position behind, so records produced before the next start
+// are projected, not skipped by resolving "latest" again.
+func TestStartLatestIsStoredAtClaim(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, 1)
+	var old []rec
+	for i := range 5 {
+		job := fmt.Sprintf("before-%d", i)
+		old = append(old, rec{0, job, snap(job, 1, `{"n":1}`)})
+	}
+	r.produce(old...)
+
+	cfg := r.config(func(c *Config) { c.Start = "latest" })
+	first := r.start(cfg)
+	r.eventually(20*time.Second, "the partition is claimed", func() (bool, string) {
+		return len(first.p.Status().Partitions) == 1, "not claimed"
+	})
+	first.halt(t)
+	require.Equal(t, int64(5), r.positions()[0].NextOffset, "the end of the partition at the claim is stored")
+
+	var late []rec
+	for i := range 3 {
+		job := fmt.Sprintf("after-%d", i)
+		late = append(late, rec{0, job, snap(job, 1, `{"n":2}`)})
+	}
+	r.produce(late...)
+	second := r.start(cfg)
+	r.caughtUp(20*time.Second, second)
+	rows := r.rows()
+	for _, x := range late {
+		require.Contains(t, rows, x.key, "produced after the first claim, so projected")
+	}
+	for _, x := range old {
+		require.NotContains(t, rows, x.key, "produced before the first claim, so skipped by --start latest")
+	}
+	require.Equal(t, int64(3), second.p.Status().Counters.Consumed)
+}
