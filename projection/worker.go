@@ -478,7 +478,7 @@ func (w *worker) isolate(ctx context.Context, msgs []kafka.Message, res []gapfil
 		m := msgs[0]
 		w.log.Warn("record refused by PostgreSQL; quarantined", "offset", m.Offset, "err", cause)
 		bad := &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: m.Offset + 1,
-			Bad: []store.Bad{{Partition: -1, Offset: m.Offset, Key: m.Key, Value: m.Value, Err: "refused by PostgreSQL: " + cause.Error()}}}
+			Bad: []store.Bad{{Partition: -1, Offset: m.Offset, Key: m.Key, Value: m.Value, Err: store.Refusal(cause)}}}
 		actx, cancel := applyContext(ctx)
 		defer cancel()
 		if _, err := w.p.cfg.Store.Apply(actx, bad); err != nil {

@@ -218,14 +218,34 @@ func redact(c *pgx.ConnConfig) string {
 	return fmt.Sprintf("%s@%s:%d/%s", c.User, c.Host, c.Port, c.Database)
 }
 
-// IsBadData reports whether PostgreSQL refused a batch for its data (SQLSTATE
-// class 22, data exception, or 54, program limit exceeded): retrying the
-// same batch would fail the same way, so the caller must find the record
-// that carries the data and quarantine it.
+// IsBadData reports whether PostgreSQL refused a batch for its data: SQLSTATE
+// class 22 (data exception), 54 (program limit exceeded), or 23 (integrity
+// constraint violation) raised by a constraint a user put on the read model,
+// such as a CHECK added to the jobs table. Retrying the same batch would
+// fail the same way, so the caller must find the record that carries the
+// data and quarantine it. A class 23 error from the projector's own tables
+// (projector_*) is not the record's fault: it is retried like any failure.
 func IsBadData(err error) bool {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "54")
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code[:min(2, len(pgErr.Code))] {
+	case "22", "54":
+		return true
+	case "23":
+		return !strings.HasPrefix(pgErr.TableName, "projector_")
 	}
 	return false
+}
+
+// Refusal is the quarantine reason of a record PostgreSQL refused: the
+// server's own message and SQLSTATE, without the operation that carried it,
+// so the same refusal always reads the same, live or on replay.
+func Refusal(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return fmt.Sprintf("refused by PostgreSQL: %s (SQLSTATE %s)", pgErr.Message, pgErr.Code)
+	}
+	return "refused by PostgreSQL: " + err.Error()
 }

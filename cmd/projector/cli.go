@@ -38,13 +38,22 @@ type command struct {
 	usage   string // the paragraph under "Usage:"
 	flags   func(fs *flag.FlagSet) any
 	run     func(ctx context.Context, env *cmdEnv, opts any) error
+	// args names the positional arguments in the usage line ("JOB_ID");
+	// empty means the command takes none. Flags may come before or after
+	// them; "--" ends the flags.
+	args string
+	// subs are the subcommands ("quarantine list"); a command with subs
+	// has no flags or run of its own.
+	subs []*command
 }
 
 type cmdEnv struct {
 	stdout, stderr io.Writer
+	// args are the positional arguments of a command that takes them.
+	args []string
 }
 
-var commands = []*command{runCommand, rebuildCommand, statusCommand, demoCommand, benchCommand}
+var commands = []*command{runCommand, rebuildCommand, statusCommand, quarantineCommand, demoCommand, benchCommand}
 
 const topUsage = `projector turns a Kafka stream of job events into a correct PostgreSQL read model.
 
@@ -74,6 +83,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				fmt.Fprintf(stderr, topUsage, commandList())
 				return exitUsage
 			}
+			if len(c.subs) > 0 {
+				rest := append(args[2:min(3, len(args))], "--help")
+				if c, _, code = c.sub(rest, stdout, stderr); c == nil {
+					return code
+				}
+			}
 			fs, _ := c.flagSet(stderr)
 			fs.SetOutput(stdout)
 			fs.Usage()
@@ -88,11 +103,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, topUsage, commandList())
 		return exitUsage
 	}
+	args = args[1:]
+	if len(c.subs) > 0 {
+		var code int
+		if c, args, code = c.sub(args, stdout, stderr); c == nil {
+			return code
+		}
+	}
 	fs, opts := c.flagSet(stderr)
 	usage := fs.Usage
 	fs.Usage = func() {} // a parse error gets one line, not the whole help
 	fs.SetOutput(io.Discard)
-	if err := fs.Parse(args[1:]); err != nil {
+	positional, err := parseInterspersed(fs, args, c.args != "")
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(stdout)
 			usage()
@@ -101,15 +124,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "projector %s: %v\nRun 'projector %s --help' for the flags.\n", c.name, flagError(fs, err), c.name)
 		return exitUsage
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "projector %s: unexpected argument %q\nRun 'projector %s --help' for the flags.\n", c.name, fs.Arg(0), c.name)
+	if c.args == "" && len(positional) > 0 {
+		fmt.Fprintf(stderr, "projector %s: unexpected argument %q\nRun 'projector %s --help' for the flags.\n", c.name, positional[0], c.name)
 		return exitUsage
 	}
 	if err := applyEnv(fs); err != nil {
 		fmt.Fprintf(stderr, "projector %s: %v\n", c.name, err)
 		return exitUsage
 	}
-	err := c.run(ctx, &cmdEnv{stdout: stdout, stderr: stderr}, opts)
+	err = c.run(ctx, &cmdEnv{stdout: stdout, stderr: stderr, args: positional}, opts)
 	var ue *usageError
 	switch {
 	case err == nil:
@@ -120,6 +143,57 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	default:
 		fmt.Fprintf(stderr, "projector %s: %v\n", c.name, err)
 		return exitFailure
+	}
+}
+
+// sub picks the subcommand named by args[0] and returns it with the rest
+// of args; with no subcommand, help, or an unknown one it prints the list
+// and returns nil and the exit code.
+func (c *command) sub(args []string, stdout, stderr io.Writer) (*command, []string, int) {
+	list := func(w io.Writer) {
+		fmt.Fprintf(w, "%s\n\nUsage:\n  projector %s <command> [flags]\n\nCommands:\n", c.usage, c.name)
+		for _, s := range c.subs {
+			fmt.Fprintf(w, "  %-8s %s\n", strings.TrimPrefix(s.name, c.name+" "), s.summary)
+		}
+		fmt.Fprintf(w, "\nRun 'projector %s <command> --help' for each command's flags.\n", c.name)
+	}
+	if len(args) == 0 {
+		list(stderr)
+		return nil, nil, exitUsage
+	}
+	switch args[0] {
+	case "help", "-h", "--help", "-help":
+		list(stdout)
+		return nil, nil, exitOK
+	}
+	for _, s := range c.subs {
+		if s.name == c.name+" "+args[0] {
+			return s, args[1:], exitOK
+		}
+	}
+	fmt.Fprintf(stderr, "projector %s: unknown command %q\n\n", c.name, args[0])
+	list(stderr)
+	return nil, nil, exitUsage
+}
+
+// parseInterspersed parses flags that may come before, between or after
+// positional arguments (the flag package stops at the first argument); a
+// "--" ends the flags. Without positional it stops where fs.Parse does.
+func parseInterspersed(fs *flag.FlagSet, args []string, positional bool) ([]string, error) {
+	var out []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if !positional || len(rest) == 0 {
+			return append(out, rest...), nil
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			return append(out, rest...), nil
+		}
+		out = append(out, rest[0])
+		args = rest[1:]
 	}
 }
 
@@ -146,7 +220,11 @@ func (c *command) flagSet(stderr io.Writer) (*flag.FlagSet, any) {
 	opts := c.flags(fs)
 	fs.Usage = func() {
 		w := fs.Output()
-		fmt.Fprintf(w, "%s\n\nUsage:\n  projector %s [flags]\n\nFlags (environment variable in brackets):\n", c.usage, c.name)
+		line := c.name + " [flags]"
+		if c.args != "" {
+			line += " " + c.args
+		}
+		fmt.Fprintf(w, "%s\n\nUsage:\n  projector %s\n\nFlags (environment variable in brackets):\n", c.usage, line)
 		var names []string
 		fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
 		sort.Strings(names)
