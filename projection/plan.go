@@ -68,7 +68,8 @@ func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.R
 		if ev.Kind == event.Delta {
 			hasDelta[ev.JobID] = true
 		}
-		add(ev.JobID, gapfill.Input{Event: ev, Partition: w.partition, Offset: m.Offset, Source: gapfill.FromLog, At: now})
+		add(ev.JobID, gapfill.Input{Event: ev, Partition: w.partition, Offset: m.Offset, Source: gapfill.FromLog, At: now, LogTime: m.Time})
+
 	}
 	// Gap resolutions go first: they are older news than this batch.
 	rows := map[string]*gapfill.Row{}
@@ -216,9 +217,15 @@ func (p *plan) advance(w *worker, j gapfill.Job, ins []gapfill.Input, now time.T
 		})
 	}
 	for _, h := range out.NewlyHeld {
+		// The holder reloads it on claim; the record keeps its own
+		// coordinates, which a later rejection quarantines it under.
+		src := h.Partition
+		if src < 0 {
+			src = w.partition
+		}
 		p.batch.Hold = append(p.batch.Hold, store.Held{
-			JobID: j.ID, Version: h.Event.Version, Partition: w.partition, Offset: h.Offset,
-			Ops: h.Event.RawOps, EventID: h.Event.EventID, Since: h.Since,
+			JobID: j.ID, Version: h.Event.Version, Partition: w.partition, SourcePartition: src, Offset: h.Offset,
+			Ops: h.Event.RawOps, EventID: h.Event.EventID, Since: h.Since, LogTime: h.LogTime,
 		})
 	}
 	for _, v := range out.Released {
