@@ -187,6 +187,10 @@ type Batch struct {
 	Hold    []Held
 	Release []HeldKey
 	Bad     []Bad
+	// Gaps are the gaps this batch closes, for the gap log; Attempts the
+	// gap attempts that left their jobs held, recorded on the held rows.
+	Gaps     []GapClosed
+	Attempts []Attempt
 }
 
 // Result tells which writes applied.
@@ -294,6 +298,9 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 
 			return res, fmt.Errorf("store: apply %s/%d@%d: hold: %w", b.Topic, b.Partition, b.NextOffset, err)
 		}
+	}
+	if err := s.writeGapLog(ctx, tx, b); err != nil {
+		return res, err
 	}
 	if len(b.Release) > 0 {
 		ids := make([]string, len(b.Release))
