@@ -450,42 +450,6 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 	}
 }
 
-// isolate handles a batch PostgreSQL refused for its data although every
-// record passed decoding: it commits the records one at a time, so the
-// one that carries the data is found and quarantined alone and the stream
-// moves on. Gap resolutions in the batch are dropped; their jobs stay held
-// and are tried again.
-func (w *worker) isolate(ctx context.Context, msgs []kafka.Message, res []gapfill.Resolution, cause error) error {
-	if err := w.restore(ctx); err != nil {
-		return w.unrestored(ctx, err)
-	}
-	if len(msgs) == 1 && len(res) == 0 {
-		m := msgs[0]
-		w.log.Warn("record refused by PostgreSQL; quarantined", "offset", m.Offset, "err", cause)
-		bad := &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: m.Offset + 1,
-			Bad: []store.Bad{{Partition: -1, Offset: m.Offset, Key: m.Key, Value: m.Value, Err: store.Refusal(cause)}}}
-		actx, cancel := applyContext(ctx)
-		defer cancel()
-		if _, err := w.p.cfg.Store.Apply(actx, bad); err != nil {
-			if errors.Is(err, store.ErrFenced) {
-				return errFenced
-			}
-			return fmt.Errorf("projection: quarantine offset %d: %w", m.Offset, err)
-		}
-		w.p.counters.add(tally{consumed: 1, quarantined: 1})
-		w.position = m.Offset + 1
-		w.committed(w.partition, w.position)
-		return nil
-	}
-	w.log.Warn("batch refused by PostgreSQL for its data; committing its records one at a time", "records", len(msgs), "err", cause)
-	for i := range msgs {
-		if err := w.commit(ctx, msgs[i:i+1], nil); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // unrestored ends the worker when its memory of the partition could not
 // be rebuilt from the store: the batch in flight is not committed, so the
 // next owner reads it again. Only a stop is quiet; anything else is an
