@@ -161,7 +161,12 @@ func printExplain(env *cmdEnv, sf storeFlags, rep *explainReport) {
 }
 
 func sourceText(s *explainSource) string {
-	if s == nil || s.Topic == "" {
+	switch {
+	case s == nil:
+		return "-"
+	case s.Topic == "" && s.Offset != nil && *s.Offset < 0:
+		return "the trusted snapshot endpoint (projector verify --repair)"
+	case s.Topic == "":
 		return "-"
 	}
 	at := printable(s.Topic)

@@ -87,7 +87,7 @@ Example:
 		}
 		switch {
 		case rep.Remaining > 0:
-			return &codeError{exitDrift, fmt.Sprintf("%d drifts remain", rep.Remaining)}
+			return &codeError{exitDrift, fmt.Sprintf("drift remains (%d jobs): exit 3", rep.Remaining)}
 		case len(rep.Failed) > 0:
 			return fmt.Errorf("%d jobs could not be checked: the authority failed (first: %s)", len(rep.Failed), rep.Failed[0].Error)
 		}
@@ -165,7 +165,7 @@ func (o *verifyOpts) pages(st *store.Store) func(ctx context.Context) ([]string,
 func printVerify(env *cmdEnv, o *verifyOpts, rep *verify.Report) {
 	w := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
 	defer w.Flush()
-	fmt.Fprintf(w, "checked %d jobs of %s.%s against the authority: %d drifts (missing %d, behind %d, ahead %d, differs %d)\n",
+	fmt.Fprintf(w, "checked %d jobs of %s.%s against the authority; drifts: %d (missing %d, behind %d, ahead %d, differs %d)\n",
 		rep.Checked, o.store.schema, o.store.table, len(rep.Drifts),
 		rep.Counts[verify.Missing], rep.Counts[verify.Behind], rep.Counts[verify.Ahead], rep.Counts[verify.Differs])
 	if len(rep.Drifts) > 0 {
@@ -187,7 +187,7 @@ func printVerify(env *cmdEnv, o *verifyOpts, rep *verify.Report) {
 		}
 	}
 	if o.repair {
-		fmt.Fprintf(w, "repaired %d; %d drifts remain\n", rep.Repaired, rep.Remaining)
+		fmt.Fprintf(w, "repaired: %d; drifts remaining: %d\n", rep.Repaired, rep.Remaining)
 	}
 	if len(rep.Unknown) > 0 {
 		fmt.Fprintf(w, "unknown to the authority (404), not counted as drift: %d\n", len(rep.Unknown))

@@ -120,7 +120,7 @@ func TestVerify(t *testing.T) {
 
 	text := runBin(t, 60*time.Second, dbEnv(), "verify", "--schema", s.schema, "--snapshot-url", authority.URL, "--job", "ahead,behind")
 	require.Equal(t, 3, text.code, "%s", text)
-	require.Contains(t, text.stdout, "2 drifts (missing 0, behind 1, ahead 1, differs 0)")
+	require.Contains(t, text.stdout, "drifts: 2 (missing 0, behind 1, ahead 1, differs 0)")
 	require.Regexp(t, `(?m)^ahead\s+ahead\s+5\s+4\s+no \(ahead is never touched\)`, text.stdout)
 
 	_, r = verifyRun("--all", "--job", "missing", "--repair")
