@@ -12,12 +12,26 @@ import (
 	"github.com/projector/projector/event"
 )
 
-// Row is a job's row as the store holds it.
+// Row is a job's row as the store holds it. A deleted job is its
+// tombstone: Deleted, at the delete's version, with no state.
 type Row struct {
 	Version int64
 	State   json.RawMessage
 	EventID string
 	LastOps json.RawMessage
+	Deleted bool
+}
+
+// Job is the row as a job with the given held deltas.
+func (r Row) Job(id string, held map[int64]Held) (Job, error) {
+	if r.Deleted {
+		return Job{ID: id, Version: r.Version, EventID: r.EventID, Deleted: true, Held: held}, nil
+	}
+	state, err := delta.DecodeState(r.State)
+	if err != nil {
+		return Job{}, fmt.Errorf("job %q: stored state: %w", id, err)
+	}
+	return Job{ID: id, Version: r.Version, State: state, Raw: r.State, EventID: r.EventID, LastOps: r.LastOps, Held: held}, nil
 }
 
 // StoreReader reads rows again: another writer, a snapshot or a previous
@@ -116,13 +130,13 @@ func (r *Resolver) reread(ctx context.Context, idx []int, work []Job, res []Reso
 			if !ok || row.Version <= work[i].Version {
 				continue
 			}
-			state, derr := delta.DecodeState(row.State)
+			moved, derr := row.Job(work[i].ID, work[i].Held)
 			if derr != nil {
 				res[i].Err = fmt.Errorf("re-read store: %w", derr)
 				continue
 			}
 			res[i].Row = &row
-			work[i] = Job{ID: work[i].ID, Version: row.Version, State: state, Raw: row.State, EventID: row.EventID, LastOps: row.LastOps, Held: work[i].Held}
+			work[i] = moved
 			r.settle(&work[i], &res[i], nil, StepReread)
 		}
 	}
@@ -198,7 +212,9 @@ func (r *Resolver) snapshot(ctx context.Context, idx []int, work []Job, res []Re
 				res[i].Err = err // the source names the step
 				return
 			}
-			if ev.Kind != event.Snapshot || ev.JobID != work[i].ID {
+			// The authority answers with the job's whole state: a
+			// snapshot, or a delete when the job is gone.
+			if !ev.Kind.WholeState() || ev.JobID != work[i].ID {
 				res[i].Err = fmt.Errorf("snapshot: the authority answered with a %s for %q", ev.Kind, ev.JobID)
 				return
 			}
