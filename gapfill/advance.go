@@ -149,7 +149,7 @@ type Outcome struct {
 	Released []int64
 	// Covered counts held deltas dropped because a snapshot or a delete
 	// at or above their version replaced the whole state.
-	Covered int
+	Covered  int
 	Rejected []Rejected
 	// Held counts inputs held at any point of this Advance, including
 	// ones released again before it returned.

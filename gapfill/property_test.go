@@ -248,10 +248,10 @@ type ruleModel struct {
 // expected is what the model predicts for one Advance.
 type expected struct {
 	applied, deleted, stale, duplicates, heldCount, covered int
-	released                              []int64
-	newlyHeld                             map[int64]time.Time
-	closed                                bool
-	closedBy                              gapfill.Source
+	released                                                []int64
+	newlyHeld                                               map[int64]time.Time
+	closed                                                  bool
+	closedBy                                                gapfill.Source
 }
 
 func (m *ruleModel) advance(ins []gapfill.Input) (e expected) {
