@@ -61,7 +61,9 @@ type Store struct {
 	schema     string
 	projection string
 	// quoted, qualified table names
-	jobs, partitions, quarantine, held string
+	jobs, partitions, quarantine, held, tombstones string
+	// lockClass keys the projection's job lock stripes (see lockJobs).
+	lockClass int32
 }
 
 // Open connects to databaseURL and returns a Store that closes the pool on
@@ -103,6 +105,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		partitions: q("projector_partitions"),
 		quarantine: q("projector_quarantine"),
 		held:       q("projector_held"),
+		tombstones: q("projector_tombstones"),
+		lockClass:  lockClassOf(cfg.Schema, cfg.Table),
 	}, nil
 }
 
