@@ -162,7 +162,7 @@ func (o *runOpts) register(fs *flag.FlagSet, group, httpAddr string) {
 	o.log.register(fs)
 	o.gap.register(fs)
 	fs.DurationVar(&o.tombstoneRetention, "tombstone-retention", projection.DefaultTombstoneRetention,
-		"how long a deleted job's tombstone is kept; until then no event at or below the\ndelete's version brings the job back, after it one older than the delete can; 0 keeps them for ever")
+		"how long a deleted job's tombstone is kept: until then no event at or below the\ndelete's version brings the job back; after it, one older than the delete can;\n0 keeps them for ever")
 }
 
 func (o *runOpts) validate() error {
