@@ -4,8 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
-	"strings"
+	"strconv"
 	"time"
 
 	"github.com/projector/projector/gapfill"
@@ -66,6 +67,11 @@ type Config struct {
 	// before it is pruned; KeepTombstones keeps them for ever. Zero means
 	// DefaultTombstoneRetention.
 	TombstoneRetention time.Duration
+	// GapLogRetention and GapLogMaxRows bound the gap log: rows closed
+	// longer ago, and the oldest rows beyond the count, are pruned in small
+	// batches in the background.
+	GapLogRetention time.Duration
+	GapLogMaxRows   int
 
 	// Group timing; the defaults suit a real cluster.
 	HeartbeatInterval time.Duration
@@ -137,6 +143,12 @@ func (c Config) WithDefaults() Config {
 	if c.TombstoneRetention == 0 {
 		c.TombstoneRetention = DefaultTombstoneRetention
 	}
+	if c.GapLogRetention == 0 {
+		c.GapLogRetention = 7 * 24 * time.Hour
+	}
+	if c.GapLogMaxRows == 0 {
+		c.GapLogMaxRows = 100_000
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -167,9 +179,16 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("brokers: at least one broker address (host:port) is required"))
 	}
 	for _, b := range c.Brokers {
-		if b == "" || !strings.Contains(b, ":") {
-			errs = append(errs, fmt.Errorf("brokers: %q is not a host:port address", b))
+		host, port, err := net.SplitHostPort(b)
+		if n, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || n < 1 || n > 65535 {
+			errs = append(errs, fmt.Errorf("brokers: %q is not a host:port address with a port from 1 to 65535", b))
 		}
+	}
+	if c.HeartbeatInterval < 0 || c.SessionTimeout < 0 || c.RebalanceTimeout < 0 || c.JoinGroupBackoff < 0 {
+		errs = append(errs, errors.New("heartbeat-interval, session-timeout, rebalance-timeout and join-group-backoff must not be negative"))
+	}
+	if d := c.WithDefaults(); d.HeartbeatInterval >= d.SessionTimeout {
+		errs = append(errs, fmt.Errorf("heartbeat-interval %s must be below session-timeout %s", d.HeartbeatInterval, d.SessionTimeout))
 	}
 	if c.Topic == "" {
 		errs = append(errs, errors.New("topic: required"))
@@ -188,6 +207,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxWait < 100*time.Millisecond {
 		errs = append(errs, fmt.Errorf("max-wait: %s is below 100ms", c.MaxWait))
+	}
+	if c.GapLogRetention < 0 || c.GapLogMaxRows < 0 {
+		errs = append(errs, errors.New("gap-log-retention and gap-log-max-rows must not be negative"))
 	}
 	if c.CacheSize < 0 {
 		errs = append(errs, fmt.Errorf("cache-size: %d is negative", c.CacheSize))

@@ -41,10 +41,20 @@ func TestMigrateIsIdempotentAndSafeConcurrently(t *testing.T) {
 
 func TestConfigRejectsNonIdentifiers(t *testing.T) {
 	t.Parallel()
-	for _, c := range []store.Config{{Schema: "a;drop"}, {Table: "1jobs"}, {Table: `jo"bs`}} {
+	for _, c := range []store.Config{
+		{Schema: "a;drop"}, {Table: "1jobs"}, {Table: `jo"bs`},
+		{Table: "Jobs"}, {Schema: "Public"}, {Table: "jobs-x"}, {Table: "j\u00f6bs"},
+		{Table: strings.Repeat("j", store.MaxTableBytes+1)}, {Schema: strings.Repeat("s", 64)},
+		{Table: "projector_held"}, {Table: "projector_rebuild_jobs"}, {Table: "projector_"},
+	} {
 		require.Error(t, c.Validate(), "%+v", c)
 	}
-	require.NoError(t, store.Config{}.Validate())
+	for _, c := range []store.Config{
+		{}, {Schema: "s_1", Table: "jobs_2"}, {Table: strings.Repeat("j", store.MaxTableBytes)},
+		{Schema: strings.Repeat("s", 63)}, {Table: "my_projector_jobs"}, {Table: "jobs_rebuild"},
+	} {
+		require.NoError(t, c.Validate(), "%+v", c)
+	}
 }
 
 func TestSnapshotWritesAreVersionMonotonic(t *testing.T) {
@@ -167,7 +177,8 @@ func TestSwapMakesTheShadowLiveAndFencesTheOldOwner(t *testing.T) {
 	require.NoError(t, err)
 	_, err = shadow.Apply(ctx, &store.Batch{Topic: "t", Epoch: sc.Epoch, NextOffset: 9,
 		Snapshots: []store.Write{{JobID: "a", Version: 2, State: json.RawMessage(`{"right":true}`)}},
-		Hold:      []store.Held{{JobID: "b", Version: 3, Partition: 0, Offset: 8, Ops: json.RawMessage(`[]`)}}})
+		Hold:      []store.Held{{JobID: "b", Version: 3, Partition: 0, Offset: 8, Ops: json.RawMessage(`[]`)}},
+		Bad:       []store.Bad{{Partition: -1, Offset: 3, Err: "rebuilt bad"}, {Partition: -1, Offset: 4, Err: "new bad"}}})
 	require.NoError(t, err)
 
 	res, err := live.Swap(ctx, shadow, true)
@@ -187,9 +198,14 @@ func TestSwapMakesTheShadowLiveAndFencesTheOldOwner(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.Equal(t, "b", held[0].JobID)
-	_, qn, err := live.Quarantine(ctx, 10)
+	q, qn, err := live.Quarantine(ctx, 10)
 	require.NoError(t, err)
-	require.Zero(t, qn, "the rebuild's quarantine replaces the old one")
+	require.Equal(t, 2, qn, "the rebuild's quarantine is merged into the live one, one row per record")
+	errs := map[int64]string{}
+	for _, r := range q {
+		errs[r.Offset] = r.Error
+	}
+	require.Equal(t, map[int64]string{3: "rebuilt bad", 4: "new bad"}, errs)
 
 	_, err = live.Apply(ctx, &store.Batch{Topic: "t", Epoch: old.Epoch, NextOffset: 6})
 	require.ErrorIs(t, err, store.ErrFenced, "an instance still running on the old model is fenced")
@@ -202,6 +218,9 @@ func TestSwapMakesTheShadowLiveAndFencesTheOldOwner(t *testing.T) {
 	jobs, err = live.Jobs(ctx)
 	require.NoError(t, err)
 	require.Empty(t, jobs)
+	_, qn, err = live.Quarantine(ctx, 10)
+	require.NoError(t, err)
+	require.Equal(t, 2, qn, "a rebuild never deletes the quarantine")
 }
 
 func TestHeldJobsSayWhatTheyWaitFor(t *testing.T) {

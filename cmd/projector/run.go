@@ -35,6 +35,43 @@ type runOpts struct {
 	// tombstoneRetention is how long a deleted job's tombstone is kept;
 	// 0 keeps them for ever.
 	tombstoneRetention time.Duration
+	groupTiming        groupFlags
+}
+
+// groupFlags are the consumer group's timings.
+type groupFlags struct {
+	session, heartbeat, rebalance, joinBackoff time.Duration
+}
+
+func (g *groupFlags) register(fs *flag.FlagSet) {
+	d := projection.Config{}.WithDefaults()
+	fs.DurationVar(&g.session, "group-session-timeout", d.SessionTimeout, "how long the group coordinator waits for a heartbeat before it\nmoves an instance's partitions to the others (the broker bounds it:\ngroup.min.session.timeout.ms, group.max.session.timeout.ms)")
+	fs.DurationVar(&g.heartbeat, "group-heartbeat-interval", d.HeartbeatInterval, "how often an instance tells the coordinator it is alive;\nbelow --group-session-timeout, usually a third of it or less")
+	fs.DurationVar(&g.rebalance, "group-rebalance-timeout", d.RebalanceTimeout, "how long the coordinator waits for every member to rejoin in a rebalance")
+	fs.DurationVar(&g.joinBackoff, "group-join-backoff", d.JoinGroupBackoff, "wait before joining the group again after a failed join")
+}
+
+func (g *groupFlags) validate() error {
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"group-session-timeout", g.session}, {"group-heartbeat-interval", g.heartbeat},
+		{"group-rebalance-timeout", g.rebalance}, {"group-join-backoff", g.joinBackoff}} {
+		if err := positive(f.name, f.d); err != nil {
+			return err
+		}
+	}
+	if g.heartbeat >= g.session {
+		return usagef("--group-heartbeat-interval %s must be below --group-session-timeout %s (a third of it or less is usual)", g.heartbeat, g.session)
+	}
+	return nil
+}
+
+func (g *groupFlags) apply(c *projection.Config) {
+	c.SessionTimeout = g.session
+	c.HeartbeatInterval = g.heartbeat
+	c.RebalanceTimeout = g.rebalance
+	c.JoinGroupBackoff = g.joinBackoff
 }
 
 // gapFlags configure the gap detector's policy chain.
@@ -47,6 +84,8 @@ type gapFlags struct {
 	snapshotTimeout time.Duration
 	snapshotConc    int
 	retryMax        time.Duration
+	logRetention    time.Duration
+	logMaxRows      int
 }
 
 func (g *gapFlags) register(fs *flag.FlagSet) {
@@ -58,6 +97,8 @@ func (g *gapFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&g.snapshotTimeout, "snapshot-timeout", 5*time.Second, "timeout of one request to the authority")
 	fs.IntVar(&g.snapshotConc, "snapshot-concurrency", 4, "most requests to the authority in flight")
 	fs.DurationVar(&g.retryMax, "gap-retry-max", 5*time.Minute, "longest backoff between attempts that leave a gap held")
+	fs.DurationVar(&g.logRetention, "gap-log-retention", 7*24*time.Hour, "how long closed gaps stay in the gap log (projector explain shows them)")
+	fs.IntVar(&g.logMaxRows, "gap-log-max-rows", 100_000, "most rows the gap log keeps; the oldest beyond are pruned")
 }
 
 func (g *gapFlags) validate() error {
@@ -78,6 +119,12 @@ func (g *gapFlags) validate() error {
 	if g.snapshotTimeout <= 0 || g.snapshotConc <= 0 || g.retryMax <= 0 {
 		return usagef("--snapshot-timeout, --snapshot-concurrency and --gap-retry-max must be positive")
 	}
+	if g.logRetention <= 0 {
+		return usagef("--gap-log-retention %s: must be positive, e.g. 168h", g.logRetention)
+	}
+	if g.logMaxRows <= 0 {
+		return usagef("--gap-log-max-rows %d: must be positive", g.logMaxRows)
+	}
 	return nil
 }
 
@@ -93,6 +140,8 @@ func (g *gapFlags) apply(c *projection.Config) {
 	c.SnapshotTimeout = g.snapshotTimeout
 	c.SnapshotConcurrency = g.snapshotConc
 	c.GapRetryMax = g.retryMax
+	c.GapLogRetention = g.logRetention
+	c.GapLogMaxRows = g.logMaxRows
 }
 
 var runCommand = &command{
@@ -163,16 +212,18 @@ func (o *runOpts) register(fs *flag.FlagSet, group, httpAddr string) {
 	o.gap.register(fs)
 	fs.DurationVar(&o.tombstoneRetention, "tombstone-retention", projection.DefaultTombstoneRetention,
 		"how long a deleted job's tombstone is kept: until then no event at or below the\ndelete's version brings the job back; after it, one older than the delete can;\n0 keeps them for ever")
+	o.groupTiming.register(fs)
 }
 
 func (o *runOpts) validate() error {
-	if len(o.brokers) == 0 {
-		return usagef("no Kafka brokers: pass --brokers host:port[,host:port] or set PROJECTOR_BROKERS")
+	if err := checkBrokers(o.brokers); err != nil {
+		return err
 	}
-	for _, b := range o.brokers {
-		if _, _, err := net.SplitHostPort(b); err != nil {
-			return usagef("--brokers: %q is not a host:port address", b)
-		}
+	if err := checkHTTPAddr(o.httpAddr); err != nil {
+		return err
+	}
+	if err := checkStoreNames(o.schema, o.table); err != nil {
+		return err
 	}
 	if o.start != "earliest" && o.start != "latest" {
 		return usagef("--start %q: want earliest or latest", o.start)
@@ -189,6 +240,9 @@ func (o *runOpts) validate() error {
 	if o.tombstoneRetention < 0 {
 		return usagef("--tombstone-retention %s: must not be negative (e.g. 168h; 0 keeps tombstones for ever)", o.tombstoneRetention)
 	}
+	if err := o.groupTiming.validate(); err != nil {
+		return err
+	}
 	return o.gap.validate()
 }
 
@@ -203,6 +257,7 @@ func (o *runOpts) config(st *store.Store, logger *slog.Logger) projection.Config
 	if o.tombstoneRetention == 0 {
 		cfg.TombstoneRetention = projection.KeepTombstones
 	}
+	o.groupTiming.apply(&cfg)
 	return cfg
 }
 
@@ -244,10 +299,10 @@ func openStore(ctx context.Context, url, schema, table string) (*store.Store, er
 	if _, err := pgxpool.ParseConfig(url); err != nil {
 		return nil, usagef("DATABASE_URL is not a valid PostgreSQL connection string (want postgres://user:pass@host:port/db or key=value pairs): %v", err)
 	}
-	cfg := store.Config{Schema: schema, Table: table}
-	if err := cfg.Validate(); err != nil {
-		return nil, usagef("%v", err)
+	if err := checkStoreNames(schema, table); err != nil {
+		return nil, err
 	}
+	cfg := store.Config{Schema: schema, Table: table}
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	st, err := store.Open(cctx, url, cfg)
