@@ -51,7 +51,15 @@ func (s *Store) Reset(ctx context.Context) error {
 		if !exists {
 			return nil
 		}
-		for _, t := range []string{s.partitions, s.held, s.quarantine, pgx.Identifier{s.schema, "projector_migrations"}.Sanitize()} {
+		tables := []string{s.partitions, s.held, s.quarantine, pgx.Identifier{s.schema, "projector_migrations"}.Sanitize()}
+		var tombstones bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.tombstones).Scan(&tombstones); err != nil {
+			return err
+		}
+		if tombstones {
+			tables = append(tables, s.tombstones)
+		}
+		for _, t := range tables {
 			if _, err := tx.Exec(ctx, `DELETE FROM `+t+` WHERE projection = $1`, s.projection); err != nil {
 				return fmt.Errorf("store: reset %s: %w", s.projection, err)
 			}
@@ -373,6 +381,11 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResu
 			{`UPDATE ` + s.partitions + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
 			{`DELETE FROM ` + s.held + ` WHERE projection = $1`, []any{live}},
 			{`UPDATE ` + s.held + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
+			// The deletes the shadow replayed move with it: its tombstones
+			// replace the live projection's, so no late event brings back
+			// a job the rebuilt model deleted.
+			{`DELETE FROM ` + s.tombstones + ` WHERE projection = $1`, []any{live}},
+			{`UPDATE ` + s.tombstones + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
 			// The quarantine is merged, never deleted: it may hold records
 			// the log no longer has.
 			{`INSERT INTO ` + s.quarantine + ` (projection, topic, partition, "offset", key, value, error, "time")
