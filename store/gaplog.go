@@ -164,10 +164,22 @@ type JobRow struct {
 	EventID   string
 }
 
+// TombstoneRow is a deleted job's tombstone as explain shows it.
+type TombstoneRow struct {
+	Version   int64     `json:"version"`
+	DeletedAt time.Time `json:"deleted_at"`
+	EventID   string    `json:"event_id"`
+	Topic     string    `json:"topic"`
+	Partition *int      `json:"partition"`
+	Offset    *int64    `json:"offset"`
+}
+
 // Explanation is everything the store knows of one job.
 type Explanation struct {
-	Row  *JobRow
-	Held []HeldDelta
+	Row *JobRow
+	// Tombstone is set when the job was deleted (and not created again).
+	Tombstone *TombstoneRow
+	Held      []HeldDelta
 	// Waiting are the versions the held deltas wait for (at most 20).
 	Waiting []int64
 	Gaps    []GapLogEntry
@@ -188,9 +200,22 @@ func (s *Store) Explain(ctx context.Context, job string, gaps int) (*Explanation
 		case !errors.Is(err, pgx.ErrNoRows):
 			return err
 		}
-		var hasLog bool
-		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.gapLog).Scan(&hasLog); err != nil {
+		var hasLog, hasTombstones bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
+			s.gapLog, s.tombstones).Scan(&hasLog, &hasTombstones); err != nil {
 			return err
+		}
+		if hasTombstones {
+			var t TombstoneRow
+			err := tx.QueryRow(ctx, `SELECT version, deleted_at, coalesce(event_id, ''), coalesce(source_topic, ''), source_partition, source_offset
+				FROM `+s.tombstones+` WHERE projection = $1 AND job_id = $2`, s.projection, job).
+				Scan(&t.Version, &t.DeletedAt, &t.EventID, &t.Topic, &t.Partition, &t.Offset)
+			switch {
+			case err == nil:
+				ex.Tombstone = &t
+			case !errors.Is(err, pgx.ErrNoRows):
+				return err
+			}
 		}
 		// Columns added by later migrations are read through to_jsonb, so
 		// a projection not migrated since still explains.
@@ -230,8 +255,11 @@ func (s *Store) Explain(ctx context.Context, job string, gaps int) (*Explanation
 	}
 	if len(ex.Held) > 0 {
 		var row int64
-		if ex.Row != nil {
+		switch {
+		case ex.Row != nil:
 			row = ex.Row.Version
+		case ex.Tombstone != nil:
+			row = ex.Tombstone.Version
 		}
 		vs := make([]int64, len(ex.Held))
 		for i, h := range ex.Held {
