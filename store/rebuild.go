@@ -241,6 +241,10 @@ func (s *Store) projectorColumns(ctx context.Context) ([]column, error) {
 	return tableColumns(ctx, tx, pgx.Identifier{tmp, "jobs"}.Sanitize())
 }
 
+// swapWorkMem is the swap transaction's work_mem: enough to hash a few
+// million rows in memory when it compares the shadow with the live table.
+const swapWorkMem = "256MB"
+
 // keptPrefix names the tables --keep-old keeps: projector_old_<table>_<n>.
 const keptPrefix = "projector_old_"
 
@@ -335,7 +339,9 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResu
 			}
 			q := pgx.Identifier{c.name}.Sanitize()
 			names = append(names, q)
-			set = append(set, q+" = s."+q)
+			if c.name != "job_id" {
+				set = append(set, q+" = s."+q)
+			}
 			// updated_at says when the row last changed: a row the rebuild
 			// finds equal keeps it.
 			if c.name != "updated_at" {
@@ -350,15 +356,31 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResu
 			}
 			return strings.Join(out, ", ")
 		}
-		if res.Deleted, err = exec(`DELETE FROM ` + s.jobs + ` AS l WHERE NOT EXISTS (SELECT 1 FROM ` + shadow.jobs + ` AS s WHERE s.job_id = l.job_id)`); err != nil {
+		// One pass finds the rows that differ; the writes then touch only
+		// those, through the primary keys. The hash of one side fits in
+		// memory for a few million rows instead of spilling to disk.
+		if _, err := exec(`SET LOCAL work_mem = '` + swapWorkMem + `'`); err != nil {
 			return err
 		}
-		if res.Updated, err = exec(`UPDATE ` + s.jobs + ` AS l SET ` + strings.Join(set, ", ") + ` FROM ` + shadow.jobs + ` AS s
-			WHERE s.job_id = l.job_id AND (` + prefixed("l", compared) + `) IS DISTINCT FROM (` + prefixed("s", compared) + `)`); err != nil {
+		if _, err := exec(`CREATE TEMPORARY TABLE projector_swap_diff ON COMMIT DROP AS
+			SELECT coalesce(l.job_id, s.job_id) AS job_id, s.job_id IS NULL AS gone, l.job_id IS NULL AS added
+			FROM ` + s.jobs + ` AS l FULL JOIN ` + shadow.jobs + ` AS s ON s.job_id = l.job_id
+			WHERE l.job_id IS NULL OR s.job_id IS NULL
+				OR (` + prefixed("l", compared) + `) IS DISTINCT FROM (` + prefixed("s", compared) + `)`); err != nil {
+			return err
+		}
+		if _, err := exec(`ANALYZE projector_swap_diff`); err != nil {
+			return err
+		}
+		if res.Deleted, err = exec(`DELETE FROM ` + s.jobs + ` AS l USING projector_swap_diff AS d WHERE d.gone AND l.job_id = d.job_id`); err != nil {
+			return err
+		}
+		if res.Updated, err = exec(`UPDATE ` + s.jobs + ` AS l SET ` + strings.Join(set, ", ") + ` FROM ` + shadow.jobs + ` AS s, projector_swap_diff AS d
+			WHERE NOT d.gone AND NOT d.added AND s.job_id = d.job_id AND l.job_id = d.job_id`); err != nil {
 			return err
 		}
 		if res.Inserted, err = exec(`INSERT INTO ` + s.jobs + ` (` + list + `) SELECT ` + prefixed("s", names) + ` FROM ` + shadow.jobs + ` AS s
-			WHERE NOT EXISTS (SELECT 1 FROM ` + s.jobs + ` AS l WHERE l.job_id = s.job_id)`); err != nil {
+			JOIN projector_swap_diff AS d ON d.job_id = s.job_id WHERE d.added`); err != nil {
 			return err
 		}
 		for _, st := range []struct {
