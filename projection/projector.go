@@ -90,6 +90,13 @@ func (p *Projector) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("projection: consumer group %q: %w", cfg.Group, err)
 	}
+	var bg sync.WaitGroup
+	bgctx, stopBackground := context.WithCancel(ctx)
+	defer func() {
+		stopBackground()
+		bg.Wait()
+	}()
+	bg.Go(func() { p.pruneGapLog(bgctx) })
 	cfg.Logger.Info("projector started", "topic", cfg.Topic, "group", cfg.Group, "owner", cfg.Owner,
 		"brokers", cfg.Brokers, "projection", cfg.Store.Projection())
 	for {

@@ -91,7 +91,7 @@ type Store struct {
 	schema     string
 	projection string
 	// quoted, qualified table names
-	jobs, partitions, quarantine, held string
+	jobs, partitions, quarantine, held, gapLog string
 }
 
 // Open connects to databaseURL and returns a Store that closes the pool on
@@ -139,6 +139,7 @@ func newStore(pool *pgxpool.Pool, cfg Config) *Store {
 		partitions: q("projector_partitions"),
 		quarantine: q("projector_quarantine"),
 		held:       q("projector_held"),
+		gapLog:     q("projector_gap_log"),
 	}
 }
 

@@ -53,7 +53,7 @@ type cmdEnv struct {
 	args []string
 }
 
-var commands = []*command{runCommand, rebuildCommand, statusCommand, quarantineCommand, demoCommand, benchCommand}
+var commands = []*command{runCommand, rebuildCommand, statusCommand, explainCommand, quarantineCommand, demoCommand, benchCommand}
 
 const topUsage = `projector turns a Kafka stream of job events into a correct PostgreSQL read model.
 

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-var allCommands = []string{"run", "rebuild", "status", "demo", "bench"}
+var allCommands = []string{"run", "rebuild", "status", "explain", "demo", "bench"}
 
 // runFlags are the flags of `projector run` with their variables, as
 // README.md and docs/operations.md list them.
@@ -25,6 +25,7 @@ var runFlags = map[string]string{
 	"log-level": "PROJECTOR_LOG_LEVEL", "log-format": "PROJECTOR_LOG_FORMAT",
 	"group-session-timeout": "PROJECTOR_GROUP_SESSION_TIMEOUT", "group-heartbeat-interval": "PROJECTOR_GROUP_HEARTBEAT_INTERVAL",
 	"group-rebalance-timeout": "PROJECTOR_GROUP_REBALANCE_TIMEOUT", "group-join-backoff": "PROJECTOR_GROUP_JOIN_BACKOFF",
+	"gap-log-retention": "PROJECTOR_GAP_LOG_RETENTION", "gap-log-max-rows": "PROJECTOR_GAP_LOG_MAX_ROWS",
 }
 
 // flagLine is one flag of a command's help: "  --name type  [VARIABLE]".

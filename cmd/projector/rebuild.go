@@ -88,18 +88,19 @@ Example:
 		if o.dryRun && o.keepOld {
 			return usagef("--dry-run never swaps, so --keep-old has nothing to keep: pass one of them")
 		}
-		// Every precondition before anything is created or reset.
+		// Every precondition before anything is reset: the database (whose
+		// live tables are only created if missing), then the topic.
+		live, err := openStore(ctx, o.databaseURL, o.schema, o.table)
+		if err != nil {
+			return err
+		}
+		defer live.Close()
 		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		target, err := projection.HighWatermarks(hctx, o.brokers, o.topic)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("nothing was changed: %w", err)
 		}
-		live, err := openStore(ctx, o.databaseURL, o.schema, o.table)
-		if err != nil {
-			return err
-		}
-		defer live.Close()
 		if err := live.CheckRebuild(ctx); err != nil {
 			var refused *store.RebuildRefusedError
 			if errors.As(err, &refused) {
