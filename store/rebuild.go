@@ -406,6 +406,11 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResu
 			{`UPDATE ` + s.partitions + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
 			{`DELETE FROM ` + s.held + ` WHERE projection = $1`, []any{live}},
 			{`UPDATE ` + s.held + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
+			// The deletes the shadow replayed move with it: its tombstones
+			// replace the live projection's, so no late event brings back
+			// a job the rebuilt model deleted.
+			{`DELETE FROM ` + s.tombstones + ` WHERE projection = $1`, []any{live}},
+			{`UPDATE ` + s.tombstones + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
 			// The quarantine is merged, never deleted: it may hold records
 			// the log no longer has.
 			{`INSERT INTO ` + s.quarantine + ` (projection, topic, partition, "offset", key, value, error, "time")

@@ -32,7 +32,10 @@ type runOpts struct {
 	owner       string
 	log         logFlags
 	gap         gapFlags
-	groupTiming groupFlags
+	// tombstoneRetention is how long a deleted job's tombstone is kept;
+	// 0 keeps them for ever.
+	tombstoneRetention time.Duration
+	groupTiming        groupFlags
 }
 
 // groupFlags are the consumer group's timings.
@@ -207,6 +210,8 @@ func (o *runOpts) register(fs *flag.FlagSet, group, httpAddr string) {
 	fs.StringVar(&o.owner, "owner", "", "this instance's name in the partitions table (default host/pid)")
 	o.log.register(fs)
 	o.gap.register(fs)
+	fs.DurationVar(&o.tombstoneRetention, "tombstone-retention", projection.DefaultTombstoneRetention,
+		"how long a deleted job's tombstone is kept: until then no event at or below the\ndelete's version brings the job back; after it, one older than the delete can;\n0 keeps them for ever")
 	o.groupTiming.register(fs)
 }
 
@@ -232,6 +237,9 @@ func (o *runOpts) validate() error {
 	if err := positive("batch-linger", o.batchLinger); err != nil {
 		return err
 	}
+	if o.tombstoneRetention < 0 {
+		return usagef("--tombstone-retention %s: must not be negative (e.g. 168h; 0 keeps tombstones for ever)", o.tombstoneRetention)
+	}
 	if err := o.groupTiming.validate(); err != nil {
 		return err
 	}
@@ -245,6 +253,10 @@ func (o *runOpts) config(st *store.Store, logger *slog.Logger) projection.Config
 		Store: st, Logger: logger,
 	}
 	o.gap.apply(&cfg)
+	cfg.TombstoneRetention = o.tombstoneRetention
+	if o.tombstoneRetention == 0 {
+		cfg.TombstoneRetention = projection.KeepTombstones
+	}
 	o.groupTiming.apply(&cfg)
 	return cfg
 }
