@@ -187,11 +187,7 @@ func (w *worker) restore(ctx context.Context) error {
 		if !ok {
 			j = gapfill.Job{ID: h.JobID, Held: map[int64]gapfill.Held{}}
 			if row, ok := rows[h.JobID]; ok {
-				state, err := delta.DecodeState(row.State)
-				if err != nil {
-					return fmt.Errorf("projection: job %q: stored state: %w", h.JobID, err)
-				}
-				j = gapfill.Job{ID: h.JobID, Version: row.Version, State: state, Raw: row.State, EventID: row.EventID, LastOps: row.LastOps, Held: map[int64]gapfill.Held{}}
+				j = gapfill.Job{ID: h.JobID, Version: row.Version, Raw: row.State, EventID: row.EventID, LastOps: row.LastOps, Held: map[int64]gapfill.Held{}}
 			}
 		}
 		ops, err := delta.ParseOps(h.Ops)
@@ -479,11 +475,7 @@ func (w *worker) forgetRow(ctx context.Context, id string) error {
 	}
 	fresh := gapfill.Job{ID: id, Held: j.Held} // no row: version 0
 	if r, ok := rows[id]; ok {
-		state, err := delta.DecodeState(r.State)
-		if err != nil {
-			return fmt.Errorf("projection: job %q: stored state: %w", id, err)
-		}
-		fresh = gapfill.Job{ID: id, Version: r.Version, State: state, Raw: r.State, EventID: r.EventID, LastOps: r.LastOps, Held: j.Held}
+		fresh = gapfill.Job{ID: id, Version: r.Version, Raw: r.State, EventID: r.EventID, LastOps: r.LastOps, Held: j.Held}
 	}
 	w.cache.put(fresh)
 	return nil
@@ -514,9 +506,10 @@ func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
 		applied, stale := f.Count(before)
 		t.applied += int64(applied)
 		t.stale += int64(stale)
-		if state, err := delta.DecodeState(s.State); err == nil {
-			w.cache.put(gapfill.Job{ID: s.JobID, Version: s.Version, State: state, Raw: s.State, EventID: s.EventID})
-		}
+		// The state is kept raw: decoded only if a delta for the job
+		// comes.
+		w.cache.put(gapfill.Job{ID: s.JobID, Version: s.Version, Raw: s.State, EventID: s.EventID})
+
 	}
 	for _, j := range pl.jobs {
 		w.cache.put(j)
