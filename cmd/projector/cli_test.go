@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-var allCommands = []string{"run", "rebuild", "status", "explain", "demo", "bench"}
+var allCommands = []string{"run", "rebuild", "status", "explain", "verify", "demo", "bench"}
 
 // runFlags are the flags of `projector run` with their variables, as
 // README.md and docs/operations.md list them.
@@ -59,7 +59,7 @@ func TestUsage(t *testing.T) {
 			r := runBin(t, 10*time.Second, baseEnv(), args...)
 			require.Equal(t, 0, r.code, "%s", r)
 			require.Contains(t, r.stdout, "Usage:")
-			require.Contains(t, r.stdout, "Exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration.")
+			require.Contains(t, r.stdout, "Exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration,\n3 drift remains (projector verify).")
 			for _, c := range allCommands {
 				require.Regexp(t, fmt.Sprintf(`(?m)^  %s\s+\S`, c), r.stdout, "command %s with its summary", c)
 			}
