@@ -20,7 +20,7 @@ type Projector struct {
 	dialer   *kafka.Dialer
 	resolver *gapfill.Resolver
 	// budget is the memory every partition's job cache shares.
-	budget *cacheBudget
+	budget   *cacheBudget
 	counters counters
 	book     partitionBook
 
