@@ -96,10 +96,16 @@ func (c *jobCache) put(j gapfill.Job) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	old, had := c.jobs[j.ID]
-	j = compact(j, old, had)
 	if had {
 		c.remove(old)
 	}
+	// A deleted job is remembered by its tombstone, which the pruner may
+	// remove at any time: unless the detector needs it for held deltas,
+	// the store is asked again, so a pruned tombstone is seen at once.
+	if j.Deleted && len(j.Held) == 0 {
+		return
+	}
+	j = compact(j, old, had)
 	if len(j.Held) > 0 && b.pinned > b.limit/2 {
 		j.Held = spill(j.Held)
 	}

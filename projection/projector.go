@@ -102,6 +102,13 @@ func (p *Projector) Run(ctx context.Context) error {
 	bg.Go(func() { p.pruneGapLog(bgctx) })
 	cfg.Logger.Info("projector started", "topic", cfg.Topic, "group", cfg.Group, "owner", cfg.Owner,
 		"brokers", cfg.Brokers, "projection", cfg.Store.Projection())
+	pctx, stopPruner := context.WithCancel(ctx)
+	var pruner sync.WaitGroup
+	pruner.Go(func() { p.pruneTombstones(pctx) })
+	defer func() {
+		stopPruner()
+		pruner.Wait()
+	}()
 	for {
 		gen, err := group.Next(ctx)
 		if err != nil {

@@ -187,7 +187,10 @@ func (w *worker) restore(ctx context.Context) error {
 		if !ok {
 			j = gapfill.Job{ID: h.JobID, Held: map[int64]gapfill.Held{}}
 			if row, ok := rows[h.JobID]; ok {
-				j = gapfill.Job{ID: h.JobID, Version: row.Version, Raw: row.State, EventID: row.EventID, LastOps: row.LastOps, Held: map[int64]gapfill.Held{}}
+				var err error
+				if j, err = jobOf(h.JobID, row, map[int64]gapfill.Held{}); err != nil {
+					return err
+				}
 			}
 		}
 		ops, err := delta.ParseOps(h.Ops)
@@ -475,7 +478,9 @@ func (w *worker) forgetRow(ctx context.Context, id string) error {
 	}
 	fresh := gapfill.Job{ID: id, Held: j.Held} // no row: version 0
 	if r, ok := rows[id]; ok {
-		fresh = gapfill.Job{ID: id, Version: r.Version, Raw: r.State, EventID: r.EventID, LastOps: r.LastOps, Held: j.Held}
+		if fresh, err = jobOf(id, r, j.Held); err != nil {
+			return err
+		}
 	}
 	w.cache.put(fresh)
 	return nil
@@ -485,31 +490,42 @@ func (w *worker) forgetRow(ctx context.Context, id string) error {
 // counters.
 func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
 	t := pl.tally
-	for _, s := range pl.batch.Snapshots {
+	settleWholeState := func(s store.Write, written map[string]int64, conflicts map[string]bool) {
 		f := pl.folds[s.JobID]
-		before, ok := res.SnapshotsApplied[s.JobID]
+		before, ok := written[s.JobID]
 		if !ok {
-			// The row was at or past the winner: every one was stale,
+			// The job was at or past the winner: every one was stale,
 			// unless the winner met a row at its own version with other
 			// content, which is a conflict.
 			_, stale := f.Count(s.Version)
 			t.stale += int64(stale)
-			if res.SnapshotConflicts[s.JobID] {
+			if conflicts[s.JobID] {
 				t.stale--
 				t.conflicts++
 				w.log.Warn("conflict: same job and version with different content; the first applied wins",
 					"job_id", s.JobID, "version", s.Version, "dropped_event_id", s.EventID, "dropped_offset", s.Offset)
 			}
 			w.cache.forget(s.JobID)
-			continue
+			return
 		}
 		applied, stale := f.Count(before)
-		t.applied += int64(applied)
+		deleted := f.Deletes(before)
+		t.applied += int64(applied - deleted)
+		t.deleted += int64(deleted)
 		t.stale += int64(stale)
-		// The state is kept raw: decoded only if a delta for the job
-		// comes.
-		w.cache.put(gapfill.Job{ID: s.JobID, Version: s.Version, Raw: s.State, EventID: s.EventID})
-
+		if s.Deleted {
+			w.cache.put(gapfill.Job{ID: s.JobID, Version: s.Version, EventID: s.EventID, Deleted: true})
+		} else {
+			// The state is kept raw: decoded only if a delta for the job
+			// comes.
+			w.cache.put(gapfill.Job{ID: s.JobID, Version: s.Version, Raw: s.State, EventID: s.EventID})
+		}
+	}
+	for _, s := range pl.batch.Snapshots {
+		settleWholeState(s, res.SnapshotsApplied, res.SnapshotConflicts)
+	}
+	for _, s := range pl.batch.Deletes {
+		settleWholeState(s, res.DeletesApplied, res.DeleteConflicts)
 	}
 	for _, j := range pl.jobs {
 		w.cache.put(j)

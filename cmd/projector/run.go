@@ -33,7 +33,10 @@ type runOpts struct {
 	cacheBytes  byteSize
 	log         logFlags
 	gap         gapFlags
-	groupTiming groupFlags
+	// tombstoneRetention is how long a deleted job's tombstone is kept;
+	// 0 keeps them for ever.
+	tombstoneRetention time.Duration
+	groupTiming        groupFlags
 }
 
 // groupFlags are the consumer group's timings.
@@ -210,6 +213,8 @@ func (o *runOpts) register(fs *flag.FlagSet, group, httpAddr string) {
 	fs.Var(&o.cacheBytes, "cache-bytes", "memory budget of the cache of job rows and held deltas, one `size` for the whole\ninstance (64MiB, 512KiB, 1GiB or a number of bytes); least recently used\nrows are evicted, held jobs are kept and past half of it their deltas stay\nin PostgreSQL")
 	o.log.register(fs)
 	o.gap.register(fs)
+	fs.DurationVar(&o.tombstoneRetention, "tombstone-retention", projection.DefaultTombstoneRetention,
+		"how long a deleted job's tombstone is kept: until then no event at or below the\ndelete's version brings the job back; after it, one older than the delete can;\n0 keeps them for ever")
 	o.groupTiming.register(fs)
 }
 
@@ -238,6 +243,9 @@ func (o *runOpts) validate() error {
 	if err := positive("batch-linger", o.batchLinger); err != nil {
 		return err
 	}
+	if o.tombstoneRetention < 0 {
+		return usagef("--tombstone-retention %s: must not be negative (e.g. 168h; 0 keeps tombstones for ever)", o.tombstoneRetention)
+	}
 	if err := o.groupTiming.validate(); err != nil {
 		return err
 	}
@@ -251,6 +259,10 @@ func (o *runOpts) config(st *store.Store, logger *slog.Logger) projection.Config
 		Store: st, Logger: logger, CacheBytes: int64(o.cacheBytes),
 	}
 	o.gap.apply(&cfg)
+	cfg.TombstoneRetention = o.tombstoneRetention
+	if o.tombstoneRetention == 0 {
+		cfg.TombstoneRetention = projection.KeepTombstones
+	}
 	o.groupTiming.apply(&cfg)
 	return cfg
 }
