@@ -39,7 +39,7 @@ type cmdEnv struct {
 	stdout, stderr io.Writer
 }
 
-var commands = []*command{runCommand, rebuildCommand, statusCommand, demoCommand, benchCommand}
+var commands = []*command{runCommand, rebuildCommand, statusCommand, demoCommand, benchCommand, versionCommand}
 
 const topUsage = `projector turns a Kafka stream of job events into a correct PostgreSQL read model.
 

@@ -1,4 +1,4 @@
-package kafkatest
+package broker
 
 import (
 	"context"
@@ -80,10 +80,10 @@ func Start(opts ...Option) (*Cluster, error) {
 		o(&cfg)
 	}
 	if cfg.brokers < 1 {
-		return nil, fmt.Errorf("kafkatest: start: %d brokers, need at least one", cfg.brokers)
+		return nil, fmt.Errorf("broker: start: %d brokers, need at least one", cfg.brokers)
 	}
 	if cfg.partitions < 1 {
-		return nil, fmt.Errorf("kafkatest: start: %d default partitions, need at least one", cfg.partitions)
+		return nil, fmt.Errorf("broker: start: %d default partitions, need at least one", cfg.partitions)
 	}
 
 	kopts := []kfake.Opt{
@@ -95,7 +95,7 @@ func Start(opts ...Option) (*Cluster, error) {
 	kopts = append(kopts, cfg.kfakeOpts...)
 	kf, err := kfake.NewCluster(kopts...)
 	if err != nil {
-		return nil, fmt.Errorf("kafkatest: start: %w", err)
+		return nil, fmt.Errorf("broker: start: %w", err)
 	}
 
 	addrs := kf.ListenAddrs()
@@ -150,16 +150,16 @@ func (c *Cluster) CreateTopic(ctx context.Context, topic string, partitions int,
 		}},
 	})
 	if err != nil {
-		return fmt.Errorf("kafkatest: create topic %s: %w", topic, err)
+		return fmt.Errorf("broker: create topic %s: %w", topic, err)
 	}
 	if err := resp.Errors[topic]; err != nil {
-		return fmt.Errorf("kafkatest: create topic %s: %w", topic, err)
+		return fmt.Errorf("broker: create topic %s: %w", topic, err)
 	}
 	if partitions <= 0 {
 		partitions = 1 // any count will do; we do not know the default here
 	}
 	if err := c.waitPartitions(ctx, topic, partitions); err != nil {
-		return fmt.Errorf("kafkatest: create topic %s: %w", topic, err)
+		return fmt.Errorf("broker: create topic %s: %w", topic, err)
 	}
 	c.refreshMetadata()
 	return nil
@@ -173,13 +173,13 @@ func (c *Cluster) AddPartitions(ctx context.Context, topic string, total int) er
 		Topics: []kafka.TopicPartitionsConfig{{Name: topic, Count: int32(total)}},
 	})
 	if err != nil {
-		return fmt.Errorf("kafkatest: add partitions %s to %d: %w", topic, total, err)
+		return fmt.Errorf("broker: add partitions %s to %d: %w", topic, total, err)
 	}
 	if err := resp.Errors[topic]; err != nil {
-		return fmt.Errorf("kafkatest: add partitions %s to %d: %w", topic, total, err)
+		return fmt.Errorf("broker: add partitions %s to %d: %w", topic, total, err)
 	}
 	if err := c.waitPartitions(ctx, topic, total); err != nil {
-		return fmt.Errorf("kafkatest: add partitions %s to %d: %w", topic, total, err)
+		return fmt.Errorf("broker: add partitions %s to %d: %w", topic, total, err)
 	}
 	// CreateTopics refreshes the transport's metadata cache by itself;
 	// CreatePartitions does not, and Produce to a new partition would fail
@@ -193,7 +193,7 @@ func (c *Cluster) AddPartitions(ctx context.Context, topic string, total int) er
 func (c *Cluster) Partitions(ctx context.Context, topic string) (int, error) {
 	ps, err := c.readPartitions(ctx, topic)
 	if err != nil {
-		return 0, fmt.Errorf("kafkatest: partitions of %s: %w", topic, err)
+		return 0, fmt.Errorf("broker: partitions of %s: %w", topic, err)
 	}
 	return len(ps), nil
 }
