@@ -30,6 +30,8 @@ type worker struct {
 	position  int64
 	hwm       int64
 	committed func(partition int, next int64)
+	// beat is this worker's sign of life for /healthz.
+	beat *beat
 
 	// readSincePosition is set once a record was read after the reader
 	// was (re)positioned at the stored position.
@@ -121,6 +123,7 @@ func (w *worker) run(ctx context.Context) error {
 	rctx, stopResolver := context.WithCancel(ctx)
 	defer stopResolver()
 	for {
+		w.beat.now()
 		var res []gapfill.Resolution
 		select {
 		case res = <-w.resolved:
@@ -168,7 +171,7 @@ func (w *worker) restore(ctx context.Context) error {
 		rows, err = w.p.cfg.Store.LoadJobs(ctx, list)
 		return err
 	}
-	if err := backoff.Retry(op, backoff.WithContext(retryPolicy(), ctx)); err != nil {
+	if err := w.retryDatabase(ctx, op); err != nil {
 		return err
 	}
 	for _, h := range held {
@@ -203,12 +206,9 @@ func (w *worker) claim(ctx context.Context) (store.Claim, error) {
 	op := func() error {
 		var err error
 		claim, err = w.p.cfg.Store.Claim(ctx, w.topic, w.partition, w.p.cfg.Owner)
-		if err != nil {
-			w.log.Warn("claim failed, retrying", "err", err)
-		}
 		return err
 	}
-	err := backoff.Retry(op, backoff.WithContext(retryPolicy(), ctx))
+	err := w.retryDatabase(ctx, op)
 	return claim, err
 }
 
@@ -236,7 +236,7 @@ func (w *worker) fetch(ctx context.Context, r *kafka.Reader) ([]kafka.Message, i
 		case errors.Is(err, kafka.OffsetOutOfRange):
 			w.outOfRange(ctx, r)
 		default:
-			w.log.Warn("fetch failed", "err", err)
+			w.p.kafkaOutage.failed(fmt.Errorf("fetch %s/%d: %w", w.topic, w.partition, err), time.Second)
 			sleep(ctx, time.Second)
 		}
 		return nil, 0
@@ -365,6 +365,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 	bo := retryPolicy()
 	staleRetries := 0
 	for {
+		w.beat.now()
 		actx, cancel := applyContext(ctx)
 		now := time.Now()
 		pl, err := w.plan(actx, msgs, res, now)
@@ -377,6 +378,8 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 		}
 		cancel()
 		if err == nil {
+			w.p.databaseAnswered()
+			w.p.metrics.batch(time.Since(now), len(msgs))
 			w.settle(pl, result, now)
 			if len(msgs) > 0 {
 				w.position = pl.batch.NextOffset
@@ -417,7 +420,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 			return nil
 		}
 		d := bo.NextBackOff()
-		w.log.Error("batch failed; retrying", "err", err, "retry_in", d)
+		w.p.databaseFailed(fmt.Errorf("batch %s/%d@%d: %w", w.topic, w.partition, firstOffset(msgs), err), d)
 		sleep(ctx, d)
 		// The cache may hold what the failed transaction would have
 		// written: start again from what is stored.
@@ -450,6 +453,7 @@ func (w *worker) isolate(ctx context.Context, msgs []kafka.Message, res []gapfil
 			return fmt.Errorf("projection: quarantine offset %d: %w", m.Offset, err)
 		}
 		w.p.counters.add(tally{consumed: 1, quarantined: 1})
+		w.logQuarantined(w.partition, m.Offset, "refused by PostgreSQL: "+cause.Error())
 		w.position = m.Offset + 1
 		w.committed(w.partition, w.position)
 		return nil
@@ -550,6 +554,7 @@ func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
 		switch _, held := w.detector.Gap(id); {
 		case !held:
 			w.detector.Hold(id, since)
+			w.p.counters.gapsOpened.Add(1)
 		case pl.progress[id]:
 			// It moved forward but waits for a later version: the wait
 			// starts afresh for that one.
@@ -557,6 +562,13 @@ func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
 		}
 	}
 	w.p.counters.add(t)
+	for _, b := range pl.batch.Bad {
+		part := b.Partition
+		if part < 0 {
+			part = w.partition
+		}
+		w.logQuarantined(part, b.Offset, b.Err)
+	}
 }
 
 func (w *worker) publish() {

@@ -152,3 +152,11 @@ func missing(row int64, held []int64, limit int) []int64 {
 	}
 	return out
 }
+
+// Ping checks that PostgreSQL answers, for readiness.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("store: ping: %w", err)
+	}
+	return nil
+}

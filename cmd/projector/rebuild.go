@@ -70,7 +70,7 @@ Example:
 			return err
 		}
 		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		target, err := projection.HighWatermarks(hctx, o.brokers, o.topic)
+		target, err := projection.HighWatermarks(hctx, o.kafkaConfig(), o.topic)
 		cancel()
 		if err != nil {
 			return err

@@ -21,6 +21,7 @@ type statusOpts struct {
 	topic       string
 	json        bool
 	limit       int
+	kafka       kafkaFlags
 }
 
 // statusReport is what `projector status --json` prints.
@@ -68,6 +69,7 @@ Example:
 		fs.StringVar(&o.topic, "topic", "job-events", "topic whose lag to report")
 		fs.BoolVar(&o.json, "json", false, "print JSON instead of tables")
 		fs.IntVar(&o.limit, "limit", 20, "most held jobs and quarantined records to list")
+		o.kafka.register(fs)
 		return o
 	},
 	run: func(ctx context.Context, env *cmdEnv, opts any) error {
@@ -103,7 +105,12 @@ func buildStatus(ctx context.Context, st *store.Store, o *statusOpts) (*statusRe
 	var hwm map[int]int64
 	if len(o.brokers) > 0 {
 		hctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		hwm, err = projection.HighWatermarks(hctx, o.brokers, o.topic)
+		k, kerr := o.kafka.apply(o.brokers)
+		if kerr != nil {
+			cancel()
+			return nil, kerr
+		}
+		hwm, err = projection.HighWatermarks(hctx, k, o.topic)
 		cancel()
 		if err != nil {
 			return nil, err
