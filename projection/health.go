@@ -315,3 +315,7 @@ func (w *worker) logQuarantined(partition int, offset int64, reason string) {
 	}
 	w.p.cfg.Logger.Warn("record quarantined", args...)
 }
+
+// idleWake is the longest a worker waits for a record before it goes
+// round its loop (and beats) again.
+const idleWake = time.Second

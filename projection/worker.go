@@ -217,18 +217,16 @@ func (w *worker) claim(ctx context.Context) (store.Claim, error) {
 // batch size. It returns early when ctx ends.
 func (w *worker) fetch(ctx context.Context, r *kafka.Reader) ([]kafka.Message, int64) {
 	cfg := w.p.cfg
-	wait := time.Duration(-1)
+	// An idle worker still wakes up every idleWake, so its beat shows it
+	// alive.
+	wait := idleWake
 	if w.resolving {
 		wait = 100 * time.Millisecond
 	} else if due, ok := w.detector.NextDue(); ok {
-		wait = max(time.Until(due), 10*time.Millisecond)
+		wait = min(max(time.Until(due), 10*time.Millisecond), idleWake)
 	}
-	fctx := ctx
-	if wait >= 0 {
-		var cancel context.CancelFunc
-		fctx, cancel = context.WithTimeout(ctx, wait)
-		defer cancel()
-	}
+	fctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
 	m, err := r.FetchMessage(fctx)
 	if err != nil {
 		switch {
