@@ -155,6 +155,10 @@ func jobID(raw json.RawMessage) (string, error) {
 		return "", &FieldError{Field: "job_id", Reason: "must not be empty"}
 	case len(s) > MaxJobIDBytes:
 		return "", &FieldError{Field: "job_id", Reason: fmt.Sprintf("%d bytes, at most %d allowed", len(s), MaxJobIDBytes)}
+	case s == "/":
+		// Encoded or not, "/" reaches a path-routing authority as a
+		// trailing slash, never as the job {id} of /jobs/{id}.
+		return "", &FieldError{Field: "job_id", Reason: `"/" alone is not a job id: no authority URL /jobs/{job_id} can carry it`}
 	}
 	return s, nil
 }

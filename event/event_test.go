@@ -64,6 +64,7 @@ func TestDecodeRejects(t *testing.T) {
 		{name: "null job_id", value: []byte(`{"job_id":null,"version":7,"kind":"snapshot","state":{}}`), field: "job_id", reason: "required"},
 		{name: "job_id not a string", value: record(map[string]any{"job_id": 17}), field: "job_id", reason: "must be a string"},
 		{name: "empty job_id", value: record(map[string]any{"job_id": ""}), field: "job_id", reason: "must not be empty"},
+		{name: "job_id a single slash", value: record(map[string]any{"job_id": "/"}), field: "job_id", reason: "no authority URL"},
 		{name: "job_id over 256 bytes", value: record(map[string]any{"job_id": strings.Repeat("j", 257)}), field: "job_id", reason: "257 bytes, at most 256"},
 		{name: "job_id over 256 bytes in multibyte runes", value: record(map[string]any{"job_id": strings.Repeat("é", 129)}), field: "job_id", reason: "258 bytes, at most 256"},
 		{name: "job_id not UTF-8", value: []byte("{\"job_id\":\"job-\xff\",\"version\":7,\"kind\":\"snapshot\",\"state\":{}}"), field: "job_id", reason: "UTF-8"},

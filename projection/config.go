@@ -5,8 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
-	"strings"
+	"strconv"
 	"time"
 
 	"github.com/projector/projector/gapfill"
@@ -185,9 +186,16 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("brokers: at least one broker address (host:port) is required"))
 	}
 	for _, b := range c.Brokers {
-		if b == "" || !strings.Contains(b, ":") {
-			errs = append(errs, fmt.Errorf("brokers: %q is not a host:port address", b))
+		host, port, err := net.SplitHostPort(b)
+		if n, perr := strconv.Atoi(port); err != nil || host == "" || perr != nil || n < 1 || n > 65535 {
+			errs = append(errs, fmt.Errorf("brokers: %q is not a host:port address with a port from 1 to 65535", b))
 		}
+	}
+	if c.HeartbeatInterval < 0 || c.SessionTimeout < 0 || c.RebalanceTimeout < 0 || c.JoinGroupBackoff < 0 {
+		errs = append(errs, errors.New("heartbeat-interval, session-timeout, rebalance-timeout and join-group-backoff must not be negative"))
+	}
+	if d := c.WithDefaults(); d.HeartbeatInterval >= d.SessionTimeout {
+		errs = append(errs, fmt.Errorf("heartbeat-interval %s must be below session-timeout %s", d.HeartbeatInterval, d.SessionTimeout))
 	}
 	if c.Topic == "" {
 		errs = append(errs, errors.New("topic: required"))

@@ -237,6 +237,7 @@ func (p *Projector) startGeneration(gen *kafka.Generation) {
 	cfg.Logger.Info("generation joined", "generation", gen.ID, "partitions", parts)
 
 	c := &committer{gen: gen, topic: cfg.Topic, pending: map[int]int64{}, sent: map[int]int64{}, log: cfg.Logger}
+	c.workers.Add(len(assigned))
 	p.start(gen, func(ctx context.Context) {
 		c.run(ctx)
 		// The generation ended: not a member until the next one.
@@ -257,6 +258,7 @@ func (p *Projector) startGeneration(gen *kafka.Generation) {
 			committed: c.offer,
 		}
 		p.start(gen, func(ctx context.Context) {
+			defer c.workers.Done()
 			defer alive()
 			defer p.book.drop(w.partition, w)
 			if err := w.run(ctx); err != nil && !errors.Is(err, context.Canceled) && ctx.Err() == nil {
@@ -279,9 +281,13 @@ func (p *Projector) start(gen *kafka.Generation, fn func(ctx context.Context)) {
 // only. It is the one goroutine that commits and never sends a lower
 // offset than it sent before.
 type committer struct {
-	gen     *kafka.Generation
-	topic   string
-	log     interface{ Debug(string, ...any) }
+	gen   *kafka.Generation
+	topic string
+	log   interface{ Debug(string, ...any) }
+	// workers are the generation's partition workers: when the generation
+	// ends, the last flush waits for them, since a batch in flight is
+	// still committed within the shutdown grace.
+	workers sync.WaitGroup
 	mu      sync.Mutex
 	pending map[int]int64
 	sent    map[int]int64
@@ -301,6 +307,9 @@ func (c *committer) run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
+			// The group connection stays open until every function of
+			// the generation has returned, this one included.
+			c.workers.Wait()
 			c.flush()
 			return
 		case <-t.C:

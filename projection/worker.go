@@ -87,6 +87,12 @@ func (w *worker) run(ctx context.Context) error {
 	w.epoch = claim.Epoch
 	w.position = claim.NextOffset
 	w.log = w.log.With("epoch", w.epoch)
+	if claim.NextOffset < 0 && cfg.Start == "latest" {
+		if claim.NextOffset, err = w.storeLatest(ctx); err != nil {
+			return err
+		}
+		w.position = claim.NextOffset
+	}
 	if err := w.restore(ctx); err != nil {
 		return err
 	}
@@ -210,6 +216,38 @@ func (w *worker) claim(ctx context.Context) (store.Claim, error) {
 	}
 	err := w.retryDatabase(ctx, op)
 	return claim, err
+}
+
+// storeLatest resolves "latest" for a partition never projected before
+// and stores it under the fence at once: were it resolved again after a
+// crash or a rebalance before the first batch, what was produced in
+// between would be skipped. It returns the stored position, or
+// [errFenced].
+func (w *worker) storeLatest(ctx context.Context) (int64, error) {
+	var end int64
+	op := func() error {
+		_, last, err := w.logBounds(ctx)
+		if err != nil {
+			w.log.Warn("reading the partition's end for --start latest failed; retrying", "err", err)
+			return err
+		}
+		end = last
+		actx, cancel := applyContext(ctx)
+		defer cancel()
+		_, err = w.p.cfg.Store.Apply(actx, &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: end})
+		if errors.Is(err, store.ErrFenced) {
+			return backoff.Permanent(errFenced)
+		}
+		if err != nil {
+			w.log.Warn("storing the start position failed; retrying", "err", err)
+		}
+		return err
+	}
+	if err := backoff.Retry(op, backoff.WithContext(retryPolicy(), ctx)); err != nil {
+		return -1, err
+	}
+	w.log.Info("start latest: the partition's end is stored as its position", "next_offset", end)
+	return end, nil
 }
 
 // fetch waits for the first record, or until a held gap falls due or a
@@ -441,7 +479,7 @@ func (w *worker) isolate(ctx context.Context, msgs []kafka.Message, res []gapfil
 		m := msgs[0]
 		w.log.Warn("record refused by PostgreSQL; quarantined", "offset", m.Offset, "err", cause)
 		bad := &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: m.Offset + 1,
-			Bad: []store.Bad{{Partition: -1, Offset: m.Offset, Key: m.Key, Value: m.Value, Err: "refused by PostgreSQL: " + cause.Error()}}}
+			Bad: []store.Bad{{Partition: -1, Offset: m.Offset, Key: m.Key, Value: m.Value, Err: store.Refusal(cause)}}}
 		actx, cancel := applyContext(ctx)
 		defer cancel()
 		if _, err := w.p.cfg.Store.Apply(actx, bad); err != nil {

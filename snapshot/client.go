@@ -36,7 +36,7 @@ const randomization = 0.5
 // It is safe for concurrent use; it must not be copied after first use.
 type Client struct {
 	// BaseURL is the authority, e.g. http://authority:8080; requests go to
-	// BaseURL + "/jobs/" + url.PathEscape(jobID).
+	// BaseURL + "/jobs/" + [EscapeJobID](jobID).
 	BaseURL string
 	// HTTP sends the requests. It should have no overall Timeout: each
 	// request is bounded by Timeout through its context, which covers
@@ -120,7 +120,7 @@ func (c *Client) Fetch(ctx context.Context, jobID string) (event.Event, error) {
 	if err != nil {
 		return event.Event{}, fmt.Errorf("snapshot: fetch %q: %w", jobID, err)
 	}
-	target := base + "/jobs/" + url.PathEscape(jobID)
+	target := base + "/jobs/" + EscapeJobID(jobID)
 
 	// A new backoff per call: ExponentialBackOff holds state and is not
 	// safe for concurrent use.
@@ -148,6 +148,37 @@ func (c *Client) Fetch(ctx context.Context, jobID string) (event.Event, error) {
 		return event.Event{}, fmt.Errorf("snapshot: fetch %q: %w", jobID, err)
 	}
 	return event.Event{}, fmt.Errorf("snapshot: fetch %q: gave up after %d attempts: %w", jobID, attempts, err)
+}
+
+// EscapeJobID is jobID as one path segment that reaches the authority
+// unchanged through servers and proxies that normalise paths: every byte
+// outside RFC 3986's unreserved set (letters, digits, '-', '.', '_', '~')
+// is percent-encoded, '/' included, so the id is always a single segment;
+// and an id made only of dots is encoded whole (".." becomes "%2E%2E"), so
+// it is never a dot segment that path cleaning would resolve. A server
+// that decodes each segment once (Go's ServeMux PathValue, url.PathUnescape)
+// gets jobID back.
+func EscapeJobID(jobID string) string {
+	const hex = "0123456789ABCDEF"
+	allDots := strings.Trim(jobID, ".") == ""
+	var b strings.Builder
+	b.Grow(len(jobID) * 3)
+	for i := 0; i < len(jobID); i++ {
+		c := jobID[i]
+		if unreserved(c) && !(c == '.' && allDots) {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte(hex[c>>4])
+		b.WriteByte(hex[c&15])
+	}
+	return b.String()
+}
+
+func unreserved(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+		c == '-' || c == '.' || c == '_' || c == '~'
 }
 
 // errBadAnswer marks a 200 whose body is not a snapshot of the job asked

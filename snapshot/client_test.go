@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -176,6 +177,10 @@ func TestFetchEscapesJobID(t *testing.T) {
 	}{
 		{jobID: "tenant/a job 1", uri: "/jobs/tenant%2Fa%20job%201"},
 		{jobID: "a?b#c%d", uri: "/jobs/a%3Fb%23c%25d"},
+		{jobID: "a:b@c!d$e&f'g(h)i*j+k,l;m=n", uri: "/jobs/a%3Ab%40c%21d%24e%26f%27g%28h%29i%2Aj%2Bk%2Cl%3Bm%3Dn"},
+		{jobID: "..", uri: "/jobs/%2E%2E"},
+		{jobID: "a/../b", uri: "/jobs/a%2F..%2Fb"},
+		{jobID: "v1.2_x-y~z", uri: "/jobs/v1.2_x-y~z"},
 		{jobID: "job-ü", uri: "/jobs/job-%C3%BC"},
 		{base: "/api/", jobID: "x/y", uri: "/api/jobs/x%2Fy"},
 	}
@@ -195,6 +200,42 @@ func TestFetchEscapesJobID(t *testing.T) {
 			require.Equal(t, tt.uri, <-seen)
 		})
 	}
+}
+
+// Ids that look like paths reach an authority behind Go's ServeMux, which
+// cleans dot segments and redirects, as the very id the job has: the
+// pattern's {id} is the job id, and the answer is that job's snapshot.
+func TestFetchReachesServeMuxWithPathLikeIDs(t *testing.T) {
+	t.Parallel()
+	mux := http.NewServeMux()
+	var mu sync.Mutex
+	seen := map[string]int{}
+	mux.HandleFunc("GET /jobs/{id}", func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		mu.Lock()
+		seen[id]++
+		mu.Unlock()
+		_, _ = w.Write(snapshotValue(id, 1))
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	c, err := snapshot.NewClient(srv.URL)
+	require.NoError(t, err)
+	c.HTTP = srv.Client()
+	c.MaxElapsedTime = time.Second
+
+	ids := []string{".", "..", "...", "a/../b", "a/b", "a/./b", "//", "./a", "a/..", "../..", "%2E%2E", "a%2Fb", " ", "?", "#"}
+	for _, id := range ids {
+		ev, err := c.Fetch(context.Background(), id)
+		require.NoError(t, err, "job id %q", id)
+		require.Equal(t, id, ev.JobID)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids {
+		require.Equal(t, 1, seen[id], "the authority saw job id %q once: %v", id, seen)
+	}
+	require.Len(t, seen, len(ids), "the authority saw only the ids asked for: %v", seen)
 }
 
 func TestFetchNotFound(t *testing.T) {

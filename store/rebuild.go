@@ -9,22 +9,26 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// ShadowSuffix names a projection's rebuild table: jobs → jobs_rebuild.
-const ShadowSuffix = "_rebuild"
+// ShadowPrefix names a projection's rebuild table: jobs →
+// projector_rebuild_jobs. It lies inside the projector_ prefix that users
+// may not name a table with, so a rebuild never touches another projection.
+const ShadowPrefix = "projector_rebuild_"
+
+// ShadowName is the name of the rebuild table of the projection table.
+func ShadowName(table string) string { return ShadowPrefix + table }
 
 // Shadow returns the store of s's rebuild table in the same schema, on the
 // same pool.
 func (s *Store) Shadow() (*Store, error) {
-	name := s.projection + ShadowSuffix
-	if len(name) > 63 {
-		return nil, fmt.Errorf("store: table name %q is too long for a rebuild table (%q)", s.projection, name)
+	name := ShadowName(s.projection)
+	if len(name) > maxIdent {
+		return nil, fmt.Errorf("store: table %q is too long for its rebuild table %q (PostgreSQL names have at most %d bytes)", s.projection, name, maxIdent)
 	}
-	sh, err := New(s.pool, Config{Schema: s.schema, Table: name})
-	if err != nil {
-		return nil, err
-	}
-	return sh, nil
+	return newStore(s.pool, Config{Schema: s.schema, Table: name}), nil
 }
+
+// maxIdent is PostgreSQL's longest identifier, in bytes.
+const maxIdent = 63
 
 // Reset drops the projection's table and forgets its positions, held
 // deltas, quarantine and migrations: a rebuild starts from nothing.

@@ -29,7 +29,22 @@ type Config struct {
 	Table string
 }
 
-var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+// Name rules. Tables and schemas are lower-case identifiers, so the name
+// given is the name PostgreSQL shows unquoted. A table is at most
+// MaxTableBytes, which leaves room for the names the projector derives from
+// it (a rebuild's shadow under [ReservedPrefix]) within PostgreSQL's 63.
+const (
+	MaxTableBytes  = 40
+	MaxSchemaBytes = 63
+	// ReservedPrefix starts the projector's own tables (positions, held
+	// deltas, quarantine, migrations, rebuild shadows): no read-model table
+	// may take it.
+	ReservedPrefix = "projector_"
+)
+
+var (
+	lowerIdentRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+)
 
 // WithDefaults returns c with empty fields set to their defaults.
 func (c Config) WithDefaults() Config {
@@ -42,14 +57,29 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Validate reports a schema or table name that is not a plain identifier.
+// Validate reports a schema or table name the read model cannot take: not
+// a lower-case identifier, too long, or a table in the reserved prefix.
 func (c Config) Validate() error {
 	c = c.WithDefaults()
-	if !identRE.MatchString(c.Schema) {
-		return fmt.Errorf("schema %q: must be a plain identifier (letters, digits, _; at most 63 bytes)", c.Schema)
+	var errs []error
+	if err := checkName("schema", c.Schema, MaxSchemaBytes); err != nil {
+		errs = append(errs, err)
 	}
-	if !identRE.MatchString(c.Table) {
-		return fmt.Errorf("table %q: must be a plain identifier (letters, digits, _; at most 63 bytes)", c.Table)
+	if err := checkName("table", c.Table, MaxTableBytes); err != nil {
+		errs = append(errs, err)
+	} else if strings.HasPrefix(c.Table, ReservedPrefix) {
+		errs = append(errs, fmt.Errorf("table %q: the prefix %q is reserved for the projector's own tables; choose another name", c.Table, ReservedPrefix))
+	}
+	return errors.Join(errs...)
+}
+
+func checkName(what, name string, maxBytes int) error {
+	switch {
+	case len(name) > maxBytes:
+		return fmt.Errorf("%s %q: %d bytes, at most %d allowed", what, name, len(name), maxBytes)
+	case !lowerIdentRE.MatchString(name):
+		return fmt.Errorf("%s %q: must be a lower-case identifier (a-z, 0-9 and _, not starting with a digit), e.g. %s",
+			what, name, map[string]string{"schema": "public", "table": "jobs"}[what])
 	}
 	return nil
 }
@@ -93,7 +123,13 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
-	cfg = cfg.WithDefaults()
+	return newStore(pool, cfg.WithDefaults()), nil
+}
+
+// newStore builds a Store for cfg without the user-facing checks of
+// [Config.Validate]: the rebuild's shadow lives under the reserved
+// projector_ prefix that users may not name.
+func newStore(pool *pgxpool.Pool, cfg Config) *Store {
 	q := func(name string) string { return pgx.Identifier{cfg.Schema, name}.Sanitize() }
 	return &Store{
 		pool:       pool,
@@ -103,7 +139,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		partitions: q("projector_partitions"),
 		quarantine: q("projector_quarantine"),
 		held:       q("projector_held"),
-	}, nil
+	}
 }
 
 // Close releases the pool if the Store opened it.
@@ -182,14 +218,34 @@ func redact(c *pgx.ConnConfig) string {
 	return fmt.Sprintf("%s@%s:%d/%s", c.User, c.Host, c.Port, c.Database)
 }
 
-// IsBadData reports whether PostgreSQL refused a batch for its data (SQLSTATE
-// class 22, data exception, or 54, program limit exceeded): retrying the
-// same batch would fail the same way, so the caller must find the record
-// that carries the data and quarantine it.
+// IsBadData reports whether PostgreSQL refused a batch for its data: SQLSTATE
+// class 22 (data exception), 54 (program limit exceeded), or 23 (integrity
+// constraint violation) raised by a constraint a user put on the read model,
+// such as a CHECK added to the jobs table. Retrying the same batch would
+// fail the same way, so the caller must find the record that carries the
+// data and quarantine it. A class 23 error from the projector's own tables
+// (projector_*) is not the record's fault: it is retried like any failure.
 func IsBadData(err error) bool {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "54")
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code[:min(2, len(pgErr.Code))] {
+	case "22", "54":
+		return true
+	case "23":
+		return !strings.HasPrefix(pgErr.TableName, "projector_")
 	}
 	return false
+}
+
+// Refusal is the quarantine reason of a record PostgreSQL refused: the
+// server's own message and SQLSTATE, without the operation that carried it,
+// so the same refusal always reads the same, live or on replay.
+func Refusal(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return fmt.Sprintf("refused by PostgreSQL: %s (SQLSTATE %s)", pgErr.Message, pgErr.Code)
+	}
+	return "refused by PostgreSQL: " + err.Error()
 }

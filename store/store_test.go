@@ -41,10 +41,20 @@ func TestMigrateIsIdempotentAndSafeConcurrently(t *testing.T) {
 
 func TestConfigRejectsNonIdentifiers(t *testing.T) {
 	t.Parallel()
-	for _, c := range []store.Config{{Schema: "a;drop"}, {Table: "1jobs"}, {Table: `jo"bs`}} {
+	for _, c := range []store.Config{
+		{Schema: "a;drop"}, {Table: "1jobs"}, {Table: `jo"bs`},
+		{Table: "Jobs"}, {Schema: "Public"}, {Table: "jobs-x"}, {Table: "j\u00f6bs"},
+		{Table: strings.Repeat("j", store.MaxTableBytes+1)}, {Schema: strings.Repeat("s", 64)},
+		{Table: "projector_held"}, {Table: "projector_rebuild_jobs"}, {Table: "projector_"},
+	} {
 		require.Error(t, c.Validate(), "%+v", c)
 	}
-	require.NoError(t, store.Config{}.Validate())
+	for _, c := range []store.Config{
+		{}, {Schema: "s_1", Table: "jobs_2"}, {Table: strings.Repeat("j", store.MaxTableBytes)},
+		{Schema: strings.Repeat("s", 63)}, {Table: "my_projector_jobs"}, {Table: "jobs_rebuild"},
+	} {
+		require.NoError(t, c.Validate(), "%+v", c)
+	}
 }
 
 func TestSnapshotWritesAreVersionMonotonic(t *testing.T) {

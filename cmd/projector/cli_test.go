@@ -23,6 +23,8 @@ var runFlags = map[string]string{
 	"snapshot-timeout": "PROJECTOR_SNAPSHOT_TIMEOUT", "snapshot-concurrency": "PROJECTOR_SNAPSHOT_CONCURRENCY",
 	"gap-retry-max": "PROJECTOR_GAP_RETRY_MAX", "http-addr": "PROJECTOR_HTTP_ADDR", "owner": "PROJECTOR_OWNER",
 	"log-level": "PROJECTOR_LOG_LEVEL", "log-format": "PROJECTOR_LOG_FORMAT",
+	"group-session-timeout": "PROJECTOR_GROUP_SESSION_TIMEOUT", "group-heartbeat-interval": "PROJECTOR_GROUP_HEARTBEAT_INTERVAL",
+	"group-rebalance-timeout": "PROJECTOR_GROUP_REBALANCE_TIMEOUT", "group-join-backoff": "PROJECTOR_GROUP_JOIN_BACKOFF",
 }
 
 // flagLine is one flag of a command's help: "  --name type  [VARIABLE]".
@@ -137,6 +139,37 @@ func TestBadUsageExits2(t *testing.T) {
 		{"brokers from the environment", []string{"PROJECTOR_BROKERS=" + brokers}, []string{"run"}, []string{"DATABASE_URL"}},
 		// A flag wins over its variable: the bad variable is not read.
 		{"flag wins over variable", []string{"PROJECTOR_BATCH_SIZE=abc"}, []string{"run", "--brokers", brokers, "--batch-size", "10"}, []string{"DATABASE_URL"}},
+		{"empty --schema", []string{db}, []string{"run", "--brokers", brokers, "--schema", ""}, []string{"--schema", "empty"}},
+		{"empty --table", []string{db}, []string{"run", "--brokers", brokers, "--table="}, []string{"--table", "empty"}},
+		{"empty PROJECTOR_SCHEMA", []string{db, "PROJECTOR_SCHEMA="}, []string{"run", "--brokers", brokers}, []string{"--schema", "PROJECTOR_SCHEMA", "empty"}},
+		{"empty PROJECTOR_TABLE", []string{db, "PROJECTOR_TABLE="}, []string{"run", "--brokers", brokers}, []string{"--table", "PROJECTOR_TABLE", "empty"}},
+		{"rebuild empty --table", []string{db}, []string{"rebuild", "--brokers", brokers, "--table", ""}, []string{"--table", "empty"}},
+		{"rebuild empty PROJECTOR_SCHEMA", []string{db, "PROJECTOR_SCHEMA="}, []string{"rebuild", "--brokers", brokers}, []string{"--schema", "empty"}},
+		{"status empty --schema", []string{db}, []string{"status", "--schema", ""}, []string{"--schema", "empty"}},
+		{"status empty PROJECTOR_TABLE", []string{db, "PROJECTOR_TABLE="}, []string{"status"}, []string{"--table", "empty"}},
+		{"mixed-case --table", []string{db}, []string{"run", "--brokers", brokers, "--table", "Jobs"}, []string{`"Jobs"`, "lower-case"}},
+		{"mixed-case --schema", []string{db}, []string{"status", "--schema", "Public"}, []string{`"Public"`, "lower-case"}},
+		{"reserved --table", []string{db}, []string{"run", "--brokers", brokers, "--table", "projector_held"}, []string{"projector_held", "reserved"}},
+		{"rebuild reserved --table", []string{db}, []string{"rebuild", "--brokers", brokers, "--table", "projector_rebuild_jobs"}, []string{"reserved"}},
+		{"status reserved --table", []string{db}, []string{"status", "--table", "projector_quarantine"}, []string{"reserved"}},
+		{"41-byte --table", []string{db}, []string{"run", "--brokers", brokers, "--table", strings.Repeat("t", 41)}, []string{"41 bytes", "at most 40"}},
+		{"rebuild 41-byte --table", []string{db}, []string{"rebuild", "--brokers", brokers, "--table", strings.Repeat("t", 41)}, []string{"at most 40"}},
+		{"status 41-byte --table", []string{db}, []string{"status", "--table", strings.Repeat("t", 41)}, []string{"at most 40"}},
+		{"broker port not a number", []string{db}, []string{"run", "--brokers", "kafka:notaport"}, []string{"--brokers", "kafka:notaport", "port"}},
+		{"broker port 0", []string{db}, []string{"run", "--brokers", "127.0.0.1:9092,kafka:0"}, []string{"--brokers", "kafka:0"}},
+		{"broker port too high", []string{db}, []string{"rebuild", "--brokers", "kafka:65536"}, []string{"--brokers", "kafka:65536"}},
+		{"broker without host", []string{db}, []string{"run", "--brokers", ":9092"}, []string{"--brokers", `":9092"`}},
+		{"status bad --brokers", []string{db}, []string{"status", "--brokers", "kafka:x"}, []string{"--brokers", "kafka:x"}},
+		{"bad --http-addr", []string{db}, []string{"run", "--brokers", brokers, "--http-addr", "nonsense"}, []string{"--http-addr", "nonsense"}},
+		{"bad --http-addr port", []string{db}, []string{"run", "--brokers", brokers, "--http-addr", ":99999"}, []string{"--http-addr", "99999"}},
+		{"duration flag without unit", []string{db}, []string{"run", "--brokers", brokers, "--batch-linger", "50"}, []string{`--batch-linger "50"`, "10s"}},
+		{"duration flag without value", []string{db}, []string{"run", "--brokers", brokers, "--gap-wait"}, []string{"--gap-wait", "10s"}},
+		{"int flag", []string{db}, []string{"run", "--brokers", brokers, "--batch-size", "many"}, []string{`--batch-size "many"`, "whole number"}},
+		{"duration variable", []string{db, "PROJECTOR_GAP_WAIT=soon"}, []string{"run", "--brokers", brokers}, []string{"PROJECTOR_GAP_WAIT", "--gap-wait", "10s"}},
+		{"heartbeat not below session", []string{db}, []string{"run", "--brokers", brokers, "--group-heartbeat-interval", "10s", "--group-session-timeout", "10s"},
+			[]string{"--group-heartbeat-interval", "--group-session-timeout"}},
+		{"zero --group-rebalance-timeout", []string{db}, []string{"rebuild", "--brokers", brokers, "--group-rebalance-timeout", "0s"}, []string{"--group-rebalance-timeout"}},
+		{"bad --group-join-backoff", []string{db}, []string{"run", "--brokers", brokers, "--group-join-backoff", "x"}, []string{"--group-join-backoff", "10s"}},
 		{"rebuild negative --held-wait", []string{db}, []string{"rebuild", "--brokers", brokers, "--held-wait", "-1s"}, []string{"--held-wait"}},
 		{"rebuild no brokers", []string{db}, []string{"rebuild"}, []string{"brokers"}},
 		{"status --limit -1", []string{db}, []string{"status", "--limit", "-1"}, []string{"--limit"}},
@@ -174,7 +207,7 @@ func TestUnknownFlagNamesIt(t *testing.T) {
 	r := runBin(t, 10*time.Second, baseEnv(), "run", "--no-such-flag")
 	require.Equal(t, 2, r.code, "%s", r)
 	first := lines(r.stderr)[0]
-	require.Contains(t, first, "no-such-flag")
+	require.Contains(t, first, "--no-such-flag", "the flag as it is written, with two dashes")
 	require.NotContains(t, r.stderr, "Usage:")
 }
 

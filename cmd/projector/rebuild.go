@@ -21,7 +21,7 @@ var rebuildCommand = &command{
 	name:    "rebuild",
 	summary: "rebuild the read model from the start of the log into a shadow table and swap it in atomically",
 	usage: `projector rebuild projects --topic from its earliest offsets into a shadow
-table (<table>_rebuild) with its own consumer group, while the live read model
+table (projector_rebuild_<table>) with its own consumer group, while the live read model
 stays in place. Once every partition reaches the end it saw when it started, it
 swaps the shadow in, in one transaction: the shadow becomes <table>, its
 positions, held deltas and quarantine become the live ones, and every
@@ -54,6 +54,16 @@ Example:
 		if o.heldWait < 0 || o.timeout < 0 {
 			return usagef("--held-wait and --timeout must not be negative")
 		}
+		if name := store.ShadowName(o.table); len(name) > 63 {
+			return usagef("--table %q: too long for its rebuild table %q (PostgreSQL names have at most 63 bytes)", o.table, name)
+		}
+		// Every precondition before anything is created or reset.
+		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		target, err := projection.HighWatermarks(hctx, o.kafkaConfig(), o.topic)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("nothing was changed: %w", err)
+		}
 		live, err := openStore(ctx, o.databaseURL, o.schema, o.table)
 		if err != nil {
 			return err
@@ -67,12 +77,6 @@ Example:
 			return err
 		}
 		if err := shadow.Migrate(ctx); err != nil {
-			return err
-		}
-		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		target, err := projection.HighWatermarks(hctx, o.kafkaConfig(), o.topic)
-		cancel()
-		if err != nil {
 			return err
 		}
 		fmt.Fprintf(env.stdout, "rebuilding %s.%s from the start of %s into %s (%d partitions, %d records to read)\n",

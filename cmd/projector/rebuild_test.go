@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"github.com/projector/projector/store"
 	"strings"
 	"testing"
 	"time"
@@ -55,7 +57,7 @@ func TestRebuild(t *testing.T) {
 	s.requireModel()
 	s.requirePositionsAtEnd()
 	require.Equal(t, int(s.quarantined), s.quarantineCount(), "the rebuilt quarantine replaces the old one")
-	require.Empty(t, s.tablesLike("jobs_rebuild"), "no shadow table left")
+	require.Empty(t, s.tablesLike("projector_rebuild_%"), "no shadow table left")
 	require.Empty(t, s.tablesLike("jobs_before_%"), "the old model is dropped without --keep-old")
 
 	// Again with --keep-old: the damaged model survives under its own name.
@@ -67,7 +69,7 @@ func TestRebuild(t *testing.T) {
 
 	s.requireModel()
 	s.requirePositionsAtEnd()
-	require.Empty(t, s.tablesLike("jobs_rebuild"))
+	require.Empty(t, s.tablesLike("projector_rebuild_%"))
 	kept := s.tablesLike("jobs_before_%")
 	require.Len(t, kept, 1)
 	var state string
@@ -118,10 +120,10 @@ func TestRebuildWhileRunning(t *testing.T) {
 	s.requireModel()
 }
 
-// TestRebuildNameLimits: rebuild accepts any --table whose shadow name
-// (<table>_rebuild) fits PostgreSQL's 63 bytes, so the swap must work for
-// all of them, whatever names PostgreSQL gave their primary keys, and
-// --keep-old must be repeatable, even twice within one second.
+// TestRebuildNameLimits: rebuild accepts any --table up to the 40 bytes
+// every command allows, whatever names PostgreSQL gave the primary keys,
+// and --keep-old is repeatable, even twice within one second. A table whose
+// shadow name (projector_rebuild_<table>) could not exist is bad usage.
 func TestRebuildNameLimits(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -129,11 +131,12 @@ func TestRebuildNameLimits(t *testing.T) {
 		table   string
 		keepOld bool
 		times   int
+		code    int
 	}{
-		{"51-byte table", "t" + strings.Repeat("x", 50), false, 1},
-		{"55-byte table", "t" + strings.Repeat("x", 54), false, 1},
-		{"41-byte table --keep-old", "t" + strings.Repeat("x", 40), true, 1},
-		{"--keep-old twice", "jobs", true, 2},
+		{"40-byte table", "t" + strings.Repeat("x", 39), false, 1, 0},
+		{"40-byte table --keep-old", "t" + strings.Repeat("x", 39), true, 1, 0},
+		{"--keep-old twice", "jobs", true, 2, 0},
+		{"46-byte table", "t" + strings.Repeat("x", 45), false, 1, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -146,8 +149,70 @@ func TestRebuildNameLimits(t *testing.T) {
 			}
 			for range tc.times {
 				r := runBin(t, 60*time.Second, dbEnv(), args...)
-				require.Equal(t, 0, r.code, "%s", r)
+				require.Equal(t, tc.code, r.code, "%s", r)
 			}
 		})
 	}
+}
+
+// projectionDump is everything stored of the projection named table in the
+// story's schema: its rows and its rows in the positions, held, quarantine
+// and migrations tables, as text.
+func (s *story) projectionDump(table string) string {
+	s.t.Helper()
+	ctx, cancel := s.ctx()
+	defer cancel()
+	var b strings.Builder
+	dump := func(what, sql string, args ...any) {
+		var text *string
+		require.NoError(s.t, pgtest.Pool(s.t).QueryRow(ctx, `SELECT string_agg(t::text, E'\n' ORDER BY t::text) FROM (`+sql+`) t`, args...).Scan(&text), sql)
+		b.WriteString("-- " + what + "\n")
+		if text != nil {
+			b.WriteString(*text + "\n")
+		}
+	}
+	dump("rows", `SELECT * FROM `+s.table(table))
+	for _, t := range []string{"projector_partitions", "projector_held", "projector_quarantine", "projector_migrations"} {
+		dump(t, `SELECT * FROM `+s.table(t)+` WHERE projection = $1`, table)
+	}
+	return b.String()
+}
+
+// TestRebuildLeavesOtherProjectionsAlone: a projection named jobs_rebuild
+// (a legal table name) keeps its rows, positions, held deltas and
+// quarantine through `projector rebuild --table jobs`, whether the topic
+// exists or not.
+func TestRebuildLeavesOtherProjectionsAlone(t *testing.T) {
+	t.Parallel()
+	s := newStory(t, 2)
+	s.fullStory()
+
+	other, err := store.New(pgtest.Pool(t), store.Config{Schema: s.schema, Table: "jobs_rebuild"})
+	require.NoError(t, err)
+	ctx, cancel := s.ctx()
+	defer cancel()
+	require.NoError(t, other.Migrate(ctx))
+	c, err := other.Claim(ctx, s.topic, 0, "other")
+	require.NoError(t, err)
+	_, err = other.Apply(ctx, &store.Batch{Topic: s.topic, Partition: 0, Epoch: c.Epoch, NextOffset: 7,
+		Snapshots: []store.Write{{JobID: "kept-1", Version: 2, State: json.RawMessage(`{"mine":true}`)}},
+		Hold:      []store.Held{{JobID: "kept-2", Version: 3, Partition: 0, Offset: 5, Ops: json.RawMessage(`[]`)}},
+		Bad:       []store.Bad{{Partition: 0, Offset: 6, Err: "not json"}}})
+	require.NoError(t, err)
+	before := s.projectionDump("jobs_rebuild")
+	require.Contains(t, before, "kept-1")
+	require.Contains(t, before, "kept-2")
+	require.Contains(t, before, "not json")
+
+	base := []string{"rebuild", "--brokers", s.brokers(), "--schema", s.schema, "--table", "jobs", "--held-wait", "1s", "--log-level", "warn"}
+	r := runBin(t, 90*time.Second, dbEnv(), append(base, "--topic", "no-such-topic")...)
+	require.Equal(t, 1, r.code, "%s", r)
+	require.Equal(t, before, s.projectionDump("jobs_rebuild"), "a rebuild that fails on its topic changed another projection")
+	require.Empty(t, s.tablesLike("projector_rebuild_%"), "a rebuild that fails on its topic creates nothing")
+
+	r = runBin(t, 90*time.Second, dbEnv(), append(base, "--topic", s.topic)...)
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Contains(t, r.stdout, "swapped:", "%s", r)
+	s.requireModel()
+	require.Equal(t, before, s.projectionDump("jobs_rebuild"), "a rebuild of jobs changed the projection jobs_rebuild")
 }

@@ -34,6 +34,43 @@ type runOpts struct {
 	kafka       kafkaFlags
 	log         logFlags
 	gap         gapFlags
+	groupTiming groupFlags
+}
+
+// groupFlags are the consumer group's timings.
+type groupFlags struct {
+	session, heartbeat, rebalance, joinBackoff time.Duration
+}
+
+func (g *groupFlags) register(fs *flag.FlagSet) {
+	d := projection.Config{}.WithDefaults()
+	fs.DurationVar(&g.session, "group-session-timeout", d.SessionTimeout, "how long the group coordinator waits for a heartbeat before it\nmoves an instance's partitions to the others (the broker bounds it:\ngroup.min.session.timeout.ms, group.max.session.timeout.ms)")
+	fs.DurationVar(&g.heartbeat, "group-heartbeat-interval", d.HeartbeatInterval, "how often an instance tells the coordinator it is alive;\nbelow --group-session-timeout, usually a third of it or less")
+	fs.DurationVar(&g.rebalance, "group-rebalance-timeout", d.RebalanceTimeout, "how long the coordinator waits for every member to rejoin in a rebalance")
+	fs.DurationVar(&g.joinBackoff, "group-join-backoff", d.JoinGroupBackoff, "wait before joining the group again after a failed join")
+}
+
+func (g *groupFlags) validate() error {
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"group-session-timeout", g.session}, {"group-heartbeat-interval", g.heartbeat},
+		{"group-rebalance-timeout", g.rebalance}, {"group-join-backoff", g.joinBackoff}} {
+		if err := positive(f.name, f.d); err != nil {
+			return err
+		}
+	}
+	if g.heartbeat >= g.session {
+		return usagef("--group-heartbeat-interval %s must be below --group-session-timeout %s (a third of it or less is usual)", g.heartbeat, g.session)
+	}
+	return nil
+}
+
+func (g *groupFlags) apply(c *projection.Config) {
+	c.SessionTimeout = g.session
+	c.HeartbeatInterval = g.heartbeat
+	c.RebalanceTimeout = g.rebalance
+	c.JoinGroupBackoff = g.joinBackoff
 }
 
 // gapFlags configure the gap detector's policy chain.
@@ -162,16 +199,18 @@ func (o *runOpts) register(fs *flag.FlagSet, group, httpAddr string) {
 	o.kafka.register(fs)
 	o.log.register(fs)
 	o.gap.register(fs)
+	o.groupTiming.register(fs)
 }
 
 func (o *runOpts) validate() error {
-	if len(o.brokers) == 0 {
-		return usagef("no Kafka brokers: pass --brokers host:port[,host:port] or set PROJECTOR_BROKERS")
+	if err := checkBrokers(o.brokers); err != nil {
+		return err
 	}
-	for _, b := range o.brokers {
-		if _, _, err := net.SplitHostPort(b); err != nil {
-			return usagef("--brokers: %q is not a host:port address", b)
-		}
+	if err := checkHTTPAddr(o.httpAddr); err != nil {
+		return err
+	}
+	if err := checkStoreNames(o.schema, o.table); err != nil {
+		return err
 	}
 	if o.start != "earliest" && o.start != "latest" {
 		return usagef("--start %q: want earliest or latest", o.start)
@@ -189,6 +228,9 @@ func (o *runOpts) validate() error {
 		return usagef("--ready-max-lag %d: must not be negative (0 turns it off)", o.readyMaxLag)
 	}
 	if _, err := o.kafka.apply(o.brokers); err != nil {
+		return err
+	}
+	if err := o.groupTiming.validate(); err != nil {
 		return err
 	}
 	return o.gap.validate()
@@ -209,6 +251,7 @@ func (o *runOpts) config(st *store.Store, logger *slog.Logger) projection.Config
 		Store: st, Logger: logger,
 	}
 	o.gap.apply(&cfg)
+	o.groupTiming.apply(&cfg)
 	return cfg
 }
 
@@ -250,10 +293,10 @@ func openStore(ctx context.Context, url, schema, table string) (*store.Store, er
 	if _, err := pgxpool.ParseConfig(url); err != nil {
 		return nil, usagef("DATABASE_URL is not a valid PostgreSQL connection string (want postgres://user:pass@host:port/db or key=value pairs): %v", err)
 	}
-	cfg := store.Config{Schema: schema, Table: table}
-	if err := cfg.Validate(); err != nil {
-		return nil, usagef("%v", err)
+	if err := checkStoreNames(schema, table); err != nil {
+		return nil, err
 	}
+	cfg := store.Config{Schema: schema, Table: table}
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	st, err := store.Open(cctx, url, cfg)

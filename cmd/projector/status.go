@@ -77,6 +77,14 @@ Example:
 		if o.limit < 0 {
 			return usagef("--limit %d: must not be negative", o.limit)
 		}
+		if len(o.brokers) > 0 {
+			if err := checkBrokers(o.brokers); err != nil {
+				return err
+			}
+		}
+		if err := checkStoreNames(o.schema, o.table); err != nil {
+			return err
+		}
 		st, err := openStore(ctx, o.databaseURL, o.schema, o.table)
 		if err != nil {
 			return err
