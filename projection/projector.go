@@ -360,4 +360,3 @@ func (p *Projector) Status() Status {
 		Counters:   c,
 	}
 }
-

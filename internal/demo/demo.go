@@ -19,8 +19,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/projector/projector/internal/jobgen"
 	"github.com/projector/projector/internal/broker"
+	"github.com/projector/projector/internal/jobgen"
 	"github.com/projector/projector/projection"
 	"github.com/projector/projector/snapshot"
 	"github.com/projector/projector/store"
