@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -194,6 +195,11 @@ func (k Kafka) authError(err error) *AuthError {
 	case errors.As(err, &header):
 		// A plain-text broker answering a TLS hello, or the reverse.
 		auth = k.TLS != nil
+	case k.TLS != nil && isRemoteTLSAlert(err):
+		// The broker refused our certificate (or its absence) after the
+		// handshake, as TLS 1.3 does: "remote error: tls: certificate
+		// required".
+		auth = true
 	}
 	if !auth {
 		return nil
@@ -225,6 +231,9 @@ func (c *kafkaClients) partitions(ctx context.Context, topic string) ([]int, err
 	meta, err := c.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
 		if ae := c.k.authError(err); ae != nil {
+			return nil, ae
+		}
+		if ae := c.diagnose(ctx); ae != nil {
 			return nil, ae
 		}
 		return nil, fmt.Errorf("projection: metadata of %s: %w", topic, err)
@@ -278,4 +287,72 @@ func (c *kafkaClients) highWatermarks(ctx context.Context, topic string) (map[in
 		out[po.Partition] = po.LastOffset
 	}
 	return out, nil
+}
+
+func isRemoteTLSAlert(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "remote error"
+}
+
+// diagnose tells a refused authentication from a broker that is down: a
+// broker that fails SASL closes the connection, which kafka-go's transport
+// reports as a bare unexpected EOF. It dials each broker once with a
+// mechanism that records how far the exchange got: a connection lost after
+// the exchange started and before it completed is a refusal.
+func (c *kafkaClients) diagnose(ctx context.Context) *AuthError {
+	if c.k.SASL == nil && c.k.TLS == nil {
+		return nil
+	}
+	for _, addr := range c.k.Brokers {
+		d := *c.dialer
+		var probe *probeMechanism
+		if d.SASLMechanism != nil {
+			probe = &probeMechanism{Mechanism: d.SASLMechanism}
+			d.SASLMechanism = probe
+		}
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		conn, err := d.DialContext(dctx, "tcp", addr)
+		cancel()
+		if err == nil {
+			conn.Close()
+			return nil
+		}
+		if ae := c.k.authError(err); ae != nil {
+			return ae
+		}
+		if probe != nil && probe.started.Load() && !probe.done.Load() && ctx.Err() == nil {
+			ae := &AuthError{TLS: c.k.TLS != nil, Mechanism: c.k.SASL.Mechanism, User: c.k.SASL.Username,
+				Err: fmt.Errorf("%s closed the connection during the SASL exchange (credentials refused): %w", addr, err)}
+			return ae
+		}
+	}
+	return nil
+}
+
+// probeMechanism records whether a SASL exchange started and completed.
+type probeMechanism struct {
+	sasl.Mechanism
+	started, done atomic.Bool
+}
+
+func (m *probeMechanism) Start(ctx context.Context) (sasl.StateMachine, []byte, error) {
+	m.started.Store(true)
+	sm, ir, err := m.Mechanism.Start(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return probeState{sm, m}, ir, nil
+}
+
+type probeState struct {
+	sasl.StateMachine
+	m *probeMechanism
+}
+
+func (s probeState) Next(ctx context.Context, challenge []byte) (bool, []byte, error) {
+	done, resp, err := s.StateMachine.Next(ctx, challenge)
+	if done && err == nil {
+		s.m.done.Store(true)
+	}
+	return done, resp, err
 }

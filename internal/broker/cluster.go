@@ -2,10 +2,12 @@ package broker
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
@@ -48,6 +50,8 @@ type config struct {
 	brokers    int
 	partitions int
 	kfakeOpts  []kfake.Opt
+	clientTLS  *tls.Config
+	clientSASL sasl.Mechanism
 }
 
 // WithBrokers sets the number of brokers, overriding the default of one.
@@ -65,6 +69,13 @@ func WithDefaultPartitions(n int) Option { return func(c *config) { c.partitions
 // kfake.AllowAutoTopicCreation for a test that wants it).
 func WithKfakeOptions(opts ...kfake.Opt) Option {
 	return func(c *config) { c.kfakeOpts = append(c.kfakeOpts, opts...) }
+}
+
+// WithClientSecurity makes this package's own clients (topic creation,
+// produce, high watermarks) connect with TLS and SASL, for a broker started
+// with kfake's TLS or EnableSASL options (passed with [WithKfakeOptions]).
+func WithClientSecurity(tlsConfig *tls.Config, mechanism sasl.Mechanism) Option {
+	return func(c *config) { c.clientTLS, c.clientSASL = tlsConfig, mechanism }
 }
 
 // Start starts a broker listening on 127.0.0.1 at ports the system picks.
@@ -106,13 +117,15 @@ func Start(opts ...Option) (*Cluster, error) {
 		// second rather than kafka-go's default of up to 6 s.
 		MetadataTTL: time.Second,
 		ClientID:    "kafkatest",
+		TLS:         cfg.clientTLS,
+		SASL:        cfg.clientSASL,
 	}
 	c := &Cluster{
 		kf:        kf,
 		addrs:     addrs,
 		transport: transport,
 		client:    &kafka.Client{Addr: kafka.TCP(addrs...), Transport: transport},
-		dialer:    &kafka.Dialer{ClientID: "kafkatest", Timeout: 5 * time.Second},
+		dialer:    &kafka.Dialer{ClientID: "kafkatest", Timeout: 5 * time.Second, TLS: cfg.clientTLS, SASLMechanism: cfg.clientSASL},
 	}
 	return c, nil
 }

@@ -14,6 +14,7 @@ var (
 	WithBrokers           = broker.WithBrokers
 	WithDefaultPartitions = broker.WithDefaultPartitions
 	WithKfakeOptions      = broker.WithKfakeOptions
+	WithClientSecurity    = broker.WithClientSecurity
 )
 
 const (
