@@ -2,6 +2,7 @@ package gapfill
 
 import (
 	"encoding/json"
+	"fmt"
 	"maps"
 	"slices"
 	"time"
@@ -45,6 +46,9 @@ type Input struct {
 	Source    Source
 	// At is when it was read; it dates a hold.
 	At time.Time
+	// LogTime is the record's broker timestamp, zero when unknown: the
+	// log re-read window is measured from it.
+	LogTime time.Time
 }
 
 // Held is a delta waiting for the versions before it.
@@ -59,7 +63,9 @@ type Held struct {
 type Job struct {
 	ID      string
 	Version int64
-	// State is the row's state decoded with json.Number; nil is {}.
+	// State is the row's state decoded with json.Number. It may be nil
+	// while Raw is set: Advance decodes Raw when a delta needs it, so a
+	// row no delta touches is never decoded. Both nil is {}.
 	State map[string]any
 	// Raw is State encoded, when known; Advance keeps it in step.
 	Raw json.RawMessage
@@ -293,8 +299,17 @@ func rawOf(job *Job) json.RawMessage {
 // apply runs one next-in-line delta. A delta whose ops fail is rejected and
 // the row stays where it was.
 func apply(job *Job, in Input, out *Outcome) bool {
+	if job.State == nil && job.Raw != nil {
+		decoded, err := delta.DecodeState(job.Raw)
+		if err != nil {
+			out.Rejected = append(out.Rejected, Rejected{Input: in, Err: fmt.Errorf("the state it follows: %w", err)})
+			return false
+		}
+		job.State = decoded
+	}
 	state, err := delta.Apply(job.State, in.Event.Ops)
 	if err != nil {
+
 		out.Rejected = append(out.Rejected, Rejected{Input: in, Err: err})
 		return false
 	}

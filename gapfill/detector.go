@@ -1,6 +1,7 @@
 package gapfill
 
 import (
+	"container/heap"
 	"sort"
 	"time"
 )
@@ -51,48 +52,97 @@ type Gap struct {
 	NextAttempt time.Time
 	LastStep    Step
 	LastErr     string
+	// InFlight is set while an attempt taken with [Detector.Take] runs.
+	InFlight bool
+}
+
+type entry struct {
+	Gap
+	// index is the entry's place in the due queue; -1 while in flight.
+	index int
+	// progressed is set when the job moved forward since it was taken:
+	// the attempt's end then leaves the fresh wait alone.
+	progressed bool
 }
 
 // Detector is the clock of the policy chain for one partition's held jobs.
-// It is pure: every method takes the time it should use.
+// It is pure: every method takes the time it should use. Held jobs not in
+// flight wait in a queue ordered by when their next attempt is due, so
+// finding what is due costs no walk over every held job.
 type Detector struct {
 	policy Policy
-	gaps   map[string]*Gap
+	gaps   map[string]*entry
+	queue  dueQueue
+	// version counts changes, for callers that cache a view of the gaps.
+	version uint64
 }
 
 // NewDetector returns a detector with no held jobs.
 func NewDetector(p Policy) *Detector {
-	return &Detector{policy: p.WithDefaults(), gaps: map[string]*Gap{}}
+	return &Detector{policy: p.WithDefaults(), gaps: map[string]*entry{}}
 }
 
 // Policy is the policy in force.
 func (d *Detector) Policy() Policy { return d.policy }
 
+// Version changes whenever a gap is added, moved or removed.
+func (d *Detector) Version() uint64 { return d.version }
+
+func (d *Detector) schedule(e *entry, at time.Time) {
+	e.NextAttempt = at
+	if e.index >= 0 {
+		heap.Fix(&d.queue, e.index)
+	}
+}
+
 // Hold records that job is held since since; an older record is kept.
 func (d *Detector) Hold(job string, since time.Time) {
-	if g, ok := d.gaps[job]; ok {
-		if since.Before(g.Since) {
-			g.Since = since
-			g.NextAttempt = since.Add(d.policy.Wait)
+	d.version++
+	if e, ok := d.gaps[job]; ok {
+		if since.Before(e.Since) {
+			e.Since = since
+			d.schedule(e, since.Add(d.policy.Wait))
 		}
 		return
 	}
-	d.gaps[job] = &Gap{JobID: job, Since: since, NextAttempt: since.Add(d.policy.Wait), LastStep: StepWait}
+	e := &entry{Gap: Gap{JobID: job, Since: since, NextAttempt: since.Add(d.policy.Wait), LastStep: StepWait}}
+	d.gaps[job] = e
+	heap.Push(&d.queue, e)
 }
 
 // Progress records that a held job moved forward but is still held: it
-// waits afresh for the next missing version.
+// waits afresh for the next missing version, attempts and backoff reset.
+// An attempt in flight for it ends without a penalty.
 func (d *Detector) Progress(job string, now time.Time) {
-	if g, ok := d.gaps[job]; ok {
-		g.Since, g.Attempts, g.NextAttempt, g.LastStep, g.LastErr = now, 0, now.Add(d.policy.Wait), StepWait, ""
+	e, ok := d.gaps[job]
+	if !ok {
+		return
 	}
+	d.version++
+	e.Since, e.Attempts, e.LastStep, e.LastErr = now, 0, StepWait, ""
+	e.progressed = true
+	d.schedule(e, now.Add(d.policy.Wait))
 }
 
 // Close forgets a job whose gap closed.
-func (d *Detector) Close(job string) { delete(d.gaps, job) }
+func (d *Detector) Close(job string) {
+	e, ok := d.gaps[job]
+	if !ok {
+		return
+	}
+	d.version++
+	if e.index >= 0 {
+		heap.Remove(&d.queue, e.index)
+	}
+	delete(d.gaps, job)
+}
 
 // Reset forgets every gap.
-func (d *Detector) Reset() { clear(d.gaps) }
+func (d *Detector) Reset() {
+	d.version++
+	clear(d.gaps)
+	d.queue = d.queue[:0]
+}
 
 // Steps lists the steps an attempt runs, in order.
 func (d *Detector) Steps() []Step {
@@ -106,14 +156,15 @@ func (d *Detector) Steps() []Step {
 	return s
 }
 
-// Due lists, sorted, the held jobs whose next attempt is due at now.
+// Due lists, sorted, the held jobs not in flight whose next attempt is
+// due at now.
 func (d *Detector) Due(now time.Time) []string {
 	if len(d.Steps()) == 0 {
 		return nil
 	}
 	var due []string
-	for id, g := range d.gaps {
-		if !now.Before(g.NextAttempt) {
+	for id, e := range d.gaps {
+		if !e.InFlight && !now.Before(e.NextAttempt) {
 			due = append(due, id)
 		}
 	}
@@ -121,41 +172,67 @@ func (d *Detector) Due(now time.Time) []string {
 	return due
 }
 
-// NextDue is the earliest time an attempt falls due, if any.
-func (d *Detector) NextDue() (time.Time, bool) {
+// Take returns up to limit held jobs whose next attempt is due at now,
+// the longest due first, and marks them in flight: they are not due again
+// until [Detector.Failed], [Detector.Progress] or [Detector.Close] ends
+// their attempt.
+func (d *Detector) Take(now time.Time, limit int) []string {
 	if len(d.Steps()) == 0 {
+		return nil
+	}
+	var out []string
+	for len(out) < limit && len(d.queue) > 0 && !now.Before(d.queue[0].NextAttempt) {
+		e := heap.Pop(&d.queue).(*entry)
+		e.InFlight, e.progressed = true, false
+		out = append(out, e.JobID)
+	}
+	if len(out) > 0 {
+		d.version++
+	}
+	return out
+}
+
+// NextDue is the earliest time an attempt falls due among the jobs not in
+// flight, if any.
+func (d *Detector) NextDue() (time.Time, bool) {
+	if len(d.Steps()) == 0 || len(d.queue) == 0 {
 		return time.Time{}, false
 	}
-	var next time.Time
-	for _, g := range d.gaps {
-		if next.IsZero() || g.NextAttempt.Before(next) {
-			next = g.NextAttempt
-		}
-	}
-	return next, !next.IsZero()
+	return d.queue[0].NextAttempt, true
 }
 
 // Failed records an attempt that left job held, and schedules the next
-// with capped exponential backoff.
+// with capped exponential backoff. If the job moved forward while the
+// attempt ran, its fresh wait stands and nothing is counted.
 func (d *Detector) Failed(job string, now time.Time, last Step, err string) {
-	g, ok := d.gaps[job]
+	e, ok := d.gaps[job]
 	if !ok {
 		return
 	}
-	g.Attempts++
-	g.LastStep, g.LastErr = last, err
+	d.version++
+	wasInFlight := e.InFlight
+	e.InFlight = false
+	if wasInFlight {
+		heap.Push(&d.queue, e)
+	}
+	if e.progressed {
+		e.progressed = false
+		return
+	}
+	e.Attempts++
+	e.LastStep, e.LastErr = last, err
 	wait := d.policy.RetryMin
-	for i := 1; i < g.Attempts && wait < d.policy.RetryMax; i++ {
+	for i := 1; i < e.Attempts && wait < d.policy.RetryMax; i++ {
 		wait *= 2
 	}
-	g.NextAttempt = now.Add(min(wait, d.policy.RetryMax))
+	d.schedule(e, now.Add(min(wait, d.policy.RetryMax)))
 }
 
 // Gaps returns a copy of every held job's record, sorted by job.
 func (d *Detector) Gaps() []Gap {
 	out := make([]Gap, 0, len(d.gaps))
-	for _, g := range d.gaps {
-		out = append(out, *g)
+	for _, e := range d.gaps {
+		out = append(out, e.Gap)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].JobID < out[j].JobID })
 	return out
@@ -166,9 +243,37 @@ func (d *Detector) Len() int { return len(d.gaps) }
 
 // Gap returns job's record, if it is held.
 func (d *Detector) Gap(job string) (Gap, bool) {
-	g, ok := d.gaps[job]
+	e, ok := d.gaps[job]
 	if !ok {
 		return Gap{}, false
 	}
-	return *g, true
+	return e.Gap, true
+}
+
+// dueQueue is a min-heap of entries by NextAttempt, then job.
+type dueQueue []*entry
+
+func (q dueQueue) Len() int { return len(q) }
+func (q dueQueue) Less(i, j int) bool {
+	if !q[i].NextAttempt.Equal(q[j].NextAttempt) {
+		return q[i].NextAttempt.Before(q[j].NextAttempt)
+	}
+	return q[i].JobID < q[j].JobID
+}
+func (q dueQueue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].index, q[j].index = i, j
+}
+func (q *dueQueue) Push(x any) {
+	e := x.(*entry)
+	e.index = len(*q)
+	*q = append(*q, e)
+}
+func (q *dueQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	*q = old[:len(old)-1]
+	e.index = -1
+	return e
 }

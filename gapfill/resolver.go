@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/projector/projector/delta"
 	"github.com/projector/projector/event"
 )
 
@@ -66,64 +65,92 @@ type Resolution struct {
 	Err  error
 }
 
+// Attempt is one held job's attempt in progress: the job as the steps so
+// far left it, and what they found.
+type Attempt struct {
+	Job Job
+	Res Resolution
+}
+
 // Resolve runs steps, in order, for jobs, stopping for each job at the
-// first step that closes its gap.
+// first step that closes its gap. It returns once every job's attempt has
+// ended; [Resolver.Reread] and [Resolver.Authority] run the steps one job
+// at a time, for callers that let each job's result go on alone.
 func (r *Resolver) Resolve(ctx context.Context, steps []Step, jobs []Job, now time.Time) []Resolution {
-	res := make([]Resolution, len(jobs))
-	work := make([]Job, len(jobs))
-	copy(work, jobs)
+	atts := make([]Attempt, len(jobs))
 	for i, j := range jobs {
-		res[i] = Resolution{JobID: j.ID}
-	}
-	open := func() []int {
-		var idx []int
-		for i := range res {
-			if !res[i].Closed {
-				idx = append(idx, i)
-			}
-		}
-		return idx
+		atts[i] = Attempt{Job: j, Res: Resolution{JobID: j.ID}}
 	}
 	for _, step := range steps {
-		idx := open()
-		if len(idx) == 0 || ctx.Err() != nil {
+		if ctx.Err() != nil {
 			break
 		}
 		switch step {
 		case StepReread:
-			r.reread(ctx, idx, work, res, now)
+			r.Reread(ctx, atts, now)
 		case StepSnapshot:
-			r.snapshot(ctx, idx, work, res, now)
+			if r.Snapshots == nil {
+				continue
+			}
+			n := max(r.Concurrency, 1)
+			sem := make(chan struct{}, n)
+			var wg sync.WaitGroup
+			for i := range atts {
+				if atts[i].Res.Closed {
+					continue
+				}
+				sem <- struct{}{}
+				wg.Go(func() {
+					defer func() { <-sem }()
+					r.Authority(ctx, &atts[i], now)
+				})
+			}
+			wg.Wait()
 		}
+	}
+	res := make([]Resolution, len(atts))
+	for i := range atts {
+		res[i] = atts[i].Res
 	}
 	return res
 }
 
-func (r *Resolver) reread(ctx context.Context, idx []int, work []Job, res []Resolution, now time.Time) {
-	ids := make([]string, len(idx))
-	for k, i := range idx {
-		ids[k] = work[i].ID
-		res[i].Last = StepReread
+// Reread runs the re-read step for every attempt not yet closed, in one
+// read of the store and one pass over the log for all of them.
+func (r *Resolver) Reread(ctx context.Context, atts []Attempt, now time.Time) {
+	var idx []int
+	for i := range atts {
+		if !atts[i].Res.Closed {
+			idx = append(idx, i)
+			atts[i].Res.Last = StepReread
+		}
+	}
+	if len(idx) == 0 {
+		return
 	}
 	if r.Store != nil {
+		ids := make([]string, len(idx))
+		for k, i := range idx {
+			ids[k] = atts[i].Job.ID
+		}
 		rows, err := r.Store.Rows(ctx, ids)
 		for _, i := range idx {
+			a := &atts[i]
 			if err != nil {
-				res[i].Err = fmt.Errorf("re-read store: %w", err)
+				a.Res.Err = fmt.Errorf("re-read store: %w", err)
 				continue
 			}
-			row, ok := rows[work[i].ID]
-			if !ok || row.Version <= work[i].Version {
+			row, ok := rows[a.Job.ID]
+			if !ok || row.Version <= a.Job.Version {
 				continue
 			}
-			state, derr := delta.DecodeState(row.State)
-			if derr != nil {
-				res[i].Err = fmt.Errorf("re-read store: %w", derr)
+			if !json.Valid(row.State) {
+				a.Res.Err = fmt.Errorf("re-read store: job %q: the stored state is not JSON", a.Job.ID)
 				continue
 			}
-			res[i].Row = &row
-			work[i] = Job{ID: work[i].ID, Version: row.Version, State: state, Raw: row.State, EventID: row.EventID, LastOps: row.LastOps, Held: work[i].Held}
-			r.settle(&work[i], &res[i], nil, StepReread)
+			a.Res.Row = &row
+			a.Job = Job{ID: a.Job.ID, Version: row.Version, Raw: row.State, EventID: row.EventID, LastOps: row.LastOps, Held: a.Job.Held}
+			settle(a, nil, StepReread)
 		}
 	}
 	if r.Log == nil {
@@ -132,93 +159,92 @@ func (r *Resolver) reread(ctx context.Context, idx []int, work []Job, res []Reso
 	var want []string
 	from := now
 	for _, i := range idx {
-		if res[i].Closed {
+		a := &atts[i]
+		if a.Res.Closed {
 			continue
 		}
-		want = append(want, work[i].ID)
-		for _, h := range work[i].Held {
-			if h.Since.Before(from) {
-				from = h.Since
+		want = append(want, a.Job.ID)
+		for _, h := range a.Job.Held {
+			// The window is measured from the record's broker timestamp
+			// where there is one, else from when it was first held.
+			at := h.Since
+			if !h.LogTime.IsZero() {
+				at = h.LogTime
+			}
+			if at.Before(from) {
+				from = at
 			}
 		}
 	}
 	if len(want) == 0 {
 		return
 	}
-	found, err := r.Log.Reread(ctx, want, from.Add(-r.Window))
+	start := from.Add(-r.Window)
+	found, err := r.Log.Reread(ctx, want, start)
 	byJob := map[string][]Input{}
 	for _, in := range found {
 		in.Source = FromReread
 		byJob[in.Event.JobID] = append(byJob[in.Event.JobID], in)
 	}
 	for _, i := range idx {
-		if res[i].Closed {
+		a := &atts[i]
+		if a.Res.Closed {
 			continue
 		}
 		// What a cut-short re-read found still counts.
-		ins := byJob[work[i].ID]
-		sort.SliceStable(ins, func(a, b int) bool { return ins[a].Event.Version < ins[b].Event.Version })
+		ins := byJob[a.Job.ID]
+		sort.SliceStable(ins, func(x, y int) bool { return ins[x].Event.Version < ins[y].Event.Version })
 		var useful []Input
 		for _, in := range ins {
-			if in.Event.Version > work[i].Version {
+			if in.Event.Version > a.Job.Version {
 				useful = append(useful, in)
 			}
 		}
-		if r.settle(&work[i], &res[i], useful, StepReread) {
+		if settle(a, useful, StepReread) {
 			continue
 		}
 		if err != nil {
-			res[i].Err = fmt.Errorf("re-read log: %w", err)
+			a.Res.Err = fmt.Errorf("re-read log: %w", err)
 			continue
 		}
-		if res[i].Err == nil {
-			res[i].Err = fmt.Errorf("re-read: versions %v not found in the store or the log since %s",
-				work[i].Missing(5), from.Add(-r.Window).UTC().Format(time.RFC3339))
+		if a.Res.Err == nil {
+			a.Res.Err = fmt.Errorf("re-read: versions %v not found in the store or the log since %s",
+				a.Job.Missing(5), start.UTC().Format(time.RFC3339))
 		}
 	}
 }
 
-func (r *Resolver) snapshot(ctx context.Context, idx []int, work []Job, res []Resolution, now time.Time) {
-	if r.Snapshots == nil {
+// Authority runs the snapshot step for one attempt: one request to the
+// authority (its retries bounded by the source), whatever other jobs are
+// waiting for.
+func (r *Resolver) Authority(ctx context.Context, a *Attempt, now time.Time) {
+	if r.Snapshots == nil || a.Res.Closed {
 		return
 	}
-	n := max(r.Concurrency, 1)
-	sem := make(chan struct{}, n)
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, i := range idx {
-		res[i].Last = StepSnapshot
-		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			ev, err := r.Snapshots.Fetch(ctx, work[i].ID)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				res[i].Err = err // the source names the step
-				return
-			}
-			if ev.Kind != event.Snapshot || ev.JobID != work[i].ID {
-				res[i].Err = fmt.Errorf("snapshot: the authority answered with a %s for %q", ev.Kind, ev.JobID)
-				return
-			}
-			in := Input{Event: ev, Partition: -1, Offset: -1, Source: FromAuthority, At: now}
-			if !r.settle(&work[i], &res[i], []Input{in}, StepSnapshot) {
-				res[i].Err = fmt.Errorf("snapshot: the authority is at version %d; still missing %v", ev.Version, work[i].Missing(5))
-			}
-		})
+	a.Res.Last = StepSnapshot
+	ev, err := r.Snapshots.Fetch(ctx, a.Job.ID)
+	if err != nil {
+		a.Res.Err = err // the source names the step
+		return
 	}
-	wg.Wait()
+	if ev.Kind != event.Snapshot || ev.JobID != a.Job.ID {
+		a.Res.Err = fmt.Errorf("snapshot: the authority answered with a %s for %q", ev.Kind, ev.JobID)
+		return
+	}
+	in := Input{Event: ev, Partition: -1, Offset: -1, Source: FromAuthority, At: now}
+	if !settle(a, []Input{in}, StepSnapshot) {
+		a.Res.Err = fmt.Errorf("snapshot: the authority is at version %d; still missing %v", ev.Version, a.Job.Missing(5))
+	}
 }
 
 // settle offers inputs to the working copy of a job and records whether
 // that closed the gap.
-func (r *Resolver) settle(j *Job, res *Resolution, ins []Input, step Step) bool {
-	next, _ := Advance(*j, ins)
-	*j = next
-	res.Inputs = append(res.Inputs, ins...)
+func settle(a *Attempt, ins []Input, step Step) bool {
+	next, _ := Advance(a.Job, ins)
+	a.Job = next
+	a.Res.Inputs = append(a.Res.Inputs, ins...)
 	if len(next.Held) == 0 {
-		res.Closed, res.By, res.Err = true, step, nil
+		a.Res.Closed, a.Res.By, a.Res.Err = true, step, nil
 		return true
 	}
 	return false

@@ -43,3 +43,6 @@ func (c *jobCache) evict() {
 }
 
 func (c *jobCache) reset() { clear(c.jobs) }
+
+// peek is get without marking the job used.
+func (c *jobCache) peek(id string) (gapfill.Job, bool) { return c.get(id) }

@@ -67,6 +67,12 @@ type Config struct {
 	GapRetryMin time.Duration
 	GapRetryMax time.Duration
 
+	// GapLogRetention and GapLogMaxRows bound the gap log: rows closed
+	// longer ago, and the oldest rows beyond the count, are pruned in small
+	// batches in the background.
+	GapLogRetention time.Duration
+	GapLogMaxRows   int
+
 	// Group timing; the defaults suit a real cluster.
 	HeartbeatInterval time.Duration
 	SessionTimeout    time.Duration
@@ -149,6 +155,12 @@ func (c Config) WithDefaults() Config {
 	if c.GapRetryMax == 0 {
 		c.GapRetryMax = 5 * time.Minute
 	}
+	if c.GapLogRetention == 0 {
+		c.GapLogRetention = 7 * 24 * time.Hour
+	}
+	if c.GapLogMaxRows == 0 {
+		c.GapLogMaxRows = 100_000
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -214,6 +226,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxWait < 100*time.Millisecond {
 		errs = append(errs, fmt.Errorf("max-wait: %s is below 100ms", c.MaxWait))
+	}
+	if c.GapLogRetention < 0 || c.GapLogMaxRows < 0 {
+		errs = append(errs, errors.New("gap-log-retention and gap-log-max-rows must not be negative"))
 	}
 	if c.CacheSize < 0 {
 		errs = append(errs, fmt.Errorf("cache-size: %d is negative", c.CacheSize))

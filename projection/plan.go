@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -67,7 +68,8 @@ func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.R
 		if ev.Kind == event.Delta {
 			hasDelta[ev.JobID] = true
 		}
-		add(ev.JobID, gapfill.Input{Event: ev, Partition: w.partition, Offset: m.Offset, Source: gapfill.FromLog, At: now})
+		add(ev.JobID, gapfill.Input{Event: ev, Partition: w.partition, Offset: m.Offset, Source: gapfill.FromLog, At: now, LogTime: m.Time})
+
 	}
 	// Gap resolutions go first: they are older news than this batch.
 	rows := map[string]*gapfill.Row{}
@@ -131,7 +133,23 @@ func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.R
 		}
 		p.advance(w, j, inputs[id], now)
 	}
+	p.attempts(res)
 	return p, nil
+}
+
+// attempts records, on the held rows, each gap attempt that leaves its job
+// held, for explain to show after a restart too.
+func (p *plan) attempts(res []gapfill.Resolution) {
+	for _, r := range res {
+		if j, ok := p.jobs[r.JobID]; !ok || len(j.Held) == 0 {
+			continue
+		}
+		reason := errString(r.Err)
+		if reason == "" {
+			reason = "still held after " + string(r.Last)
+		}
+		p.batch.Attempts = append(p.batch.Attempts, store.Attempt{JobID: r.JobID, Step: string(r.Last), Err: reason})
+	}
 }
 
 func (p *plan) quarantine(b store.Bad) {
@@ -199,9 +217,15 @@ func (p *plan) advance(w *worker, j gapfill.Job, ins []gapfill.Input, now time.T
 		})
 	}
 	for _, h := range out.NewlyHeld {
+		// The holder reloads it on claim; the record keeps its own
+		// coordinates, which a later rejection quarantines it under.
+		src := h.Partition
+		if src < 0 {
+			src = w.partition
+		}
 		p.batch.Hold = append(p.batch.Hold, store.Held{
-			JobID: j.ID, Version: h.Event.Version, Partition: w.partition, Offset: h.Offset,
-			Ops: h.Event.RawOps, EventID: h.Event.EventID, Since: h.Since,
+			JobID: j.ID, Version: h.Event.Version, Partition: w.partition, SourcePartition: src, Offset: h.Offset,
+			Ops: h.Event.RawOps, EventID: h.Event.EventID, Since: h.Since, LogTime: h.LogTime,
 		})
 	}
 	for _, v := range out.Released {
@@ -210,6 +234,7 @@ func (p *plan) advance(w *worker, j gapfill.Job, ins []gapfill.Input, now time.T
 	switch {
 	case out.Closed:
 		p.closed[j.ID] = out.ClosedBy
+		p.batch.Gaps = append(p.batch.Gaps, gapClosed(j, next, out, now))
 	case len(next.Held) > 0:
 		since := now
 		for _, h := range next.Held {
@@ -223,6 +248,26 @@ func (p *plan) advance(w *worker, j gapfill.Job, ins []gapfill.Input, now time.T
 		}
 	}
 	p.jobs[j.ID] = next
+}
+
+// gapClosed is the gap log entry of a gap out closed: opened when the
+// oldest of its held deltas was first held (now, if it was held and
+// released within this batch).
+func gapClosed(j, next gapfill.Job, out gapfill.Outcome, now time.Time) store.GapClosed {
+	opened := now
+	for _, h := range j.Held {
+		if h.Since.Before(opened) {
+			opened = h.Since
+		}
+	}
+	for _, h := range out.NewlyHeld {
+		if h.Since.Before(opened) {
+			opened = h.Since
+		}
+	}
+	held := slices.Clone(out.Released)
+	slices.Sort(held)
+	return store.GapClosed{JobID: j.ID, Opened: opened, Step: out.ClosedBy.String(), From: j.Version, To: next.Version, Held: held}
 }
 
 func (p *plan) conflict(w *worker, id string, c gapfill.Conflict) {

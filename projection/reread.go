@@ -2,7 +2,9 @@ package projection
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -30,8 +32,11 @@ func (r storeRows) Rows(ctx context.Context, ids []string) (map[string]gapfill.R
 // logReader re-reads every partition of the topic, from an offset found by
 // timestamp lookup up to the end seen when it starts, for the records of
 // the held jobs: a repartition or a misrouted producer may have put the
-// missing versions where this partition's worker never looks. It is bounded
-// in bytes and time.
+// missing versions where this partition's worker never looks. One call
+// serves every job due in the same round. It is bounded in bytes and time;
+// the byte budget is shared fairly between the partitions that hold records
+// in the window, so one long partition cannot use it all up, and a
+// partition with no record at or after the start time is not read at all.
 type logReader struct{ p *Projector }
 
 func (l *logReader) Reread(ctx context.Context, jobs []string, from time.Time) ([]gapfill.Input, error) {
@@ -42,71 +47,142 @@ func (l *logReader) Reread(ctx context.Context, jobs []string, from time.Time) (
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.RereadMaxTime)
 	defer cancel()
-	parts, err := l.p.dialer.LookupPartitions(ctx, "tcp", cfg.Brokers[0], cfg.Topic)
+	parts, err := l.partitions(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("list partitions of %s: %w", cfg.Topic, err)
+		return nil, err
+	}
+	// First the ranges: which partitions hold anything in the window.
+	type span struct {
+		partition   int
+		start, last int64
+	}
+	var spans []span
+	var errs []error
+	for _, part := range parts {
+		start, last, err := l.bounds(ctx, part, from)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("partition %d: %w", part, err))
+		case start >= 0 && start < last:
+			spans = append(spans, span{part, start, last})
+		}
 	}
 	var found []gapfill.Input
 	budget := cfg.RereadMaxBytes
-	for _, part := range parts {
-		ins, used, err := l.scan(ctx, part.ID, from, want, budget)
-		if err != nil {
-			return found, fmt.Errorf("partition %d: %w", part.ID, err)
-		}
+	cut := false
+	for i, s := range spans {
+		// An even share of what is left: what a short partition leaves
+		// unused goes to the ones after it.
+		share := budget / int64(len(spans)-i)
+		ins, used, complete, err := l.scan(ctx, s.partition, s.start, s.last, want, share)
 		found = append(found, ins...)
-		if budget -= used; budget <= 0 {
-			return found, fmt.Errorf("stopped after %d bytes (reread-max-bytes)", cfg.RereadMaxBytes)
+		budget -= used
+		if err != nil {
+			errs = append(errs, fmt.Errorf("partition %d: %w", s.partition, err))
+		}
+		if !complete && err == nil {
+			cut = true
 		}
 	}
-	return found, nil
+	if cut {
+		errs = append(errs, fmt.Errorf("stopped after %d bytes (reread-max-bytes)", cfg.RereadMaxBytes))
+	}
+	return found, errors.Join(errs...)
 }
 
-func (l *logReader) scan(ctx context.Context, partition int, from time.Time, want map[string]bool, budget int64) ([]gapfill.Input, int64, error) {
+// partitions lists the topic's partitions, asking each broker in turn.
+func (l *logReader) partitions(ctx context.Context) ([]int, error) {
 	cfg := l.p.cfg
-	conn, err := l.p.dialer.DialLeader(ctx, "tcp", cfg.Brokers[0], cfg.Topic, partition)
-	if err != nil {
-		return nil, 0, err
+	var errs []error
+	for _, b := range cfg.Brokers {
+		parts, err := l.p.dialer.LookupPartitions(ctx, "tcp", b, cfg.Topic)
+		if err == nil {
+			ids := make([]int, len(parts))
+			for i, p := range parts {
+				ids[i] = p.ID
+			}
+			slices.Sort(ids)
+			return ids, nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", b, err))
+		if ctx.Err() != nil {
+			break
+		}
 	}
+	return nil, fmt.Errorf("list partitions of %s: %w", cfg.Topic, errors.Join(errs...))
+}
+
+// bounds returns the first offset at or after from and the partition's end;
+// start is -1 when no record is at or after from.
+func (l *logReader) bounds(ctx context.Context, partition int, from time.Time) (start, last int64, err error) {
+	conn, err := dialLeader(ctx, l.p.dialer, l.p.cfg.Brokers, l.p.cfg.Topic, partition)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer conn.Close()
 	first, last, err := conn.ReadOffsets()
-	start := int64(-1)
-	if err == nil {
-		start, err = conn.ReadOffset(from)
-	}
-	conn.Close()
 	if err != nil {
-		return nil, 0, fmt.Errorf("offsets: %w", err)
+		return 0, 0, fmt.Errorf("offsets: %w", err)
 	}
-	if start < first {
-		start = first
+	start, err = conn.ReadOffset(from)
+	if err != nil {
+		return 0, 0, fmt.Errorf("offset for %s: %w", from.UTC().Format(time.RFC3339), err)
 	}
-	if start < 0 || start >= last {
-		return nil, 0, nil
+	// -1: nothing at or after from. Check it before clamping to the log
+	// start, or a quiet partition would be read from its beginning.
+	if start < 0 {
+		return -1, last, nil
+	}
+	return max(start, first), last, nil
+}
+
+// dialLeader connects to the leader of partition, looking it up through
+// each broker in turn.
+func dialLeader(ctx context.Context, d *kafka.Dialer, brokers []string, topic string, partition int) (*kafka.Conn, error) {
+	var errs []error
+	for _, b := range brokers {
+		conn, err := d.DialLeader(ctx, "tcp", b, topic, partition)
+		if err == nil {
+			return conn, nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", b, err))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, fmt.Errorf("dial the leader of %s/%d: %w", topic, partition, errors.Join(errs...))
+}
+
+// scan reads partition from start up to last (exclusive) or until budget
+// bytes were read; complete reports that it reached last.
+func (l *logReader) scan(ctx context.Context, partition int, start, last int64, want map[string]bool, budget int64) (out []gapfill.Input, used int64, complete bool, err error) {
+	cfg := l.p.cfg
+	if budget <= 0 {
+		return nil, 0, false, nil
 	}
 	r := kafka.NewReader(kafka.ReaderConfig{
 		Brokers: cfg.Brokers, Topic: cfg.Topic, Partition: partition,
-		MinBytes: 1, MaxBytes: 8 << 20, MaxWait: 500 * time.Millisecond, Dialer: l.p.dialer,
+		MinBytes: 1, MaxBytes: int(max(min(budget, 8<<20), 1<<20)), MaxWait: 500 * time.Millisecond, Dialer: l.p.dialer,
 	})
 	defer r.Close()
 	if err := r.SetOffset(start); err != nil {
-		return nil, 0, err
+		return nil, 0, false, err
 	}
-	var out []gapfill.Input
-	var used int64
 	now := time.Now()
 	for used < budget {
 		m, err := r.FetchMessage(ctx)
 		if err != nil {
-			return out, used, err
+			return out, used, false, err
 		}
 		used += int64(len(m.Key) + len(m.Value))
 		if len(m.Key) == 0 || want[string(m.Key)] {
 			if ev, err := event.Decode(m.Key, m.Value); err == nil && want[ev.JobID] {
-				out = append(out, gapfill.Input{Event: ev, Partition: partition, Offset: m.Offset, Source: gapfill.FromReread, At: now})
+				out = append(out, gapfill.Input{Event: ev, Partition: partition, Offset: m.Offset, Source: gapfill.FromReread, At: now, LogTime: m.Time})
 			}
 		}
 		if m.Offset >= last-1 {
-			break
+			return out, used, true, nil
 		}
 	}
-	return out, used, nil
+	return out, used, false, nil
 }

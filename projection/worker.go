@@ -37,10 +37,15 @@ type worker struct {
 	// was (re)positioned at the stored position.
 	readSincePosition bool
 
-	// resolving is set while a resolver goroutine runs; its answers
-	// arrive on resolved.
-	resolving bool
-	resolved  chan []gapfill.Resolution
+	// attempts runs the held jobs' attempts in the background.
+	attempts *attempts
+
+	// heldView is the held jobs as last published, rebuilt only when the
+	// detector changed, and at most every heldViewEvery.
+	heldView     []HeldJob
+	heldVersion  uint64
+	heldBuiltAt  time.Time
+	heldViewSeen bool
 }
 
 // applyTimeout bounds one batch transaction; shutdownGrace bounds the one
@@ -79,7 +84,6 @@ var testHookBeforeApply func(partition int)
 func (w *worker) run(ctx context.Context) error {
 	cfg := w.p.cfg
 	w.detector = gapfill.NewDetector(cfg.gapPolicy())
-	w.resolved = make(chan []gapfill.Resolution, 1)
 	claim, err := w.claim(ctx)
 	if err != nil {
 		return err
@@ -126,17 +130,15 @@ func (w *worker) run(ctx context.Context) error {
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	rctx, stopResolver := context.WithCancel(ctx)
-	defer stopResolver()
+	rctx, stopAttempts := context.WithCancel(ctx)
+	defer stopAttempts()
+	w.attempts = w.startAttempts(rctx, &wg)
 	for {
 		w.beat.now()
-		var res []gapfill.Resolution
-		select {
-		case res = <-w.resolved:
-			w.resolving = false
-		default:
-		}
+		// Fetch first: it waits only briefly while attempts are in flight,
+		// and at most idleWake when none is, so no answer waits behind it.
 		msgs, hwm := w.fetch(ctx, r)
+		res := w.attempts.collect(w)
 		if hwm > w.hwm {
 			w.hwm = hwm
 		}
@@ -149,7 +151,7 @@ func (w *worker) run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		w.startResolver(rctx, &wg)
+		w.attempts.schedule(w)
 		w.publish()
 	}
 }
@@ -159,6 +161,9 @@ func (w *worker) run(ctx context.Context) error {
 func (w *worker) restore(ctx context.Context) error {
 	w.cache.reset()
 	w.detector.Reset()
+	if w.attempts != nil {
+		w.attempts.reset()
+	}
 	var held []store.Held
 	var rows map[string]store.Job
 	op := func() error {
@@ -197,7 +202,8 @@ func (w *worker) restore(ctx context.Context) error {
 			return fmt.Errorf("projection: held delta %q v%d: %w", h.JobID, h.Version, err)
 		}
 		ev := event.Event{JobID: h.JobID, Version: h.Version, Kind: event.Delta, Ops: ops, RawOps: h.Ops, EventID: h.EventID}
-		j.Held[h.Version] = gapfill.Held{Input: gapfill.Input{Event: ev, Partition: w.partition, Offset: h.Offset, At: h.Since}, Since: h.Since}
+		j.Held[h.Version] = gapfill.Held{Input: gapfill.Input{Event: ev, Partition: h.SourcePartition, Offset: h.Offset, At: h.Since, LogTime: h.LogTime}, Since: h.Since}
+
 		w.cache.put(j)
 		w.detector.Hold(h.JobID, h.Since)
 	}
@@ -258,10 +264,12 @@ func (w *worker) fetch(ctx context.Context, r *kafka.Reader) ([]kafka.Message, i
 	// An idle worker still wakes up every idleWake, so its beat shows it
 	// alive.
 	wait := idleWake
-	if w.resolving {
-		wait = 100 * time.Millisecond
-	} else if due, ok := w.detector.NextDue(); ok {
-		wait = min(max(time.Until(due), 10*time.Millisecond), idleWake)
+	if w.attempts != nil && w.attempts.busy() {
+		// Answers join the next batch as soon as they are ready.
+		wait = attemptPoll
+	}
+	if due, ok := w.detector.NextDue(); ok && time.Until(due) < wait {
+		wait = max(time.Until(due), 10*time.Millisecond)
 	}
 	fctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
@@ -340,7 +348,7 @@ func (w *worker) logBounds(ctx context.Context) (first, last int64, err error) {
 	cfg := w.p.cfg
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := w.p.dialer.DialLeader(dctx, "tcp", cfg.Brokers[0], w.topic, w.partition)
+	conn, err := dialLeader(dctx, w.p.dialer, cfg.Brokers, w.topic, w.partition)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -348,39 +356,14 @@ func (w *worker) logBounds(ctx context.Context) (first, last int64, err error) {
 	return conn.ReadOffsets()
 }
 
-// startResolver runs the due steps of the policy chain in the background,
-// so a held job never delays the other jobs of its partition.
-func (w *worker) startResolver(ctx context.Context, wg *sync.WaitGroup) {
-	if w.resolving || w.p.resolver == nil {
-		return
-	}
-	now := time.Now()
-	due := w.detector.Due(now)
-	if len(due) == 0 {
-		return
-	}
-	jobs := make([]gapfill.Job, 0, len(due))
-	for _, id := range due {
-		if j, ok := w.cache.get(id); ok {
-			jobs = append(jobs, j)
-		}
-	}
-	steps := w.detector.Steps()
-	w.resolving = true
-	wg.Go(func() {
-		res := w.p.resolver.Resolve(ctx, steps, jobs, now)
-		select {
-		case w.resolved <- res:
-		case <-ctx.Done():
-		}
-	})
-}
-
-// reschedule backs off every job an attempt left held.
+// reschedule ends the attempts whose results were just committed: a job
+// still held backs off, unless it moved forward, in which case the fresh
+// wait [worker.settle] gave it stands (the detector knows).
 func (w *worker) reschedule(res []gapfill.Resolution) {
 	now := time.Now()
 	for _, r := range res {
-		if _, held := w.detector.Gap(r.JobID); !held {
+		g, held := w.detector.Gap(r.JobID)
+		if !held {
 			continue
 		}
 		reason := errString(r.Err)
@@ -388,7 +371,9 @@ func (w *worker) reschedule(res []gapfill.Resolution) {
 			reason = "still held after " + string(r.Last)
 		}
 		w.detector.Failed(r.JobID, now, r.Last, reason)
-		w.log.Warn("gap still held", "job_id", r.JobID, "step", r.Last, "err", reason)
+		if after, _ := w.detector.Gap(r.JobID); after.Attempts > g.Attempts {
+			w.log.Warn("gap still held", "job_id", r.JobID, "step", r.Last, "err", reason, "attempts", after.Attempts)
+		}
 	}
 }
 
@@ -464,43 +449,6 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 			return w.unrestored(ctx, err)
 		}
 	}
-}
-
-// isolate handles a batch PostgreSQL refused for its data although every
-// record passed decoding: it commits the records one at a time, so the
-// one that carries the data is found and quarantined alone and the stream
-// moves on. Gap resolutions in the batch are dropped; their jobs stay held
-// and are tried again.
-func (w *worker) isolate(ctx context.Context, msgs []kafka.Message, res []gapfill.Resolution, cause error) error {
-	if err := w.restore(ctx); err != nil {
-		return w.unrestored(ctx, err)
-	}
-	if len(msgs) == 1 && len(res) == 0 {
-		m := msgs[0]
-		w.log.Warn("record refused by PostgreSQL; quarantined", "offset", m.Offset, "err", cause)
-		bad := &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: m.Offset + 1,
-			Bad: []store.Bad{{Partition: -1, Offset: m.Offset, Key: m.Key, Value: m.Value, Err: store.Refusal(cause)}}}
-		actx, cancel := applyContext(ctx)
-		defer cancel()
-		if _, err := w.p.cfg.Store.Apply(actx, bad); err != nil {
-			if errors.Is(err, store.ErrFenced) {
-				return errFenced
-			}
-			return fmt.Errorf("projection: quarantine offset %d: %w", m.Offset, err)
-		}
-		w.p.counters.add(tally{consumed: 1, quarantined: 1})
-		w.logQuarantined(w.partition, m.Offset, "refused by PostgreSQL: "+cause.Error())
-		w.position = m.Offset + 1
-		w.committed(w.partition, w.position)
-		return nil
-	}
-	w.log.Warn("batch refused by PostgreSQL for its data; committing its records one at a time", "records", len(msgs), "err", cause)
-	for i := range msgs {
-		if err := w.commit(ctx, msgs[i:i+1], nil); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // unrestored ends the worker when its memory of the partition could not
@@ -607,17 +555,30 @@ func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
 	}
 }
 
+// heldViewEvery bounds how often the list of held jobs is rebuilt for the
+// status when more than heldViewSmall are held: the list is rebuilt only
+// when the detector changed, never on every turn of the worker's loop.
+const (
+	heldViewEvery = time.Second
+	heldViewSmall = 100
+)
+
 func (w *worker) publish() {
-	gaps := w.detector.Gaps()
-	held := make([]HeldJob, 0, len(gaps))
-	for _, g := range gaps {
-		j, _ := w.cache.get(g.JobID)
-		held = append(held, HeldJob{
-			JobID: g.JobID, Version: j.Version, Missing: j.Missing(10), HeldDeltas: len(j.Held),
-			Since: g.Since, Attempts: g.Attempts, NextAttempt: g.NextAttempt, LastStep: string(g.LastStep), LastError: g.LastErr,
-		})
+	v := w.detector.Version()
+	stale := !w.heldViewSeen || v != w.heldVersion
+	if stale && (w.detector.Len() <= heldViewSmall || time.Since(w.heldBuiltAt) >= heldViewEvery) {
+		gaps := w.detector.Gaps()
+		held := make([]HeldJob, 0, len(gaps))
+		for _, g := range gaps {
+			j, _ := w.cache.peek(g.JobID)
+			held = append(held, HeldJob{
+				JobID: g.JobID, Version: j.Version, Missing: j.Missing(10), HeldDeltas: len(j.Held),
+				Since: g.Since, Attempts: g.Attempts, NextAttempt: g.NextAttempt, LastStep: string(g.LastStep), LastError: g.LastErr,
+			})
+		}
+		w.heldView, w.heldVersion, w.heldBuiltAt, w.heldViewSeen = held, v, time.Now(), true
 	}
-	w.p.book.set(PartitionStatus{Partition: w.partition, Position: w.position, HighWatermark: w.hwm, Epoch: w.epoch, Held: held}, w)
+	w.p.book.set(PartitionStatus{Partition: w.partition, Position: w.position, HighWatermark: w.hwm, Epoch: w.epoch, Held: w.heldView}, w)
 }
 
 func firstOffset(msgs []kafka.Message) int64 {

@@ -117,17 +117,22 @@ type Held struct {
 	JobID   string
 	Version int64
 	// Partition is the partition whose owner holds it (and reloads it on
-	// claim); Offset is where the delta was read.
-	Partition int
-	Offset    int64
-	Ops       json.RawMessage
-	EventID   string
-	Since     time.Time
+	// claim). SourcePartition and Offset are where the delta was read: a
+	// re-read may find it in another partition.
+	Partition       int
+	SourcePartition int
+	Offset          int64
+	Ops             json.RawMessage
+	EventID         string
+	Since           time.Time
+	// LogTime is the record's broker timestamp; zero when unknown.
+	LogTime time.Time
 }
 
 // LoadHeld reads the held deltas a partition's previous owner stored.
 func (s *Store) LoadHeld(ctx context.Context, topic string, p int) ([]Held, error) {
-	rows, err := s.pool.Query(ctx, `SELECT job_id, version, partition, "offset", ops::text, event_id, held_since
+	rows, err := s.pool.Query(ctx, `SELECT job_id, version, partition, coalesce(source_partition, partition), "offset",
+			ops::text, event_id, held_since, log_time
 		FROM `+s.held+` WHERE projection = $1 AND topic = $2 AND partition = $3 ORDER BY job_id, version`,
 		s.projection, topic, p)
 	if err != nil {
@@ -138,10 +143,14 @@ func (s *Store) LoadHeld(ctx context.Context, topic string, p int) ([]Held, erro
 	for rows.Next() {
 		var h Held
 		var ops string
-		if err := rows.Scan(&h.JobID, &h.Version, &h.Partition, &h.Offset, &ops, &h.EventID, &h.Since); err != nil {
+		var logTime *time.Time
+		if err := rows.Scan(&h.JobID, &h.Version, &h.Partition, &h.SourcePartition, &h.Offset, &ops, &h.EventID, &h.Since, &logTime); err != nil {
 			return nil, fmt.Errorf("store: load held %s/%d: %w", topic, p, err)
 		}
 		h.Ops = json.RawMessage(ops)
+		if logTime != nil {
+			h.LogTime = *logTime
+		}
 		out = append(out, h)
 	}
 	return out, rows.Err()
@@ -178,6 +187,10 @@ type Batch struct {
 	Hold    []Held
 	Release []HeldKey
 	Bad     []Bad
+	// Gaps are the gaps this batch closes, for the gap log; Attempts the
+	// gap attempts that left their jobs held, recorded on the held rows.
+	Gaps     []GapClosed
+	Attempts []Attempt
 }
 
 // Result tells which writes applied.
@@ -196,7 +209,10 @@ type Result struct {
 // partition, or a *[StaleError] if an update's row moved; both roll back.
 func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 	res := Result{SnapshotsApplied: make(map[string]int64, len(b.Snapshots))}
-	tx, err := s.pool.Begin(ctx)
+	// The fence argument (docs/design.md) assumes READ COMMITTED: each
+	// statement sees rows committed before it started. Pin it rather than
+	// inherit whatever default_transaction_isolation the server has.
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return res, fmt.Errorf("store: apply %s/%d@%d: begin: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
@@ -259,21 +275,32 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 		ids := make([]string, len(b.Hold))
 		vers := make([]int64, len(b.Hold))
 		parts := make([]int32, len(b.Hold))
+		srcs := make([]int32, len(b.Hold))
 		offs := make([]int64, len(b.Hold))
 		ops := make([]string, len(b.Hold))
 		evs := make([]string, len(b.Hold))
 		since := make([]time.Time, len(b.Hold))
+		logTimes := make([]*time.Time, len(b.Hold))
 		for i, h := range b.Hold {
-			ids[i], vers[i], parts[i], offs[i], ops[i], evs[i], since[i] = h.JobID, h.Version, int32(h.Partition), h.Offset, string(h.Ops), h.EventID, h.Since
+			ids[i], vers[i], parts[i], srcs[i] = h.JobID, h.Version, int32(h.Partition), int32(h.SourcePartition)
+			offs[i], ops[i], evs[i], since[i] = h.Offset, string(h.Ops), h.EventID, h.Since
+			if !h.LogTime.IsZero() {
+				logTimes[i] = &h.LogTime
+			}
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO `+s.held+` (projection, job_id, version, topic, partition, "offset", ops, event_id, held_since)
-			SELECT $1, i.job_id, i.version, $2, i.part, i.off, i.ops::jsonb, i.ev, i.since
-			FROM unnest($3::text[], $4::bigint[], $5::int[], $6::bigint[], $7::text[], $8::text[], $9::timestamptz[])
-				AS i(job_id, version, part, off, ops, ev, since)
+		if _, err := tx.Exec(ctx, `INSERT INTO `+s.held+`
+				(projection, job_id, version, topic, partition, source_partition, "offset", ops, event_id, held_since, log_time)
+			SELECT $1, i.job_id, i.version, $2, i.part, i.src, i.off, i.ops::jsonb, i.ev, i.since, i.logt
+			FROM unnest($3::text[], $4::bigint[], $5::int[], $6::int[], $7::bigint[], $8::text[], $9::text[],
+				$10::timestamptz[], $11::timestamptz[]) AS i(job_id, version, part, src, off, ops, ev, since, logt)
 			ON CONFLICT (projection, job_id, version) DO NOTHING`,
-			s.projection, b.Topic, ids, vers, parts, offs, ops, evs, since); err != nil {
+			s.projection, b.Topic, ids, vers, parts, srcs, offs, ops, evs, since, logTimes); err != nil {
+
 			return res, fmt.Errorf("store: apply %s/%d@%d: hold: %w", b.Topic, b.Partition, b.NextOffset, err)
 		}
+	}
+	if err := s.writeGapLog(ctx, tx, b); err != nil {
+		return res, err
 	}
 	if len(b.Release) > 0 {
 		ids := make([]string, len(b.Release))

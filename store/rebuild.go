@@ -2,8 +2,12 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"github.com/jackc/pgx/v5/pgconn"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -56,79 +60,311 @@ func (s *Store) Reset(ctx context.Context) error {
 	})
 }
 
+// Progress is what a shadow holds of an earlier rebuild that did not swap.
+type Progress struct {
+	// TableExists says the shadow table is there.
+	TableExists bool
+	// Positions are the stored next offsets of topic's partitions that
+	// were read from.
+	Positions map[int]int64
+	// OtherTopics are topics other than the one asked about that the
+	// shadow has positions for.
+	OtherTopics []string
+}
+
+// Read is how many records of the log the shadow has read: the sum of its
+// stored positions.
+func (p Progress) Read() int64 {
+	var n int64
+	for _, v := range p.Positions {
+		n += v
+	}
+	return n
+}
+
+// Progress reads what the shadow s holds of topic from an earlier rebuild.
+func (s *Store) Progress(ctx context.Context, topic string) (Progress, error) {
+	p := Progress{Positions: map[int]int64{}}
+	if err := s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.jobs).Scan(&p.TableExists); err != nil {
+		return p, fmt.Errorf("store: progress of %s: %w", s.projection, err)
+	}
+	var exists bool
+	if err := s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.partitions).Scan(&exists); err != nil || !exists {
+		return p, err
+	}
+	rows, err := s.pool.Query(ctx, `SELECT topic, partition, next_offset FROM `+s.partitions+`
+		WHERE projection = $1 ORDER BY topic, partition`, s.projection)
+	if err != nil {
+		return p, fmt.Errorf("store: progress of %s: %w", s.projection, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var t string
+		var part int
+		var next int64
+		if err := rows.Scan(&t, &part, &next); err != nil {
+			return p, fmt.Errorf("store: progress of %s: %w", s.projection, err)
+		}
+		switch {
+		case t != topic:
+			if !slices.Contains(p.OtherTopics, t) {
+				p.OtherTopics = append(p.OtherTopics, t)
+			}
+		case next >= 0:
+			p.Positions[part] = next
+		}
+	}
+	return p, rows.Err()
+}
+
+// column is one column of a table as the catalog describes it.
+type column struct {
+	name, typ           string
+	notNull, hasDefault bool
+	generated           bool
+}
+
+func tableColumns(ctx context.Context, q querier, table string) ([]column, error) {
+	rows, err := q.Query(ctx, `SELECT attname, format_type(atttypid, atttypmod), attnotnull, atthasdef,
+		attgenerated <> '' OR attidentity <> ''
+		FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped ORDER BY attnum`, table)
+	if err != nil {
+		return nil, fmt.Errorf("store: columns of %s: %w", table, err)
+	}
+	defer rows.Close()
+	var out []column
+	for rows.Next() {
+		var c column
+		if err := rows.Scan(&c.name, &c.typ, &c.notNull, &c.hasDefault, &c.generated); err != nil {
+			return nil, fmt.Errorf("store: columns of %s: %w", table, err)
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// RebuildRefusedError lists what of the live table a rebuild could not keep
+// or could not write through; nothing was changed.
+type RebuildRefusedError struct {
+	Table    string
+	Problems []string
+}
+
+func (e *RebuildRefusedError) Error() string {
+	return fmt.Sprintf("store: %s has what a rebuild cannot keep: %s", e.Table, strings.Join(e.Problems, "; "))
+}
+
+// CheckRebuild reports, as a *[RebuildRefusedError], what attached to the
+// live table would keep a rebuild's swap from writing the rebuilt rows into
+// it: a swap writes the live table's rows in place, so views, grants,
+// policies, indexes, triggers, comments and columns users added stay, but
+// rules would rewrite its writes, a column users added that is NOT NULL
+// without a default refuses new rows, and forced row-level security would
+// hide rows from it. It changes nothing.
+func (s *Store) CheckRebuild(ctx context.Context) error {
+	want, err := s.projectorColumns(ctx)
+	if err != nil {
+		return err
+	}
+	have, err := tableColumns(ctx, s.pool, s.jobs)
+	if err != nil {
+		return err
+	}
+	var problems []string
+	byName := map[string]column{}
+	for _, c := range have {
+		byName[c.name] = c
+	}
+	ours := map[string]bool{}
+	for _, w := range want {
+		ours[w.name] = true
+		switch h, ok := byName[w.name]; {
+		case !ok:
+			problems = append(problems, fmt.Sprintf("column %s is missing (the projection writes it)", w.name))
+		case h.typ != w.typ:
+			problems = append(problems, fmt.Sprintf("column %s is %s (the projection writes %s)", w.name, h.typ, w.typ))
+		case h.generated:
+			problems = append(problems, fmt.Sprintf("column %s is generated (the projection writes it)", w.name))
+		}
+	}
+	for _, h := range have {
+		if !ours[h.name] && h.notNull && !h.hasDefault && !h.generated {
+			problems = append(problems, fmt.Sprintf("column %s is NOT NULL without a default, so the jobs a rebuild adds could not be written (give it a default or drop NOT NULL)", h.name))
+		}
+	}
+	var kind string
+	var rls, forced, owner, bypass bool
+	var role string
+	err = s.pool.QueryRow(ctx, `SELECT c.relkind::text, c.relrowsecurity, c.relforcerowsecurity,
+		pg_has_role(c.relowner, 'USAGE'), r.rolsuper OR r.rolbypassrls, current_user
+		FROM pg_class c, pg_roles r WHERE c.oid = to_regclass($1) AND r.rolname = current_user`, s.jobs).
+		Scan(&kind, &rls, &forced, &owner, &bypass, &role)
+	if err != nil {
+		return fmt.Errorf("store: check %s for a rebuild: %w", s.jobs, err)
+	}
+	if kind != "r" && kind != "p" {
+		problems = append(problems, fmt.Sprintf("it is not a table (relkind %s)", kind))
+	}
+	if rls && !bypass && (!owner || forced) {
+		problems = append(problems, fmt.Sprintf("row-level security applies to %s, the role the rebuild connects as, so the swap could not see every row (connect as a role with BYPASSRLS, or ALTER TABLE ... NO FORCE ROW LEVEL SECURITY and connect as the owner)", role))
+	}
+	rows, err := s.pool.Query(ctx, `SELECT rulename FROM pg_rules WHERE schemaname = $1 AND tablename = $2 ORDER BY rulename`, s.schema, s.projection)
+	if err != nil {
+		return fmt.Errorf("store: check %s for a rebuild: %w", s.jobs, err)
+	}
+	rules, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("store: check %s for a rebuild: %w", s.jobs, err)
+	}
+	for _, r := range rules {
+		problems = append(problems, fmt.Sprintf("rule %s would rewrite the swap's writes (drop it, or rebuild by hand)", r))
+	}
+	if len(problems) > 0 {
+		return &RebuildRefusedError{Table: s.schema + "." + s.projection, Problems: problems}
+	}
+	return nil
+}
+
+// projectorColumns are the read-model columns the migrations create, read
+// from a throwaway schema migrated inside a transaction that is rolled
+// back.
+func (s *Store) projectorColumns(ctx context.Context) ([]column, error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("store: read model columns: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	tmp := "projector_check_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if err := migrateIn(ctx, tx, tmp, "jobs"); err != nil {
+		return nil, err
+	}
+	return tableColumns(ctx, tx, pgx.Identifier{tmp, "jobs"}.Sanitize())
+}
+
+// keptPrefix names the tables --keep-old keeps: projector_old_<table>_<n>.
+const keptPrefix = "projector_old_"
+
+// KeptNameFits reports whether the tables a swap keeps of table (with
+// keepOld) have names PostgreSQL can hold.
+func KeptNameFits(table string) bool { return len(keptPrefix+table+"_99999999") <= maxIdent }
+
 // SwapResult says what a swap did.
 type SwapResult struct {
 	// OldTable is where the previous read model went, when kept.
 	OldTable string
+	// Rows the swap deleted, updated and inserted in the live table to make
+	// it equal the shadow.
+	Deleted, Updated, Inserted int64
 }
 
-// Swap makes the shadow the live projection in one transaction: the
-// shadow table takes the live table's name, its positions, held deltas and
-// quarantine take the live projection's, and every partition's epoch moves
-// past both, which fences any instance still running on the old read model
-// (it claims again and continues from the shadow's positions). Readers see
-// the old model or the new one, never a mix.
+// Swap makes the shadow's contents the live projection's in one
+// transaction. The live table stays the same table: its rows are made equal
+// to the shadow's (rows the shadow lacks deleted, rows that differ updated,
+// rows it adds inserted; equal rows are not touched), so views, grants,
+// row-level security policies, indexes, triggers and comments stay in place
+// and readers are never blocked: they read the old rows until the commit
+// and the new ones after it. The shadow's positions and held deltas replace
+// the live projection's, its quarantine is merged into the live one (one
+// row per record, never deleted), and every partition's epoch moves past
+// both, which fences any instance still running on the old model (it
+// claims again and continues from the shadow's positions). With keepOld the
+// previous rows are first copied into a table inside the reserved prefix.
+// The shadow is dropped.
 func (s *Store) Swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResult, error) {
+	for attempt := 1; ; attempt++ {
+		res, err := s.swap(ctx, shadow, keepOld)
+		var pgErr *pgconn.PgError
+		// A writer outside the partitions' locks (a repair tool) can
+		// deadlock with the swap's multi-row statements; the swap is the
+		// one to try again.
+		if attempt < 3 && errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001") {
+			continue
+		}
+		return res, err
+	}
+}
+
+func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResult, error) {
 	var res SwapResult
 	live, sh := s.projection, shadow.projection
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		exec := func(sql string, args ...any) error {
-			if _, err := tx.Exec(ctx, sql, args...); err != nil {
-				return fmt.Errorf("store: swap %s into %s: %w", sh, live, err)
-			}
-			return nil
-		}
-		// The primary keys' names as PostgreSQL chose them (it truncates
-		// long ones), so the rebuilt table can take over the live one's.
-		pkey := func(table string) (string, error) {
-			var name string
-			err := tx.QueryRow(ctx, `SELECT conname FROM pg_constraint WHERE conrelid = to_regclass($1) AND contype = 'p'`, table).Scan(&name)
+		exec := func(sql string, args ...any) (int64, error) {
+			tag, err := tx.Exec(ctx, sql, args...)
 			if err != nil {
-				return "", fmt.Errorf("store: swap: primary key of %s: %w", table, err)
+				return 0, fmt.Errorf("store: swap %s into %s: %w", sh, live, err)
 			}
-			return name, nil
+			return tag.RowsAffected(), nil
 		}
-		if err := exec(`SELECT pg_advisory_xact_lock(hashtext('projector.migrate'))`); err != nil {
+		if _, err := exec(`SELECT pg_advisory_xact_lock(hashtext('projector.migrate'))`); err != nil {
+			return err
+		}
+		// Forced row-level security must fail the swap, not hide rows from
+		// it.
+		if _, err := exec(`SET LOCAL row_security = off`); err != nil {
 			return err
 		}
 		// Positions first, in the order a batch takes its locks (position,
 		// then rows): this waits for batches and claims in flight, so the
 		// epochs read below are final, and never deadlocks with them.
-		if err := exec(`SELECT 1 FROM `+s.partitions+` WHERE projection IN ($1, $2) ORDER BY projection, topic, partition FOR UPDATE`, live, sh); err != nil {
-			return err
-		}
-		if err := exec(`LOCK TABLE ` + s.jobs + `, ` + shadow.jobs + ` IN ACCESS EXCLUSIVE MODE`); err != nil {
-			return err
-		}
-		livePK, err := pkey(s.jobs)
-		if err != nil {
-			return err
-		}
-		shadowPK, err := pkey(shadow.jobs)
-		if err != nil {
+		if _, err := exec(`SELECT 1 FROM `+s.partitions+` WHERE projection IN ($1, $2) ORDER BY projection, topic, partition FOR UPDATE`, live, sh); err != nil {
 			return err
 		}
 		if keepOld {
-			suffix := "_before_" + strconv.FormatInt(time.Now().UnixNano(), 36)
-			kept := live[:min(len(live), 63-len(suffix))] + suffix
-			keptPK := kept[:min(len(kept), 63-len("_pkey"))] + "_pkey"
+			kept, err := s.keptName(ctx, tx)
+			if err != nil {
+				return err
+			}
+			keptTable := pgx.Identifier{s.schema, kept}.Sanitize()
+			if _, err := exec(`CREATE TABLE ` + keptTable + ` AS TABLE ` + s.jobs); err != nil {
+				return err
+			}
+			comment := fmt.Sprintf("the read model %s.%s as it was before the rebuild swapped at %s", s.schema, live, time.Now().UTC().Format(time.RFC3339))
+			if _, err := exec(`COMMENT ON TABLE ` + keptTable + ` IS ` + quoteLiteral(comment)); err != nil {
+				return err
+			}
 			res.OldTable = s.schema + "." + kept
-			if err := exec(`ALTER TABLE ` + s.jobs + ` RENAME TO ` + pgx.Identifier{kept}.Sanitize()); err != nil {
-				return err
+		}
+		cols, err := tableColumns(ctx, tx, shadow.jobs)
+		if err != nil {
+			return err
+		}
+		var names, compared, set []string
+		for _, c := range cols {
+			if c.generated {
+				continue
 			}
-			if err := exec(`ALTER TABLE ` + pgx.Identifier{s.schema, kept}.Sanitize() + ` RENAME CONSTRAINT ` +
-				pgx.Identifier{livePK}.Sanitize() + ` TO ` + pgx.Identifier{keptPK}.Sanitize()); err != nil {
-				return err
+			q := pgx.Identifier{c.name}.Sanitize()
+			names = append(names, q)
+			set = append(set, q+" = s."+q)
+			// updated_at says when the row last changed: a row the rebuild
+			// finds equal keeps it.
+			if c.name != "updated_at" {
+				compared = append(compared, q)
 			}
-		} else if err := exec(`DROP TABLE ` + s.jobs); err != nil {
+		}
+		list := strings.Join(names, ", ")
+		prefixed := func(alias string, cs []string) string {
+			out := make([]string, len(cs))
+			for i, c := range cs {
+				out[i] = alias + "." + c
+			}
+			return strings.Join(out, ", ")
+		}
+		if res.Deleted, err = exec(`DELETE FROM ` + s.jobs + ` AS l WHERE NOT EXISTS (SELECT 1 FROM ` + shadow.jobs + ` AS s WHERE s.job_id = l.job_id)`); err != nil {
+			return err
+		}
+		if res.Updated, err = exec(`UPDATE ` + s.jobs + ` AS l SET ` + strings.Join(set, ", ") + ` FROM ` + shadow.jobs + ` AS s
+			WHERE s.job_id = l.job_id AND (` + prefixed("l", compared) + `) IS DISTINCT FROM (` + prefixed("s", compared) + `)`); err != nil {
+			return err
+		}
+		if res.Inserted, err = exec(`INSERT INTO ` + s.jobs + ` (` + list + `) SELECT ` + prefixed("s", names) + ` FROM ` + shadow.jobs + ` AS s
+			WHERE NOT EXISTS (SELECT 1 FROM ` + s.jobs + ` AS l WHERE l.job_id = s.job_id)`); err != nil {
 			return err
 		}
 		for _, st := range []struct {
 			sql  string
 			args []any
 		}{
-			{`ALTER TABLE ` + shadow.jobs + ` RENAME TO ` + pgx.Identifier{live}.Sanitize(), nil},
-			{`ALTER TABLE ` + s.jobs + ` RENAME CONSTRAINT ` + pgx.Identifier{shadowPK}.Sanitize() + ` TO ` + pgx.Identifier{livePK}.Sanitize(), nil},
 			// Epochs move past both the live and the shadow owners'.
 			{`UPDATE ` + s.partitions + ` AS p SET epoch = greatest(p.epoch, coalesce((SELECT max(o.epoch) FROM ` + s.partitions + ` o
 				WHERE o.projection = $1 AND o.topic = p.topic AND o.partition = p.partition), 0)) + 1,
@@ -137,15 +373,82 @@ func (s *Store) Swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResu
 			{`UPDATE ` + s.partitions + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
 			{`DELETE FROM ` + s.held + ` WHERE projection = $1`, []any{live}},
 			{`UPDATE ` + s.held + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
-			{`DELETE FROM ` + s.quarantine + ` WHERE projection = $1`, []any{live}},
-			{`UPDATE ` + s.quarantine + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
+			// The quarantine is merged, never deleted: it may hold records
+			// the log no longer has.
+			{`INSERT INTO ` + s.quarantine + ` (projection, topic, partition, "offset", key, value, error, "time")
+				SELECT $1, topic, partition, "offset", key, value, error, "time" FROM ` + s.quarantine + ` WHERE projection = $2
+				ON CONFLICT (projection, topic, partition, "offset") DO UPDATE SET error = excluded.error, "time" = excluded."time"`, []any{live, sh}},
+			{`DELETE FROM ` + s.quarantine + ` WHERE projection = $1`, []any{sh}},
 			{`DELETE FROM ` + pgx.Identifier{s.schema, "projector_migrations"}.Sanitize() + ` WHERE projection = $1`, []any{sh}},
+			{`DROP TABLE ` + shadow.jobs, nil},
 		} {
-			if err := exec(st.sql, st.args...); err != nil {
+			if _, err := exec(st.sql, st.args...); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
 	return res, err
+}
+
+// keptName is the next free projector_old_<table>_<n>.
+func (s *Store) keptName(ctx context.Context, tx pgx.Tx) (string, error) {
+	base := keptPrefix + s.projection + "_"
+	var n int64
+	err := tx.QueryRow(ctx, `SELECT coalesce(max(substr(c.relname, $3)::bigint), 0) + 1 FROM pg_class c
+		JOIN pg_namespace ns ON ns.oid = c.relnamespace
+		WHERE ns.nspname = $1 AND c.relkind = 'r' AND c.relname ~ ('^' || $2 || '[0-9]{1,8}$')`,
+		s.schema, base, len(base)+1).Scan(&n)
+	if err != nil {
+		return "", fmt.Errorf("store: name for the kept model of %s: %w", s.projection, err)
+	}
+	name := base + strconv.FormatInt(n, 10)
+	if len(name) > maxIdent {
+		return "", fmt.Errorf("store: keep the model of %s: name %q longer than %d bytes", s.projection, name, maxIdent)
+	}
+	return name, nil
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// Drift counts how the live model differs from a rebuilt one, by kind, with
+// a sample of job ids for each.
+type Drift struct {
+	// Kinds, relative to the rebuilt model: missing (only in it), behind
+	// (live version lower), ahead (live version higher), differs (same
+	// version, other state), extra (only in the live model).
+	Counts  map[string]int64
+	Samples map[string][]string
+}
+
+// DriftKinds are the kinds of [Drift], in the order they are reported.
+var DriftKinds = []string{"missing", "behind", "ahead", "differs", "extra"}
+
+// Diff compares the live model s with the shadow's rows, sampling up to
+// sample job ids per kind.
+func (s *Store) Diff(ctx context.Context, shadow *Store, sample int) (Drift, error) {
+	d := Drift{Counts: map[string]int64{}, Samples: map[string][]string{}}
+	rows, err := s.pool.Query(ctx, `SELECT kind, count(*), (array_agg(job_id ORDER BY job_id))[1:$1] FROM (
+		SELECT coalesce(l.job_id, s.job_id) AS job_id, CASE
+			WHEN l.job_id IS NULL THEN 'missing'
+			WHEN s.job_id IS NULL THEN 'extra'
+			WHEN l.version < s.version THEN 'behind'
+			WHEN l.version > s.version THEN 'ahead'
+			WHEN l.state IS DISTINCT FROM s.state THEN 'differs' END AS kind
+		FROM `+s.jobs+` AS l FULL JOIN `+shadow.jobs+` AS s ON s.job_id = l.job_id) d
+		WHERE kind IS NOT NULL GROUP BY kind`, sample)
+	if err != nil {
+		return d, fmt.Errorf("store: compare %s with %s: %w", s.projection, shadow.projection, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var kind string
+		var n int64
+		var ids []string
+		if err := rows.Scan(&kind, &n, &ids); err != nil {
+			return d, fmt.Errorf("store: compare %s with %s: %w", s.projection, shadow.projection, err)
+		}
+		d.Counts[kind], d.Samples[kind] = n, ids
+	}
+	return d, rows.Err()
 }

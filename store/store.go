@@ -91,7 +91,7 @@ type Store struct {
 	schema     string
 	projection string
 	// quoted, qualified table names
-	jobs, partitions, quarantine, held string
+	jobs, partitions, quarantine, held, gapLog string
 }
 
 // Open connects to databaseURL and returns a Store that closes the pool on
@@ -139,6 +139,7 @@ func newStore(pool *pgxpool.Pool, cfg Config) *Store {
 		partitions: q("projector_partitions"),
 		quarantine: q("projector_quarantine"),
 		held:       q("projector_held"),
+		gapLog:     q("projector_gap_log"),
 	}
 }
 
@@ -162,11 +163,6 @@ func (s *Store) JobsTable() string { return s.jobs }
 // starting at once are serialised by an advisory lock held for the
 // migration transaction.
 func (s *Store) Migrate(ctx context.Context) error {
-	names, err := fs.Glob(migrations, "migrations/*.sql")
-	if err != nil {
-		return err
-	}
-	sort.Strings(names)
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("store: migrate: %w", err)
@@ -175,10 +171,27 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('projector.migrate'))`); err != nil {
 		return fmt.Errorf("store: migrate: lock: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{s.schema}.Sanitize()); err != nil {
-		return fmt.Errorf("store: migrate: create schema %s: %w", s.schema, err)
+	if err := migrateIn(ctx, tx, s.schema, s.projection); err != nil {
+		return err
 	}
-	mig := pgx.Identifier{s.schema, "projector_migrations"}.Sanitize()
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("store: migrate: commit: %w", err)
+	}
+	return nil
+}
+
+// migrateIn applies the migrations not yet applied to projection in
+// schema, inside tx.
+func migrateIn(ctx context.Context, tx pgx.Tx, schema, projection string) error {
+	names, err := fs.Glob(migrations, "migrations/*.sql")
+	if err != nil {
+		return err
+	}
+	sort.Strings(names)
+	if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{schema}.Sanitize()); err != nil {
+		return fmt.Errorf("store: migrate: create schema %s: %w", schema, err)
+	}
+	mig := pgx.Identifier{schema, "projector_migrations"}.Sanitize()
 	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+mig+` (
 		projection text NOT NULL, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(),
 		PRIMARY KEY (projection, name))`); err != nil {
@@ -187,7 +200,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 	for _, name := range names {
 		var done bool
 		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+mig+` WHERE projection = $1 AND name = $2)`,
-			s.projection, name).Scan(&done); err != nil {
+			projection, name).Scan(&done); err != nil {
 			return fmt.Errorf("store: migrate %s: %w", name, err)
 		}
 		if done {
@@ -198,18 +211,15 @@ func (s *Store) Migrate(ctx context.Context) error {
 			return err
 		}
 		sql := strings.NewReplacer(
-			"{{schema}}", pgx.Identifier{s.schema}.Sanitize(),
-			"{{jobs}}", pgx.Identifier{s.projection}.Sanitize(),
+			"{{schema}}", pgx.Identifier{schema}.Sanitize(),
+			"{{jobs}}", pgx.Identifier{projection}.Sanitize(),
 		).Replace(string(body))
 		if _, err := tx.Exec(ctx, sql); err != nil {
 			return fmt.Errorf("store: migrate %s: %w", name, err)
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO `+mig+` (projection, name) VALUES ($1, $2)`, s.projection, name); err != nil {
+		if _, err := tx.Exec(ctx, `INSERT INTO `+mig+` (projection, name) VALUES ($1, $2)`, projection, name); err != nil {
 			return fmt.Errorf("store: migrate %s: %w", name, err)
 		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("store: migrate: commit: %w", err)
 	}
 	return nil
 }

@@ -177,7 +177,8 @@ func TestSwapMakesTheShadowLiveAndFencesTheOldOwner(t *testing.T) {
 	require.NoError(t, err)
 	_, err = shadow.Apply(ctx, &store.Batch{Topic: "t", Epoch: sc.Epoch, NextOffset: 9,
 		Snapshots: []store.Write{{JobID: "a", Version: 2, State: json.RawMessage(`{"right":true}`)}},
-		Hold:      []store.Held{{JobID: "b", Version: 3, Partition: 0, Offset: 8, Ops: json.RawMessage(`[]`)}}})
+		Hold:      []store.Held{{JobID: "b", Version: 3, Partition: 0, Offset: 8, Ops: json.RawMessage(`[]`)}},
+		Bad:       []store.Bad{{Partition: -1, Offset: 3, Err: "rebuilt bad"}, {Partition: -1, Offset: 4, Err: "new bad"}}})
 	require.NoError(t, err)
 
 	res, err := live.Swap(ctx, shadow, true)
@@ -197,9 +198,14 @@ func TestSwapMakesTheShadowLiveAndFencesTheOldOwner(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.Equal(t, "b", held[0].JobID)
-	_, qn, err := live.Quarantine(ctx, 10)
+	q, qn, err := live.Quarantine(ctx, 10)
 	require.NoError(t, err)
-	require.Zero(t, qn, "the rebuild's quarantine replaces the old one")
+	require.Equal(t, 2, qn, "the rebuild's quarantine is merged into the live one, one row per record")
+	errs := map[int64]string{}
+	for _, r := range q {
+		errs[r.Offset] = r.Error
+	}
+	require.Equal(t, map[int64]string{3: "rebuilt bad", 4: "new bad"}, errs)
 
 	_, err = live.Apply(ctx, &store.Batch{Topic: "t", Epoch: old.Epoch, NextOffset: 6})
 	require.ErrorIs(t, err, store.ErrFenced, "an instance still running on the old model is fenced")
@@ -212,6 +218,9 @@ func TestSwapMakesTheShadowLiveAndFencesTheOldOwner(t *testing.T) {
 	jobs, err = live.Jobs(ctx)
 	require.NoError(t, err)
 	require.Empty(t, jobs)
+	_, qn, err = live.Quarantine(ctx, 10)
+	require.NoError(t, err)
+	require.Equal(t, 2, qn, "a rebuild never deletes the quarantine")
 }
 
 func TestHeldJobsSayWhatTheyWaitFor(t *testing.T) {

@@ -230,6 +230,14 @@ func TestQuarantineUsage(t *testing.T) {
 		require.Equal(t, tc.code, r.code, "%v\n%s", tc.args, r)
 		require.Contains(t, r.stderr, tc.want, "%v", tc.args)
 	}
+	for _, sub := range []string{"list", "show", "replay", "purge"} {
+		r := runBin(t, 10*time.Second, baseEnv(), "quarantine", sub, "--help")
+		require.Equal(t, 0, r.code, "%s", r)
+		require.Contains(t, r.stdout, "projector quarantine "+sub+" [flags]")
+		require.Equal(t, "DATABASE_URL", helpFlags(r.stdout)["database-url"], "%s", r.stdout)
+		h := runBin(t, 10*time.Second, baseEnv(), "help", "quarantine", sub)
+		require.Equal(t, r.stdout, h.stdout)
+	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	var tables int

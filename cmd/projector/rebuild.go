@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"strings"
 	"time"
 
 	"github.com/projector/projector/projection"
@@ -13,31 +16,50 @@ import (
 type rebuildOpts struct {
 	runOpts
 	keepOld  bool
+	restart  bool
+	dryRun   bool
 	heldWait time.Duration
 	timeout  time.Duration
 }
+
+// driftSample is how many job ids --dry-run shows per kind of drift.
+const driftSample = 10
 
 var rebuildCommand = &command{
 	name:    "rebuild",
 	summary: "rebuild the read model from the start of the log into a shadow table and swap it in atomically",
 	usage: `projector rebuild projects --topic from its earliest offsets into a shadow
-table (projector_rebuild_<table>) with its own consumer group, while the live read model
-stays in place. Once every partition reaches the end it saw when it started, it
-swaps the shadow in, in one transaction: the shadow becomes <table>, its
-positions, held deltas and quarantine become the live ones, and every
-partition's epoch moves on, which fences any 'projector run' still working the
-old model (it claims again and continues from the rebuilt positions).
+table (projector_rebuild_<table>) with its own consumer group, while the live
+read model stays in place and keeps serving. Once every partition reaches the
+end it saw when it started, it swaps the rebuilt contents in, in one
+transaction: the live table's rows are made equal to the shadow's (only rows
+that differ are written), so views, grants, row-level security policies,
+indexes, triggers and comments on the table stay in place and readers are
+never blocked. The shadow's positions and held deltas become the live ones,
+its quarantine is merged into the live one (never deleted), and every
+partition's epoch moves on, which fences any 'projector run' still working
+the old model (it claims again and continues from the rebuilt positions).
 
-Held gaps are not dropped: held deltas move with the swap and the live
-instances keep closing them. The old table is dropped, or kept with --keep-old.
+Before reading anything it checks the topic and what is attached to the
+table; what a swap could not keep (rules, a column added NOT NULL without a
+default, forced row-level security) is refused, naming it, and nothing is
+changed.
+
+A rebuild stopped or killed part way leaves the live model untouched; run it
+again and it continues from the shadow's stored positions (--restart starts
+over). --dry-run builds the shadow and reports how the live model differs
+from it (missing, behind, ahead, differs, extra) without swapping.
 
 Example:
   DATABASE_URL=postgres://app@db:5432/app projector rebuild --brokers kafka-1:9092 --snapshot-url http://authority:8080`,
 	flags: func(fs *flag.FlagSet) any {
 		o := &rebuildOpts{}
-		o.register(fs, "projector-rebuild", "off")
+		o.register(fs, "", "off")
+		fs.Lookup("group").Usage = "the rebuild's Kafka consumer group (default projector-rebuild-<schema>-<table>,\nso rebuilds of different tables never share one)"
 		o.start = "earliest"
-		fs.BoolVar(&o.keepOld, "keep-old", false, "keep the previous read model as <table>_before_<time> instead of dropping it")
+		fs.BoolVar(&o.keepOld, "keep-old", false, "keep a copy of the previous read model as projector_old_<table>_<n>")
+		fs.BoolVar(&o.restart, "restart", false, "discard what an earlier, unfinished rebuild stored and start over from the start of the log")
+		fs.BoolVar(&o.dryRun, "dry-run", false, "build the shadow and report how the live model differs from it, without swapping")
 		fs.DurationVar(&o.heldWait, "held-wait", 30*time.Second, "after catching up, how long to let held gaps close before swapping anyway")
 		fs.DurationVar(&o.timeout, "timeout", 0, "give up (and leave the live model untouched) if not caught up within this long; 0 waits for ever")
 		return o
@@ -48,6 +70,9 @@ Example:
 		if err != nil {
 			return err
 		}
+		if o.group == "" {
+			o.group = "projector-rebuild-" + o.schema + "-" + o.table
+		}
 		if err := o.validate(); err != nil {
 			return err
 		}
@@ -57,30 +82,39 @@ Example:
 		if name := store.ShadowName(o.table); len(name) > 63 {
 			return usagef("--table %q: too long for its rebuild table %q (PostgreSQL names have at most 63 bytes)", o.table, name)
 		}
-		// Every precondition before anything is created or reset.
+		if o.keepOld && !store.KeptNameFits(o.table) {
+			return usagef("--table %q: too long to keep the old model under projector_old_%s_<n> (PostgreSQL names have at most 63 bytes); drop --keep-old", o.table, o.table)
+		}
+		if o.dryRun && o.keepOld {
+			return usagef("--dry-run never swaps, so --keep-old has nothing to keep: pass one of them")
+		}
+		// Every precondition before anything is reset: the database (whose
+		// live tables are only created if missing), then the topic.
+		live, err := openStore(ctx, o.databaseURL, o.schema, o.table)
+		if err != nil {
+			return err
+		}
+		defer live.Close()
 		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		target, err := projection.HighWatermarks(hctx, o.kafkaConfig(), o.topic)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("nothing was changed: %w", err)
 		}
-		live, err := openStore(ctx, o.databaseURL, o.schema, o.table)
-		if err != nil {
+		if err := live.CheckRebuild(ctx); err != nil {
+			var refused *store.RebuildRefusedError
+			if errors.As(err, &refused) {
+				return fmt.Errorf("nothing was changed: %s.%s has what a rebuild cannot keep:\n  %s", o.schema, o.table, strings.Join(refused.Problems, "\n  "))
+			}
 			return err
 		}
-		defer live.Close()
 		shadow, err := live.Shadow()
 		if err != nil {
 			return usagef("--table: %v", err)
 		}
-		if err := shadow.Reset(ctx); err != nil {
+		if err := prepareShadow(ctx, env.stdout, shadow, o, target); err != nil {
 			return err
 		}
-		if err := shadow.Migrate(ctx); err != nil {
-			return err
-		}
-		fmt.Fprintf(env.stdout, "rebuilding %s.%s from the start of %s into %s (%d partitions, %d records to read)\n",
-			o.schema, o.table, o.topic, shadow.JobsTable(), len(target), sum(target))
 
 		p, err := projection.New(o.config(shadow, logger))
 		if err != nil {
@@ -94,26 +128,95 @@ Example:
 		rctx, cancelRun := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- p.Run(rctx) }()
-		waitErr := waitRebuilt(ctx, shadow, p, target, o, env)
+		waitErr := waitRebuilt(ctx, shadow, target, o)
 		cancelRun()
 		if err := <-done; err != nil {
 			return err
 		}
 		if waitErr != nil {
-			return fmt.Errorf("rebuild stopped before the swap, the live read model is untouched (the shadow %s stays for inspection): %w", shadow.JobsTable(), waitErr)
+			return fmt.Errorf("rebuild stopped before the swap, the live read model is untouched (the shadow %s stays; run again to continue from it): %w", shadow.JobsTable(), waitErr)
+		}
+		c := p.Status().Counters
+		if o.dryRun {
+			d, err := live.Diff(ctx, shadow, driftSample)
+			if err != nil {
+				return err
+			}
+			printDrift(env.stdout, o, d, c)
+			return nil
 		}
 		res, err := live.Swap(ctx, shadow, o.keepOld)
 		if err != nil {
-			return err
+			return fmt.Errorf("the live read model is untouched (the shadow %s stays; run again to swap it): %w", shadow.JobsTable(), err)
 		}
-		c := p.Status().Counters
-		fmt.Fprintf(env.stdout, "swapped: %s.%s is the rebuilt read model (%d records read, %d applied, %d quarantined, %d held jobs carried over)\n",
-			o.schema, o.table, c.Consumed, c.Applied, c.Quarantined, c.HeldJobs)
+		fmt.Fprintf(env.stdout, "swapped: %s.%s is the rebuilt read model (this run: %d records read, %d applied, %d quarantined; %d held jobs carried over; rows changed: %d updated, %d inserted, %d deleted)\n",
+			o.schema, o.table, c.Consumed, c.Applied, c.Quarantined, c.HeldJobs, res.Updated, res.Inserted, res.Deleted)
 		if res.OldTable != "" {
 			fmt.Fprintf(env.stdout, "the previous read model is kept as %s\n", res.OldTable)
 		}
 		return nil
 	},
+}
+
+// prepareShadow continues from what an earlier rebuild stored in the
+// shadow, or starts it over (--restart, or nothing to continue from), and
+// says which.
+func prepareShadow(ctx context.Context, stdout io.Writer, shadow *store.Store, o *rebuildOpts, target map[int]int64) error {
+	prog, err := shadow.Progress(ctx, o.topic)
+	if err != nil {
+		return err
+	}
+	if len(prog.OtherTopics) > 0 && !o.restart {
+		return usagef("the shadow %s holds an unfinished rebuild of topic %s, not %s: pass --restart to discard it and start over",
+			shadow.JobsTable(), strings.Join(prog.OtherTopics, ", "), o.topic)
+	}
+	if !o.restart && prog.TableExists && prog.Read() > 0 {
+		if err := shadow.Migrate(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "resuming the rebuild of %s.%s from the shadow's stored positions: %d of %d records already read (--restart starts over)\n",
+			o.schema, o.table, prog.Read(), sum(target))
+		return nil
+	}
+	if err := shadow.Reset(ctx); err != nil {
+		return err
+	}
+	if err := shadow.Migrate(ctx); err != nil {
+		return err
+	}
+	how := "starting"
+	if o.restart && prog.Read() > 0 {
+		how = fmt.Sprintf("starting over (--restart discarded %d records read earlier):", prog.Read())
+	}
+	fmt.Fprintf(stdout, "%s the rebuild of %s.%s from the start of %s into %s (%d partitions, %d records to read)\n",
+		how, o.schema, o.table, o.topic, shadow.JobsTable(), len(target), sum(target))
+	return nil
+}
+
+// printDrift reports how the live model differs from the rebuilt one.
+func printDrift(w io.Writer, o *rebuildOpts, d store.Drift, c projection.Counters) {
+	var total int64
+	for _, n := range d.Counts {
+		total += n
+	}
+	fmt.Fprintf(w, "dry run: the live model %s.%s differs from the rebuilt one in %d jobs (this run: %d records read, %d applied, %d quarantined)\n",
+		o.schema, o.table, total, c.Consumed, c.Applied, c.Quarantined)
+	for _, kind := range store.DriftKinds {
+		fmt.Fprintf(w, "  %-8s %d", kind, d.Counts[kind])
+		if ids := d.Samples[kind]; len(ids) > 0 {
+			quoted := make([]string, len(ids))
+			for i, id := range ids {
+				quoted[i] = fmt.Sprintf("%q", id)
+			}
+			fmt.Fprintf(w, "  %s", strings.Join(quoted, " "))
+			if int64(len(ids)) < d.Counts[kind] {
+				fmt.Fprint(w, " ...")
+			}
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintf(w, "not swapped (--dry-run): the shadow %s stays; 'projector rebuild' without --dry-run continues from it and swaps\n",
+		store.ShadowName(o.table))
 }
 
 func sum(m map[int]int64) int64 {
@@ -126,7 +229,7 @@ func sum(m map[int]int64) int64 {
 
 // waitRebuilt waits until the shadow's positions reach target, then up to
 // --held-wait for held gaps to close.
-func waitRebuilt(ctx context.Context, shadow *store.Store, p *projection.Projector, target map[int]int64, o *rebuildOpts, env *cmdEnv) error {
+func waitRebuilt(ctx context.Context, shadow *store.Store, target map[int]int64, o *rebuildOpts) error {
 	start := time.Now()
 	var caughtUp time.Time
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -138,19 +241,13 @@ func waitRebuilt(ctx context.Context, shadow *store.Store, p *projection.Project
 		case <-tick.C:
 		}
 		if caughtUp.IsZero() {
-			pos, err := shadow.Positions(ctx)
+			prog, err := shadow.Progress(ctx, o.topic)
 			if err != nil {
 				return err
 			}
-			have := map[int]int64{}
-			for _, ps := range pos {
-				if ps.Topic == o.topic {
-					have[ps.Partition] = ps.NextOffset
-				}
-			}
 			done := true
 			for part, h := range target {
-				if h > 0 && have[part] < h {
+				if h > 0 && prog.Positions[part] < h {
 					done = false
 				}
 			}

@@ -83,6 +83,8 @@ type gapFlags struct {
 	snapshotTimeout time.Duration
 	snapshotConc    int
 	retryMax        time.Duration
+	logRetention    time.Duration
+	logMaxRows      int
 }
 
 func (g *gapFlags) register(fs *flag.FlagSet) {
@@ -94,6 +96,8 @@ func (g *gapFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&g.snapshotTimeout, "snapshot-timeout", 5*time.Second, "timeout of one request to the authority")
 	fs.IntVar(&g.snapshotConc, "snapshot-concurrency", 4, "most requests to the authority in flight")
 	fs.DurationVar(&g.retryMax, "gap-retry-max", 5*time.Minute, "longest backoff between attempts that leave a gap held")
+	fs.DurationVar(&g.logRetention, "gap-log-retention", 7*24*time.Hour, "how long closed gaps stay in the gap log (projector explain shows them)")
+	fs.IntVar(&g.logMaxRows, "gap-log-max-rows", 100_000, "most rows the gap log keeps; the oldest beyond are pruned")
 }
 
 func (g *gapFlags) validate() error {
@@ -114,6 +118,12 @@ func (g *gapFlags) validate() error {
 	if g.snapshotTimeout <= 0 || g.snapshotConc <= 0 || g.retryMax <= 0 {
 		return usagef("--snapshot-timeout, --snapshot-concurrency and --gap-retry-max must be positive")
 	}
+	if g.logRetention <= 0 {
+		return usagef("--gap-log-retention %s: must be positive, e.g. 168h", g.logRetention)
+	}
+	if g.logMaxRows <= 0 {
+		return usagef("--gap-log-max-rows %d: must be positive", g.logMaxRows)
+	}
 	return nil
 }
 
@@ -129,6 +139,8 @@ func (g *gapFlags) apply(c *projection.Config) {
 	c.SnapshotTimeout = g.snapshotTimeout
 	c.SnapshotConcurrency = g.snapshotConc
 	c.GapRetryMax = g.retryMax
+	c.GapLogRetention = g.logRetention
+	c.GapLogMaxRows = g.logMaxRows
 }
 
 var runCommand = &command{

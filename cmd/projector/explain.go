@@ -1,0 +1,200 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/projector/projector/store"
+)
+
+type explainOpts struct {
+	store storeFlags
+	json  bool
+	gaps  int
+}
+
+// explainReport is what `projector explain --json` prints.
+type explainReport struct {
+	JobID string `json:"job_id"`
+	// Version is the row's version, 0 when there is no row.
+	Version int64           `json:"version"`
+	State   json.RawMessage `json:"state"`
+	Updated *time.Time      `json:"updated"`
+	Source  *explainSource  `json:"source"`
+	Held    []explainHeld   `json:"held"`
+	// WaitingFor are the versions the held deltas wait for.
+	WaitingFor []int64             `json:"waiting_for"`
+	Gaps       []store.GapLogEntry `json:"gaps"`
+}
+
+type explainSource struct {
+	Topic     string `json:"topic"`
+	Partition *int   `json:"partition"`
+	Offset    *int64 `json:"offset"`
+	EventID   string `json:"event_id"`
+}
+
+type explainHeld struct {
+	store.HeldDelta
+	WaitingFor []int64 `json:"waiting_for"`
+}
+
+var explainCommand = &command{
+	name:    "explain",
+	summary: "one job: its row, its held deltas and why, its recent gaps",
+	args:    "JOB_ID",
+	usage: `projector explain answers "why does this job look like that?": the job's row in
+the read model (version, state, when and from where it was last written), the
+deltas held behind a gap with the versions they wait for and the attempts made
+to close it (attempts, last step and its error), and the job's recent gaps from
+the gap log (when each opened and closed, by which step, and the versions).
+
+It only reads. A job that is neither in the read model nor held exits 1.
+
+Example:
+  projector explain job-42 --json`,
+	flags: func(fs *flag.FlagSet) any {
+		o := &explainOpts{}
+		o.store.register(fs)
+		fs.BoolVar(&o.json, "json", false, "print one JSON object instead of text")
+		fs.IntVar(&o.gaps, "gaps", 10, "most recent gap log entries to show")
+		return o
+	},
+	run: func(ctx context.Context, env *cmdEnv, opts any) error {
+		o := opts.(*explainOpts)
+		if len(env.args) != 1 || env.args[0] == "" {
+			return usagef("want one job id, e.g. projector explain job-42 (a job id that starts with - goes after --)")
+		}
+		if o.gaps < 0 {
+			return usagef("--gaps %d: must not be negative", o.gaps)
+		}
+		job := env.args[0]
+		st, err := openExisting(ctx, o.store)
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		ex, err := st.Explain(ctx, job, o.gaps)
+		if err != nil {
+			return err
+		}
+		if ex.Row == nil && len(ex.Held) == 0 {
+			return fmt.Errorf("job %s is neither in %s.%s nor held", strconv.QuoteToGraphic(job), o.store.schema, o.store.table)
+		}
+		rep := explainOf(job, ex)
+		if o.json {
+			return printJSON(env, rep)
+		}
+		printExplain(env, o.store, rep)
+		return nil
+	},
+}
+
+func explainOf(job string, ex *store.Explanation) *explainReport {
+	rep := &explainReport{JobID: job, Held: []explainHeld{}, WaitingFor: ex.Waiting, Gaps: ex.Gaps}
+	if rep.WaitingFor == nil {
+		rep.WaitingFor = []int64{}
+	}
+	if r := ex.Row; r != nil {
+		updated := r.UpdatedAt.UTC()
+		rep.Version, rep.State, rep.Updated = r.Version, json.RawMessage(r.State), &updated
+		rep.Source = &explainSource{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, EventID: r.EventID}
+	}
+	for _, h := range ex.Held {
+		eh := explainHeld{HeldDelta: h, WaitingFor: []int64{}}
+		for _, v := range ex.Waiting {
+			if v < h.Version {
+				eh.WaitingFor = append(eh.WaitingFor, v)
+			}
+		}
+		rep.Held = append(rep.Held, eh)
+	}
+	return rep
+}
+
+func printExplain(env *cmdEnv, sf storeFlags, rep *explainReport) {
+	w := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
+	defer w.Flush()
+	fmt.Fprintf(w, "job %s in %s.%s\n", printable(rep.JobID), sf.schema, sf.table)
+	if rep.Updated == nil {
+		fmt.Fprintln(w, "  no row: the job has only held deltas")
+	} else {
+		fmt.Fprintf(w, "  version\t%d\n", rep.Version)
+		fmt.Fprintf(w, "  updated\t%s\n", rep.Updated.Format(time.RFC3339Nano))
+		fmt.Fprintf(w, "  written from\t%s\n", sourceText(rep.Source))
+		fmt.Fprintf(w, "  state\t%s\n", printable(string(rep.State)))
+	}
+	if len(rep.Held) == 0 {
+		fmt.Fprintln(w, "\nheld deltas: none")
+	} else {
+		fmt.Fprintf(w, "\nheld deltas: %d, waiting for versions %s\n", len(rep.Held), versions(rep.WaitingFor))
+		fmt.Fprintln(w, "  VERSION\tREAD AT\tHELD SINCE\tWAITS FOR\tATTEMPTS\tLAST STEP\tLAST ATTEMPT\tLAST ERROR")
+		for _, h := range rep.Held {
+			last := "-"
+			if h.LastAttempt != nil {
+				last = h.LastAttempt.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(w, "  %d\t%s/%d@%d\t%s\t%s\t%d\t%s\t%s\t%s\n", h.Version, printable(h.Topic), h.Partition, h.Offset,
+				h.Since.UTC().Format(time.RFC3339), versions(h.WaitingFor), h.Attempts, orDash(h.LastStep), last, orDash(printable(h.LastError)))
+		}
+	}
+	if len(rep.Gaps) == 0 {
+		fmt.Fprintln(w, "\nrecent gaps: none in the gap log")
+		return
+	}
+	fmt.Fprintf(w, "\nrecent gaps (newest first): %d\n", len(rep.Gaps))
+	fmt.Fprintln(w, "  OPENED\tCLOSED\tBY\tVERSIONS\tHELD\tATTEMPTS\tPARTITION")
+	for _, g := range rep.Gaps {
+		part := "-"
+		if g.Partition != nil {
+			part = fmt.Sprintf("%s/%d", printable(g.Topic), *g.Partition)
+		}
+		fmt.Fprintf(w, "  %s\t%s\t%s\t%d -> %d\t%s\t%d\t%s\n", g.Opened.UTC().Format(time.RFC3339), g.Closed.UTC().Format(time.RFC3339),
+			g.Step, g.From, g.To, versions(g.Held), g.Attempts, part)
+	}
+}
+
+func sourceText(s *explainSource) string {
+	if s == nil || s.Topic == "" {
+		return "-"
+	}
+	at := printable(s.Topic)
+	if s.Partition != nil {
+		at += fmt.Sprintf("/%d", *s.Partition)
+	}
+	if s.Offset != nil {
+		if *s.Offset < 0 {
+			at += " (the trusted snapshot endpoint)"
+		} else {
+			at += fmt.Sprintf("@%d", *s.Offset)
+		}
+	}
+	if s.EventID != "" {
+		at += ", event " + printable(s.EventID)
+	}
+	return at
+}
+
+func versions(vs []int64) string {
+	if len(vs) == 0 {
+		return "-"
+	}
+	parts := make([]string, len(vs))
+	for i, v := range vs {
+		parts[i] = strconv.FormatInt(v, 10)
+	}
+	return strings.Join(parts, ",")
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,196 @@
+package projection
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/projector/projector/gapfill"
+)
+
+// attemptPoll is how often a worker with attempts in flight looks for
+// their results when no record arrives.
+const attemptPoll = 25 * time.Millisecond
+
+// rereadRound bounds the held jobs one re-read round takes: one pass over
+// the log serves them all, and what they leave open waits for the
+// authority in a queue no longer than this plus the fetchers.
+const rereadRound = 1000
+
+// attempts runs a partition's gap attempts in the background, each job on
+// its own: the jobs due in a round are re-read together (the store once,
+// the log in one pass), then each one left open goes to a fixed pool of
+// fetchers that ask the authority, oldest due first. Every result is
+// handed back to the worker as soon as it is ready, to join its next
+// batch, so a slow or failing answer for one job holds up no other beyond
+// the concurrency limit. The goroutines are fixed (one re-reader and
+// --snapshot-concurrency fetchers per partition) and the work queued or in
+// flight is bounded, however many jobs are held.
+//
+// Only the worker's goroutine calls its methods; the goroutines it starts
+// talk to it through channels.
+type attempts struct {
+	resolver *gapfill.Resolver
+	steps    []gapfill.Step
+	reread   bool
+	snapshot bool
+	fetchers int
+
+	rereadIn  chan []gapfill.Attempt
+	rereading bool
+	fetchIn   chan gapfill.Attempt
+	fetching  int
+	// pending are re-read attempts waiting for a free fetcher, oldest due
+	// first.
+	pending []gapfill.Attempt
+	// out carries finished work back: re-read rounds and single answers.
+	out chan finished
+}
+
+// finished is a re-read round or one fetcher's answer.
+type finished struct {
+	fetched bool
+	atts    []gapfill.Attempt
+}
+
+// startAttempts starts the partition's attempt goroutines; they stop when
+// ctx ends, and wg waits for them.
+func (w *worker) startAttempts(ctx context.Context, wg *sync.WaitGroup) *attempts {
+	a := &attempts{resolver: w.p.resolver, steps: w.detector.Steps()}
+	if a.resolver == nil {
+		return a
+	}
+	for _, s := range a.steps {
+		a.reread = a.reread || s == gapfill.StepReread
+		a.snapshot = a.snapshot || s == gapfill.StepSnapshot
+	}
+	a.fetchers = max(w.p.cfg.SnapshotConcurrency, 1)
+	// Every goroutine sends at most one message before it takes new work,
+	// so out never blocks them for long.
+	a.out = make(chan finished, a.fetchers+1)
+	if a.reread {
+		a.rereadIn = make(chan []gapfill.Attempt, 1) // one round at a time: never blocks
+		wg.Go(func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case round := <-a.rereadIn:
+					a.resolver.Reread(ctx, round, time.Now())
+					select {
+					case a.out <- finished{atts: round}:
+					case <-ctx.Done():
+						return
+					}
+				}
+			}
+		})
+	}
+	if a.snapshot {
+		a.fetchIn = make(chan gapfill.Attempt, a.fetchers)
+		for range a.fetchers {
+			wg.Go(func() {
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case att := <-a.fetchIn:
+						a.resolver.Authority(ctx, &att, time.Now())
+						att.Res.Inputs = append([]gapfill.Input(nil), att.Res.Inputs...)
+						select {
+						case a.out <- finished{fetched: true, atts: []gapfill.Attempt{att}}:
+						case <-ctx.Done():
+							return
+						}
+					}
+				}
+			})
+		}
+	}
+	return a
+}
+
+// busy reports whether any attempt is queued or in flight.
+func (a *attempts) busy() bool {
+	return a.rereading || a.fetching > 0 || len(a.pending) > 0
+}
+
+// collect returns the attempts that ended since the last call; re-read
+// attempts left open wait for the authority.
+func (a *attempts) collect(w *worker) []gapfill.Resolution {
+	var res []gapfill.Resolution
+	for {
+		select {
+		case done := <-a.out:
+			if done.fetched {
+				a.fetching--
+				res = append(res, done.atts[0].Res)
+				continue
+			}
+			a.rereading = false
+			for _, att := range done.atts {
+				if att.Res.Closed || !a.snapshot {
+					res = append(res, att.Res)
+					continue
+				}
+				// The re-read did not close it: what it found still
+				// counts, and the authority is asked next.
+				a.pending = append(a.pending, att)
+			}
+		default:
+			return res
+		}
+	}
+}
+
+// schedule starts what capacity allows: the next re-read round when none
+// runs and the authority's queue runs short, and as many queued attempts
+// as there are idle fetchers.
+func (a *attempts) schedule(w *worker) {
+	if a.resolver == nil {
+		return
+	}
+	now := time.Now()
+	if !a.rereading && len(a.pending) < a.fetchers {
+		if ids := w.detector.Take(now, rereadRound); len(ids) > 0 {
+			round := make([]gapfill.Attempt, 0, len(ids))
+			for _, id := range ids {
+				j, ok := w.cache.get(id)
+				if !ok {
+					// A held job is always cached; if not, the next
+					// attempt finds it.
+					w.detector.Failed(id, now, gapfill.StepWait, "held job not in the cache")
+					continue
+				}
+				round = append(round, gapfill.Attempt{Job: j, Res: gapfill.Resolution{JobID: id}})
+			}
+			switch {
+			case len(round) == 0:
+			case a.reread:
+				a.rereading = true
+				a.rereadIn <- round
+			default:
+				a.pending = append(a.pending, round...)
+			}
+		}
+	}
+	for len(a.pending) > 0 && a.fetching < a.fetchers {
+		att := a.pending[0]
+		a.pending[0] = gapfill.Attempt{}
+		a.pending = a.pending[1:]
+		if _, held := w.detector.Gap(att.Job.ID); !held {
+			continue // closed while it waited
+		}
+		a.fetching++
+		a.fetchIn <- att
+	}
+	if len(a.pending) == 0 {
+		a.pending = nil
+	}
+}
+
+// reset forgets queued attempts: the detector they were taken from was
+// reset. Attempts in flight still report, harmlessly.
+func (a *attempts) reset() {
+	a.pending = nil
+}
