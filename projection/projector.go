@@ -97,6 +97,7 @@ func (p *Projector) Run(ctx context.Context) error {
 	var monitors sync.WaitGroup
 	monitors.Go(func() { p.watchDatabase(mctx) })
 	monitors.Go(func() { p.watchBrokers(mctx) })
+	monitors.Go(func() { p.pruneGapLog(mctx) })
 	defer monitors.Wait()
 	defer stopMonitors()
 
@@ -189,24 +190,12 @@ func (p *Projector) runGroup(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("projection: consumer group %q: %w", cfg.Group, err)
 	}
-<<<<<<< HEAD
 	// Close ends the generation and waits for every worker it started.
 	defer func() {
 		p.health.inGroup.Store(false)
 		_ = group.Close()
 		p.running.Wait()
 	}()
-=======
-	var bg sync.WaitGroup
-	bgctx, stopBackground := context.WithCancel(ctx)
-	defer func() {
-		stopBackground()
-		bg.Wait()
-	}()
-	bg.Go(func() { p.pruneGapLog(bgctx) })
-	cfg.Logger.Info("projector started", "topic", cfg.Topic, "group", cfg.Group, "owner", cfg.Owner,
-		"brokers", cfg.Brokers, "projection", cfg.Store.Projection())
->>>>>>> main
 	for {
 		gen, err := group.Next(ctx)
 		if err != nil {

@@ -53,11 +53,7 @@ type cmdEnv struct {
 	args []string
 }
 
-<<<<<<< HEAD
-var commands = []*command{runCommand, rebuildCommand, statusCommand, quarantineCommand, demoCommand, benchCommand, versionCommand}
-=======
-var commands = []*command{runCommand, rebuildCommand, statusCommand, explainCommand, quarantineCommand, demoCommand, benchCommand}
->>>>>>> main
+var commands = []*command{runCommand, rebuildCommand, statusCommand, explainCommand, quarantineCommand, demoCommand, benchCommand, versionCommand}
 
 const topUsage = `projector turns a Kafka stream of job events into a correct PostgreSQL read model.
 
