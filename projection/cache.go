@@ -21,6 +21,13 @@ func (c *jobCache) get(id string) (gapfill.Job, bool) {
 }
 
 func (c *jobCache) put(j gapfill.Job) {
+	// A deleted job is remembered by its tombstone, which the pruner may
+	// remove at any time: unless the detector needs it for held deltas,
+	// the store is asked again, so a pruned tombstone is seen at once.
+	if j.Deleted && len(j.Held) == 0 {
+		delete(c.jobs, j.ID)
+		return
+	}
 	if len(c.jobs) >= c.max && len(j.Held) == 0 {
 		c.evict()
 	}

@@ -67,6 +67,10 @@ type Config struct {
 	GapRetryMin time.Duration
 	GapRetryMax time.Duration
 
+	// TombstoneRetention is how long a deleted job's tombstone is kept
+	// before it is pruned; KeepTombstones keeps them for ever. Zero means
+	// DefaultTombstoneRetention.
+	TombstoneRetention time.Duration
 	// GapLogRetention and GapLogMaxRows bound the gap log: rows closed
 	// longer ago, and the oldest rows beyond the count, are pruned in small
 	// batches in the background.
@@ -154,6 +158,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.GapRetryMax == 0 {
 		c.GapRetryMax = 5 * time.Minute
+	}
+	if c.TombstoneRetention == 0 {
+		c.TombstoneRetention = DefaultTombstoneRetention
 	}
 	if c.GapLogRetention == 0 {
 		c.GapLogRetention = 7 * 24 * time.Hour
@@ -248,6 +255,9 @@ func (c Config) Validate() error {
 	if c.StallTimeout < 0 {
 		errs = append(errs, fmt.Errorf("stall-timeout: %s is negative", c.StallTimeout))
 	}
+	if c.TombstoneRetention < 0 && c.TombstoneRetention != KeepTombstones {
+		errs = append(errs, fmt.Errorf("tombstone-retention: %s is negative (KeepTombstones keeps them for ever)", c.TombstoneRetention))
+	}
 	if c.Store == nil {
 		errs = append(errs, errors.New("store: required"))
 	}
@@ -257,6 +267,13 @@ func (c Config) Validate() error {
 // GapWait of this value in a Config means "do not wait": the zero value
 // already means "the default".
 const NoGapWait = -1
+
+// TombstoneRetention of this value in a Config keeps tombstones for ever.
+const KeepTombstones = -1
+
+// DefaultTombstoneRetention is how long tombstones are kept by default: a
+// week, far longer than any event should take to arrive.
+const DefaultTombstoneRetention = 7 * 24 * time.Hour
 
 func (c Config) gapPolicy() gapfill.Policy {
 	return gapfill.Policy{

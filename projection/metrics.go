@@ -73,8 +73,12 @@ func (m *metrics) batch(d time.Duration, records int) {
 
 var (
 	descRecords = prometheus.NewDesc("projector_records_total",
-		"Records by outcome: applied (changed the read model), stale (snapshot at or below the row's version), duplicate (delta at or below it), conflict (same version, other content; the first won), held (delta waiting behind a gap), quarantined (broke the contract; stored with its error).",
+		"Records by outcome: applied (changed the read model), stale (snapshot at or below the row's version), duplicate (delta at or below it), conflict (same version, other content; the first won), held (delta waiting behind a gap), quarantined (broke the contract; stored with its error), deleted (a delete removed the job).",
 		[]string{"outcome"}, nil)
+	descCovered = prometheus.NewDesc("projector_held_covered_total",
+		"Held deltas dropped because a snapshot or a delete covered them.", nil, nil)
+	descTombstonesPruned = prometheus.NewDesc("projector_tombstones_pruned_total",
+		"Tombstones removed after the tombstone retention.", nil, nil)
 	descConsumed = prometheus.NewDesc("projector_records_consumed_total",
 		"Records read from Kafka and committed in a batch.", nil, nil)
 	descLost = prometheus.NewDesc("projector_records_lost_total",
@@ -130,11 +134,13 @@ func (c *projectorCollector) Collect(ch chan<- prometheus.Metric) {
 		v       int64
 	}{
 		{"applied", k.Applied}, {"stale", k.Stale}, {"duplicate", k.Duplicates}, {"conflict", k.Conflicts},
-		{"held", k.Held}, {"quarantined", k.Quarantined},
+		{"held", k.Held}, {"quarantined", k.Quarantined}, {"deleted", k.Deleted},
 	} {
 		counter(descRecords, o.v, o.outcome)
 	}
 	counter(descConsumed, k.Consumed)
+	counter(descCovered, k.Covered)
+	counter(descTombstonesPruned, k.TombstonesPruned)
 	counter(descLost, k.Lost)
 	counter(descBatches, k.Batches)
 	counter(descFenced, k.Fenced)

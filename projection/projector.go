@@ -98,6 +98,7 @@ func (p *Projector) Run(ctx context.Context) error {
 	monitors.Go(func() { p.watchDatabase(mctx) })
 	monitors.Go(func() { p.watchBrokers(mctx) })
 	monitors.Go(func() { p.pruneGapLog(mctx) })
+	monitors.Go(func() { p.pruneTombstones(mctx) })
 	defer monitors.Wait()
 	defer stopMonitors()
 

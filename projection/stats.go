@@ -10,8 +10,14 @@ import (
 
 // Counters are cumulative record outcomes since the process started.
 type Counters struct {
-	Consumed    int64 `json:"consumed"`
-	Applied     int64 `json:"applied"`
+	Consumed int64 `json:"consumed"`
+	Applied  int64 `json:"applied"`
+	// Deleted counts deletes that removed a job (or marked one never
+	// seen as deleted).
+	Deleted int64 `json:"deleted"`
+	// Covered counts held deltas dropped because a snapshot or a delete
+	// at or above their version replaced the job's whole state.
+	Covered     int64 `json:"covered"`
 	Stale       int64 `json:"stale"`
 	Duplicates  int64 `json:"duplicates"`
 	Conflicts   int64 `json:"conflicts"`
@@ -37,17 +43,22 @@ type Counters struct {
 	AuthorityOK       int64 `json:"authority_ok"`
 	AuthorityNotFound int64 `json:"authority_not_found"`
 	AuthorityError    int64 `json:"authority_error"`
+	// TombstonesPruned counts tombstones removed after the tombstone
+	// retention.
+	TombstonesPruned int64 `json:"tombstones_pruned"`
 }
 
 // LogValue lets a log line show the counters as attributes.
 func (c Counters) LogValue() slog.Value {
 	return slog.GroupValue(
-		slog.Int64("consumed", c.Consumed), slog.Int64("applied", c.Applied), slog.Int64("stale", c.Stale),
+		slog.Int64("consumed", c.Consumed), slog.Int64("applied", c.Applied), slog.Int64("deleted", c.Deleted),
+		slog.Int64("covered", c.Covered), slog.Int64("stale", c.Stale),
 		slog.Int64("duplicates", c.Duplicates), slog.Int64("conflicts", c.Conflicts), slog.Int64("held", c.Held),
 		slog.Int64("quarantined", c.Quarantined), slog.Int64("batches", c.Batches), slog.Int64("fenced", c.Fenced),
 		slog.Int64("gaps_closed_by_wait", c.ClosedByWait), slog.Int64("gaps_closed_by_reread", c.ClosedByReread),
 		slog.Int64("gaps_closed_by_snapshot", c.ClosedBySnapshot), slog.Int64("lost_before_read", c.Lost),
 		slog.Int64("gaps_opened", c.GapsOpened), slog.Int64("database_errors", c.DatabaseErrors),
+		slog.Int64("tombstones_pruned", c.TombstonesPruned),
 	)
 }
 
@@ -55,11 +66,14 @@ type counters struct {
 	consumed, applied, stale, duplicates, conflicts, held, quarantined, batches, fenced atomic.Int64
 	closedWait, closedReread, closedSnapshot, lost                                      atomic.Int64
 	gapsOpened, dbErrors, authorityOK, authorityNotFound, authorityError                atomic.Int64
+	deleted, covered, pruned                                                            atomic.Int64
 }
 
 func (c *counters) add(t tally) {
 	c.consumed.Add(t.consumed)
 	c.applied.Add(t.applied)
+	c.deleted.Add(t.deleted)
+	c.covered.Add(t.covered)
 	c.stale.Add(t.stale)
 	c.duplicates.Add(t.duplicates)
 	c.conflicts.Add(t.conflicts)
@@ -74,7 +88,8 @@ func (c *counters) snapshot() Counters {
 		Duplicates: c.duplicates.Load(), Conflicts: c.conflicts.Load(), Held: c.held.Load(),
 		Quarantined: c.quarantined.Load(), Batches: c.batches.Load(), Fenced: c.fenced.Load(),
 		ClosedByWait: c.closedWait.Load(), ClosedByReread: c.closedReread.Load(), ClosedBySnapshot: c.closedSnapshot.Load(),
-		Lost: c.lost.Load(), GapsOpened: c.gapsOpened.Load(), DatabaseErrors: c.dbErrors.Load(),
+		Lost: c.lost.Load(), Deleted: c.deleted.Load(), Covered: c.covered.Load(), TombstonesPruned: c.pruned.Load(),
+		GapsOpened: c.gapsOpened.Load(), DatabaseErrors: c.dbErrors.Load(),
 		AuthorityOK: c.authorityOK.Load(), AuthorityNotFound: c.authorityNotFound.Load(), AuthorityError: c.authorityError.Load(),
 	}
 }
@@ -82,6 +97,7 @@ func (c *counters) snapshot() Counters {
 // tally counts one batch's outcomes before they are committed.
 type tally struct {
 	consumed, applied, stale, duplicates, conflicts, held, quarantined int64
+	deleted, covered                                                   int64
 }
 
 // PartitionStatus is one partition this instance works.

@@ -190,11 +190,10 @@ func (w *worker) restore(ctx context.Context) error {
 		if !ok {
 			j = gapfill.Job{ID: h.JobID, Held: map[int64]gapfill.Held{}}
 			if row, ok := rows[h.JobID]; ok {
-				state, err := delta.DecodeState(row.State)
-				if err != nil {
-					return fmt.Errorf("projection: job %q: stored state: %w", h.JobID, err)
+				var err error
+				if j, err = jobOf(h.JobID, row, map[int64]gapfill.Held{}); err != nil {
+					return err
 				}
-				j = gapfill.Job{ID: h.JobID, Version: row.Version, State: state, Raw: row.State, EventID: row.EventID, LastOps: row.LastOps, Held: map[int64]gapfill.Held{}}
 			}
 		}
 		ops, err := delta.ParseOps(h.Ops)
@@ -480,11 +479,9 @@ func (w *worker) forgetRow(ctx context.Context, id string) error {
 	}
 	fresh := gapfill.Job{ID: id, Held: j.Held} // no row: version 0
 	if r, ok := rows[id]; ok {
-		state, err := delta.DecodeState(r.State)
-		if err != nil {
-			return fmt.Errorf("projection: job %q: stored state: %w", id, err)
+		if fresh, err = jobOf(id, r, j.Held); err != nil {
+			return err
 		}
-		fresh = gapfill.Job{ID: id, Version: r.Version, State: state, Raw: r.State, EventID: r.EventID, LastOps: r.LastOps, Held: j.Held}
 	}
 	w.cache.put(fresh)
 	return nil
@@ -494,30 +491,40 @@ func (w *worker) forgetRow(ctx context.Context, id string) error {
 // counters.
 func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
 	t := pl.tally
-	for _, s := range pl.batch.Snapshots {
+	settleWholeState := func(s store.Write, written map[string]int64, conflicts map[string]bool) {
 		f := pl.folds[s.JobID]
-		before, ok := res.SnapshotsApplied[s.JobID]
+		before, ok := written[s.JobID]
 		if !ok {
-			// The row was at or past the winner: every one was stale,
+			// The job was at or past the winner: every one was stale,
 			// unless the winner met a row at its own version with other
 			// content, which is a conflict.
 			_, stale := f.Count(s.Version)
 			t.stale += int64(stale)
-			if res.SnapshotConflicts[s.JobID] {
+			if conflicts[s.JobID] {
 				t.stale--
 				t.conflicts++
 				w.log.Warn("conflict: same job and version with different content; the first applied wins",
 					"job_id", s.JobID, "version", s.Version, "dropped_event_id", s.EventID, "dropped_offset", s.Offset)
 			}
 			w.cache.forget(s.JobID)
-			continue
+			return
 		}
 		applied, stale := f.Count(before)
-		t.applied += int64(applied)
+		deleted := f.Deletes(before)
+		t.applied += int64(applied - deleted)
+		t.deleted += int64(deleted)
 		t.stale += int64(stale)
-		if state, err := delta.DecodeState(s.State); err == nil {
+		if s.Deleted {
+			w.cache.put(gapfill.Job{ID: s.JobID, Version: s.Version, EventID: s.EventID, Deleted: true})
+		} else if state, err := delta.DecodeState(s.State); err == nil {
 			w.cache.put(gapfill.Job{ID: s.JobID, Version: s.Version, State: state, Raw: s.State, EventID: s.EventID})
 		}
+	}
+	for _, s := range pl.batch.Snapshots {
+		settleWholeState(s, res.SnapshotsApplied, res.SnapshotConflicts)
+	}
+	for _, s := range pl.batch.Deletes {
+		settleWholeState(s, res.DeletesApplied, res.DeleteConflicts)
 	}
 	for _, j := range pl.jobs {
 		w.cache.put(j)

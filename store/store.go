@@ -91,7 +91,9 @@ type Store struct {
 	schema     string
 	projection string
 	// quoted, qualified table names
-	jobs, partitions, quarantine, held, gapLog string
+	jobs, partitions, quarantine, held, tombstones, gapLog string
+	// lockClass keys the projection's job lock stripes (see lockJobs).
+	lockClass int32
 }
 
 // Open connects to databaseURL and returns a Store that closes the pool on
@@ -139,6 +141,8 @@ func newStore(pool *pgxpool.Pool, cfg Config) *Store {
 		partitions: q("projector_partitions"),
 		quarantine: q("projector_quarantine"),
 		held:       q("projector_held"),
+		tombstones: q("projector_tombstones"),
+		lockClass:  lockClassOf(cfg.Schema, cfg.Table),
 		gapLog:     q("projector_gap_log"),
 	}
 }

@@ -10,14 +10,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-var allCommands = []string{"run", "rebuild", "status", "explain", "demo", "bench"}
+var allCommands = []string{"run", "rebuild", "status", "explain", "verify", "demo", "bench"}
 
 // runFlags are the flags of `projector run` with their variables, as
 // README.md and docs/operations.md list them.
 var runFlags = map[string]string{
 	"database-url": "DATABASE_URL", "brokers": "PROJECTOR_BROKERS", "topic": "PROJECTOR_TOPIC",
 	"group": "PROJECTOR_GROUP", "start": "PROJECTOR_START", "schema": "PROJECTOR_SCHEMA",
-	"table": "PROJECTOR_TABLE", "batch-size": "PROJECTOR_BATCH_SIZE", "batch-linger": "PROJECTOR_BATCH_LINGER",
+	"table": "PROJECTOR_TABLE", "tombstone-retention": "PROJECTOR_TOMBSTONE_RETENTION", "batch-size": "PROJECTOR_BATCH_SIZE", "batch-linger": "PROJECTOR_BATCH_LINGER",
 	"gap-wait": "PROJECTOR_GAP_WAIT", "reread": "PROJECTOR_REREAD", "reread-window": "PROJECTOR_REREAD_WINDOW",
 	"reread-max-bytes": "PROJECTOR_REREAD_MAX_BYTES", "snapshot-url": "PROJECTOR_SNAPSHOT_URL",
 	"snapshot-timeout": "PROJECTOR_SNAPSHOT_TIMEOUT", "snapshot-concurrency": "PROJECTOR_SNAPSHOT_CONCURRENCY",
@@ -63,7 +63,7 @@ func TestUsage(t *testing.T) {
 			r := runBin(t, 10*time.Second, baseEnv(), args...)
 			require.Equal(t, 0, r.code, "%s", r)
 			require.Contains(t, r.stdout, "Usage:")
-			require.Contains(t, r.stdout, "Exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration.")
+			require.Contains(t, r.stdout, "Exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration,\n3 drift remains (projector verify).")
 			for _, c := range allCommands {
 				require.Regexp(t, fmt.Sprintf(`(?m)^  %s\s+\S`, c), r.stdout, "command %s with its summary", c)
 			}

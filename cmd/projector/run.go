@@ -34,7 +34,10 @@ type runOpts struct {
 	kafka       kafkaFlags
 	log         logFlags
 	gap         gapFlags
-	groupTiming groupFlags
+	// tombstoneRetention is how long a deleted job's tombstone is kept;
+	// 0 keeps them for ever.
+	tombstoneRetention time.Duration
+	groupTiming        groupFlags
 }
 
 // groupFlags are the consumer group's timings.
@@ -211,6 +214,8 @@ func (o *runOpts) register(fs *flag.FlagSet, group, httpAddr string) {
 	o.kafka.register(fs)
 	o.log.register(fs)
 	o.gap.register(fs)
+	fs.DurationVar(&o.tombstoneRetention, "tombstone-retention", projection.DefaultTombstoneRetention,
+		"how long a deleted job's tombstone is kept: until then no event at or below the\ndelete's version brings the job back; after it, one older than the delete can;\n0 keeps them for ever")
 	o.groupTiming.register(fs)
 }
 
@@ -242,6 +247,9 @@ func (o *runOpts) validate() error {
 	if _, err := o.kafka.apply(o.brokers); err != nil {
 		return err
 	}
+	if o.tombstoneRetention < 0 {
+		return usagef("--tombstone-retention %s: must not be negative (e.g. 168h; 0 keeps tombstones for ever)", o.tombstoneRetention)
+	}
 	if err := o.groupTiming.validate(); err != nil {
 		return err
 	}
@@ -263,6 +271,10 @@ func (o *runOpts) config(st *store.Store, logger *slog.Logger) projection.Config
 		Store: st, Logger: logger,
 	}
 	o.gap.apply(&cfg)
+	cfg.TombstoneRetention = o.tombstoneRetention
+	if o.tombstoneRetention == 0 {
+		cfg.TombstoneRetention = projection.KeepTombstones
+	}
 	o.groupTiming.apply(&cfg)
 	return cfg
 }
