@@ -21,6 +21,8 @@ type Projector struct {
 	// dialer is kafka's, for every Conn and Reader.
 	dialer   *kafka.Dialer
 	resolver *gapfill.Resolver
+	// budget is the memory every partition's job cache shares.
+	budget   *cacheBudget
 	counters counters
 	book     partitionBook
 	metrics  *metrics
@@ -51,6 +53,7 @@ func New(cfg Config) (*Projector, error) {
 		cfg:           cfg,
 		kafka:         kc,
 		dialer:        kc.dialer,
+		budget:        newCacheBudget(cfg.CacheBytes),
 		dbOutage:      outage{service: "PostgreSQL", log: cfg.Logger},
 		kafkaOutage:   outage{service: "Kafka", log: cfg.Logger},
 		quarantineLog: sampler{window: 10 * time.Second, burst: 10},
@@ -255,7 +258,7 @@ func (p *Projector) startGeneration(gen *kafka.Generation) {
 			topic:     cfg.Topic,
 			partition: a.ID,
 			log:       cfg.Logger.With("topic", cfg.Topic, "partition", a.ID),
-			cache:     newJobCache(cfg.CacheSize),
+			cache:     newJobCache(p.budget),
 			position:  -1,
 			committed: c.offer,
 		}
