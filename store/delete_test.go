@@ -267,3 +267,47 @@ func TestPruneTombstones(t *testing.T) {
 	require.Equal(t, int64(2), v)
 	require.JSONEq(t, `{"old":true}`, state)
 }
+
+// The authority's answers heal deleted jobs too: a delete removes a row it
+// is not behind, a snapshot above a tombstone creates the job again, and a
+// tombstone above the authority's version is never overwritten.
+func TestHealWithDeletes(t *testing.T) {
+	t.Parallel()
+	s := pgtest.Store(t)
+	ctx := context.Background()
+	b := newBatcher(t, s, 0)
+	b.must(store.Batch{
+		Snapshots: []store.Write{snapshotW("live", 3, `{"n":3}`)},
+		Deletes:   []store.Write{deleteW("gone", 5)},
+	})
+
+	applied, before, err := s.HealDelete(ctx, "live", 3, "auth")
+	require.NoError(t, err)
+	require.True(t, applied, "the authority deleted it at the row's own version")
+	require.Equal(t, int64(3), before)
+	_, _, ok := rowOf(t, s, "live")
+	require.False(t, ok)
+	v, _ := tombstoneOf(t, s, "live")
+	require.Equal(t, int64(3), v)
+
+	applied, _, err = s.Heal(ctx, "gone", 4, json.RawMessage(`{"n":4}`), "auth")
+	require.NoError(t, err)
+	require.False(t, applied, "a tombstone above the authority's version stays")
+	_, _, ok = rowOf(t, s, "gone")
+	require.False(t, ok)
+
+	applied, before, err = s.Heal(ctx, "gone", 6, json.RawMessage(`{"n":6}`), "auth")
+	require.NoError(t, err)
+	require.True(t, applied)
+	require.Equal(t, int64(5), before)
+	v, state, ok := rowOf(t, s, "gone")
+	require.True(t, ok)
+	require.Equal(t, int64(6), v)
+	require.JSONEq(t, `{"n":6}`, state)
+	_, ok = tombstoneOf(t, s, "gone")
+	require.False(t, ok)
+
+	applied, _, err = s.HealDelete(ctx, "gone", 5, "auth")
+	require.NoError(t, err)
+	require.False(t, applied, "a row above the authority's delete stays")
+}

@@ -160,9 +160,21 @@ type JobRow struct {
 	EventID   string
 }
 
+// TombstoneRow is a deleted job's tombstone.
+type TombstoneRow struct {
+	Version   int64
+	DeletedAt time.Time
+	Topic     string
+	Partition *int
+	Offset    *int64
+	EventID   string
+}
+
 // Explanation is everything the store knows of one job.
 type Explanation struct {
-	Row  *JobRow
+	Row *JobRow
+	// Deleted is the job's tombstone when it was deleted.
+	Deleted *TombstoneRow
 	Held []HeldDelta
 	// Waiting are the versions the held deltas wait for (at most 20).
 	Waiting []int64
@@ -183,6 +195,22 @@ func (s *Store) Explain(ctx context.Context, job string, gaps int) (*Explanation
 			ex.Row = &r
 		case !errors.Is(err, pgx.ErrNoRows):
 			return err
+		}
+		var hasTombstones bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.tombstones).Scan(&hasTombstones); err != nil {
+			return err
+		}
+		if hasTombstones {
+			var t TombstoneRow
+			err := tx.QueryRow(ctx, `SELECT version, deleted_at, coalesce(source_topic, ''), source_partition, source_offset, coalesce(event_id, '')
+				FROM `+s.tombstones+` WHERE projection = $1 AND job_id = $2`, s.projection, job).
+				Scan(&t.Version, &t.DeletedAt, &t.Topic, &t.Partition, &t.Offset, &t.EventID)
+			switch {
+			case err == nil:
+				ex.Deleted = &t
+			case !errors.Is(err, pgx.ErrNoRows):
+				return err
+			}
 		}
 		var hasLog bool
 		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.gapLog).Scan(&hasLog); err != nil {
@@ -224,8 +252,11 @@ func (s *Store) Explain(ctx context.Context, job string, gaps int) (*Explanation
 	}
 	if len(ex.Held) > 0 {
 		var row int64
-		if ex.Row != nil {
+		switch {
+		case ex.Row != nil:
 			row = ex.Row.Version
+		case ex.Deleted != nil:
+			row = ex.Deleted.Version
 		}
 		vs := make([]int64, len(ex.Held))
 		for i, h := range ex.Held {

@@ -187,7 +187,13 @@ func check(ctx context.Context, cfg Config, id string, row store.Job, hasRow boo
 	if d == nil || !cfg.Repair || d.Kind == Ahead {
 		return d, false, "", nil
 	}
-	applied, before, err := cfg.Store.Heal(ctx, id, ev.Version, ev.State, ev.EventID)
+	heal := func() (bool, int64, error) {
+		if ev.Kind == event.Delete {
+			return cfg.Store.HealDelete(ctx, id, ev.Version, ev.EventID)
+		}
+		return cfg.Store.Heal(ctx, id, ev.Version, ev.State, ev.EventID)
+	}
+	applied, before, err := heal()
 	if err != nil {
 		return nil, false, "", err
 	}
@@ -211,16 +217,24 @@ func check(ctx context.Context, cfg Config, id string, row store.Job, hasRow boo
 	return again, false, "", nil
 }
 
+// classify compares a job with the authority. A deleted job (a tombstone)
+// is compared by its version like a row; the authority may answer with a
+// delete, which a job with neither row nor tombstone already agrees with.
 func classify(id string, row store.Job, hasRow bool, auth event.Event) *Drift {
 	d := &Drift{JobID: id, RowVersion: row.Version, AuthorityVersion: auth.Version}
+	deleted := auth.Kind == event.Delete
 	switch {
+	case !hasRow && deleted:
+		return nil
 	case !hasRow:
 		d.Kind, d.RowVersion = Missing, 0
 	case row.Version < auth.Version:
 		d.Kind = Behind
 	case row.Version > auth.Version:
 		d.Kind = Ahead
-	case !snapshot.SameState(json.RawMessage(row.State), auth.State):
+	case row.Deleted != deleted:
+		d.Kind = Differs
+	case !deleted && !snapshot.SameState(json.RawMessage(row.State), auth.State):
 		d.Kind = Differs
 	default:
 		return nil

@@ -27,6 +27,8 @@ type explainReport struct {
 	State   json.RawMessage `json:"state"`
 	Updated *time.Time      `json:"updated"`
 	Source  *explainSource  `json:"source"`
+	// Deleted is the job's tombstone when it was deleted (no row then).
+	Deleted *explainDeleted `json:"deleted"`
 	Held    []explainHeld   `json:"held"`
 	// WaitingFor are the versions the held deltas wait for.
 	WaitingFor []int64             `json:"waiting_for"`
@@ -38,6 +40,12 @@ type explainSource struct {
 	Partition *int   `json:"partition"`
 	Offset    *int64 `json:"offset"`
 	EventID   string `json:"event_id"`
+}
+
+type explainDeleted struct {
+	Version   int64          `json:"version"`
+	DeletedAt time.Time      `json:"deleted_at"`
+	Source    *explainSource `json:"source"`
 }
 
 type explainHeld struct {
@@ -84,7 +92,7 @@ Example:
 		if err != nil {
 			return err
 		}
-		if ex.Row == nil && len(ex.Held) == 0 {
+		if ex.Row == nil && ex.Deleted == nil && len(ex.Held) == 0 {
 			return fmt.Errorf("job %s is neither in %s.%s nor held", strconv.QuoteToGraphic(job), o.store.schema, o.store.table)
 		}
 		rep := explainOf(job, ex)
@@ -106,6 +114,11 @@ func explainOf(job string, ex *store.Explanation) *explainReport {
 		rep.Version, rep.State, rep.Updated = r.Version, json.RawMessage(r.State), &updated
 		rep.Source = &explainSource{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, EventID: r.EventID}
 	}
+	if d := ex.Deleted; d != nil {
+		rep.Version = d.Version
+		rep.Deleted = &explainDeleted{Version: d.Version, DeletedAt: d.DeletedAt.UTC(),
+			Source: &explainSource{Topic: d.Topic, Partition: d.Partition, Offset: d.Offset, EventID: d.EventID}}
+	}
 	for _, h := range ex.Held {
 		eh := explainHeld{HeldDelta: h, WaitingFor: []int64{}}
 		for _, v := range ex.Waiting {
@@ -122,9 +135,14 @@ func printExplain(env *cmdEnv, sf storeFlags, rep *explainReport) {
 	w := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
 	defer w.Flush()
 	fmt.Fprintf(w, "job %s in %s.%s\n", printable(rep.JobID), sf.schema, sf.table)
-	if rep.Updated == nil {
+	switch {
+	case rep.Deleted != nil:
+		fmt.Fprintf(w, "  deleted at version %d: no row; until the tombstone is pruned, events at or below it are stale or duplicates\n", rep.Deleted.Version)
+		fmt.Fprintf(w, "  deleted\t%s\n", rep.Deleted.DeletedAt.Format(time.RFC3339Nano))
+		fmt.Fprintf(w, "  written from\t%s\n", sourceText(rep.Deleted.Source))
+	case rep.Updated == nil:
 		fmt.Fprintln(w, "  no row: the job has only held deltas")
-	} else {
+	default:
 		fmt.Fprintf(w, "  version\t%d\n", rep.Version)
 		fmt.Fprintf(w, "  updated\t%s\n", rep.Updated.Format(time.RFC3339Nano))
 		fmt.Fprintf(w, "  written from\t%s\n", sourceText(rep.Source))
