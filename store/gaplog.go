@@ -175,7 +175,7 @@ type Explanation struct {
 	Row *JobRow
 	// Deleted is the job's tombstone when it was deleted.
 	Deleted *TombstoneRow
-	Held []HeldDelta
+	Held    []HeldDelta
 	// Waiting are the versions the held deltas wait for (at most 20).
 	Waiting []int64
 	Gaps    []GapLogEntry

@@ -19,7 +19,11 @@ type explainJSON struct {
 	Version *int64          `json:"version"`
 	State   json.RawMessage `json:"state"`
 	Updated *time.Time      `json:"updated"`
-	Held    []struct {
+	Deleted *struct {
+		Version   int64     `json:"version"`
+		DeletedAt time.Time `json:"deleted_at"`
+	} `json:"deleted"`
+	Held []struct {
 		Version    *int64    `json:"version"`
 		Partition  int       `json:"partition"`
 		Offset     int64     `json:"offset"`
@@ -167,6 +171,25 @@ func TestExplain(t *testing.T) {
 	require.Equal(t, int64(5), g.To)
 	require.Equal(t, []int64{3, 5}, g.Held)
 	require.GreaterOrEqual(t, g.Attempts, attempts, "the attempts the gap took")
+}
+
+// TestExplainDeleted: a deleted job has no row, and explain shows its
+// tombstone: the delete's version and when it was applied.
+func TestExplainDeleted(t *testing.T) {
+	t.Parallel()
+	s := newStory(t, 1)
+	s.deletes(1)
+	s.runToEnd("g-explain-deleted")
+
+	ex := s.explain("gone-0")
+	require.NotNil(t, ex.Deleted, "%s", ex)
+	require.Equal(t, int64(3), ex.Deleted.Version)
+	require.False(t, ex.Deleted.DeletedAt.IsZero())
+	require.Equal(t, int64(3), *ex.Version)
+	require.Nil(t, ex.Updated, "no row")
+	text := runBin(t, 30*time.Second, dbEnv(), "explain", "gone-0", "--schema", s.schema)
+	require.Equal(t, 0, text.code, "%s", text)
+	require.Contains(t, text.stdout, "deleted at version 3: no row")
 }
 
 func (e explainJSON) String() string {
