@@ -31,8 +31,9 @@ type Config struct {
 	MaxWait time.Duration
 	// Owner names this instance in the partitions table.
 	Owner string
-	// CacheSize bounds the per-partition cache of job versions.
-	CacheSize int
+	// CacheBytes is the memory budget, in bytes, of the cache of job rows
+	// and held deltas that every partition of this instance shares.
+	CacheBytes int64
 
 	Store  *store.Store
 	Logger *slog.Logger
@@ -107,8 +108,8 @@ func (c Config) WithDefaults() Config {
 		host, _ := os.Hostname()
 		c.Owner = fmt.Sprintf("%s/%d", host, os.Getpid())
 	}
-	if c.CacheSize == 0 {
-		c.CacheSize = 100_000
+	if c.CacheBytes == 0 {
+		c.CacheBytes = DefaultCacheBytes
 	}
 	if c.GapWait == 0 {
 		c.GapWait = 10 * time.Second
@@ -211,8 +212,8 @@ func (c Config) Validate() error {
 	if c.GapLogRetention < 0 || c.GapLogMaxRows < 0 {
 		errs = append(errs, errors.New("gap-log-retention and gap-log-max-rows must not be negative"))
 	}
-	if c.CacheSize < 0 {
-		errs = append(errs, fmt.Errorf("cache-size: %d is negative", c.CacheSize))
+	if c.CacheBytes < 0 {
+		errs = append(errs, fmt.Errorf("cache-bytes: %d is negative", c.CacheBytes))
 	}
 	if c.RereadWindow < 0 || c.RereadMaxBytes < 0 || c.RereadMaxTime < 0 {
 		errs = append(errs, errors.New("reread-window, reread-max-bytes and reread-max-time must not be negative"))

@@ -9,6 +9,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/projector/projector/delta"
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/snapshot"
@@ -111,6 +112,9 @@ func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.R
 		}
 		known[id] = j
 	}
+	if err := w.unspill(ctx, order, known); err != nil {
+		return nil, err
+	}
 
 	for _, id := range order {
 		j, cached := known[id]
@@ -129,6 +133,7 @@ func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.R
 			}
 			j = moved
 		}
+
 		p.advance(w, j, inputs[id], now)
 	}
 	p.attempts(res)
@@ -291,4 +296,56 @@ func deltaValue(ev event.Event) []byte {
 		"job_id": ev.JobID, "version": ev.Version, "kind": ev.Kind, "ops": ev.RawOps, "event_id": ev.EventID,
 	})
 	return b
+}
+
+// unspill puts back the ops of held deltas the cache left in PostgreSQL,
+// for every job of the plan that has some, into known: a batch offers
+// inputs to a job only with its held deltas whole.
+func (w *worker) unspill(ctx context.Context, order []string, known map[string]gapfill.Job) error {
+	var keys []store.HeldKey
+	jobs := map[string]gapfill.Job{}
+	for _, id := range order {
+		j, ok := known[id]
+		if !ok {
+			if j, ok = w.cache.get(id); !ok {
+				continue
+			}
+		}
+		if !spilled(j) {
+			continue
+		}
+		jobs[id] = j
+		for v, h := range j.Held {
+			if h.Event.RawOps == nil {
+				keys = append(keys, store.HeldKey{JobID: id, Version: v})
+			}
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	ops, err := w.p.cfg.Store.LoadHeldOps(ctx, keys)
+	if err != nil {
+		return err
+	}
+	for id, j := range jobs {
+		held := make(map[int64]gapfill.Held, len(j.Held))
+		for v, h := range j.Held {
+			if h.Event.RawOps == nil {
+				raw, ok := ops[store.HeldKey{JobID: id, Version: v}]
+				if !ok {
+					return fmt.Errorf("projection: held delta %q v%d is no longer stored: another owner released it", id, v)
+				}
+				parsed, err := delta.ParseOps(raw)
+				if err != nil {
+					return fmt.Errorf("projection: held delta %q v%d: %w", id, v, err)
+				}
+				h.Event.Ops, h.Event.RawOps = parsed, raw
+			}
+			held[v] = h
+		}
+		j.Held = held
+		known[id] = j
+	}
+	return nil
 }

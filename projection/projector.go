@@ -19,6 +19,8 @@ type Projector struct {
 	cfg      Config
 	dialer   *kafka.Dialer
 	resolver *gapfill.Resolver
+	// budget is the memory every partition's job cache shares.
+	budget   *cacheBudget
 	counters counters
 	book     partitionBook
 
@@ -39,6 +41,7 @@ func New(cfg Config) (*Projector, error) {
 	p := &Projector{
 		cfg:    cfg,
 		dialer: &kafka.Dialer{ClientID: "projector", Timeout: 10 * time.Second, DualStack: true},
+		budget: newCacheBudget(cfg.CacheBytes),
 	}
 	pol := cfg.gapPolicy()
 	if pol.Reread || pol.Snapshot {
@@ -146,7 +149,7 @@ func (p *Projector) startGeneration(gen *kafka.Generation) {
 			topic:     cfg.Topic,
 			partition: a.ID,
 			log:       cfg.Logger.With("topic", cfg.Topic, "partition", a.ID),
-			cache:     newJobCache(cfg.CacheSize),
+			cache:     newJobCache(p.budget),
 			position:  -1,
 			committed: c.offer,
 		}

@@ -515,8 +515,10 @@ func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
 		t.stale += int64(stale)
 		if s.Deleted {
 			w.cache.put(gapfill.Job{ID: s.JobID, Version: s.Version, EventID: s.EventID, Deleted: true})
-		} else if state, err := delta.DecodeState(s.State); err == nil {
-			w.cache.put(gapfill.Job{ID: s.JobID, Version: s.Version, State: state, Raw: s.State, EventID: s.EventID})
+		} else {
+			// The state is kept raw: decoded only if a delta for the job
+			// comes.
+			w.cache.put(gapfill.Job{ID: s.JobID, Version: s.Version, Raw: s.State, EventID: s.EventID})
 		}
 	}
 	for _, s := range pl.batch.Snapshots {

@@ -26,6 +26,7 @@ var runFlags = map[string]string{
 	"group-session-timeout": "PROJECTOR_GROUP_SESSION_TIMEOUT", "group-heartbeat-interval": "PROJECTOR_GROUP_HEARTBEAT_INTERVAL",
 	"group-rebalance-timeout": "PROJECTOR_GROUP_REBALANCE_TIMEOUT", "group-join-backoff": "PROJECTOR_GROUP_JOIN_BACKOFF",
 	"gap-log-retention": "PROJECTOR_GAP_LOG_RETENTION", "gap-log-max-rows": "PROJECTOR_GAP_LOG_MAX_ROWS",
+	"cache-bytes": "PROJECTOR_CACHE_BYTES",
 }
 
 // flagLine is one flag of a command's help: "  --name type  [VARIABLE]".

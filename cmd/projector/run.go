@@ -30,6 +30,7 @@ type runOpts struct {
 	batchLinger time.Duration
 	httpAddr    string
 	owner       string
+	cacheBytes  byteSize
 	log         logFlags
 	gap         gapFlags
 	// tombstoneRetention is how long a deleted job's tombstone is kept;
@@ -208,6 +209,8 @@ func (o *runOpts) register(fs *flag.FlagSet, group, httpAddr string) {
 	}
 	fs.StringVar(&o.httpAddr, "http-addr", httpAddr, usage)
 	fs.StringVar(&o.owner, "owner", "", "this instance's name in the partitions table (default host/pid)")
+	o.cacheBytes = projection.DefaultCacheBytes
+	fs.Var(&o.cacheBytes, "cache-bytes", "memory budget of the cache of job rows and held deltas, one `size` for the whole\ninstance (64MiB, 512KiB, 1GiB or a number of bytes); least recently used\nrows are evicted, held jobs are kept and past half of it their deltas stay\nin PostgreSQL")
 	o.log.register(fs)
 	o.gap.register(fs)
 	fs.DurationVar(&o.tombstoneRetention, "tombstone-retention", projection.DefaultTombstoneRetention,
@@ -224,6 +227,9 @@ func (o *runOpts) validate() error {
 	}
 	if err := checkStoreNames(o.schema, o.table); err != nil {
 		return err
+	}
+	if o.cacheBytes <= 0 {
+		return usagef("--cache-bytes %s: must be positive, e.g. --cache-bytes 64MiB", o.cacheBytes.String())
 	}
 	if o.start != "earliest" && o.start != "latest" {
 		return usagef("--start %q: want earliest or latest", o.start)
@@ -250,7 +256,7 @@ func (o *runOpts) config(st *store.Store, logger *slog.Logger) projection.Config
 	cfg := projection.Config{
 		Brokers: o.brokers, Topic: o.topic, Group: o.group, Start: o.start,
 		BatchSize: o.batchSize, BatchLinger: o.batchLinger, Owner: o.owner,
-		Store: st, Logger: logger,
+		Store: st, Logger: logger, CacheBytes: int64(o.cacheBytes),
 	}
 	o.gap.apply(&cfg)
 	cfg.TombstoneRetention = o.tombstoneRetention
