@@ -96,7 +96,7 @@ Example:
 		}
 		defer live.Close()
 		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		target, err := projection.HighWatermarks(hctx, o.brokers, o.topic)
+		target, err := projection.HighWatermarks(hctx, o.kafkaConfig(), o.topic)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("nothing was changed: %w", err)

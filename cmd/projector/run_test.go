@@ -97,11 +97,15 @@ func TestRun(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	metrics := string(body)
 	for _, m := range []string{
-		fmt.Sprintf("projector_records_applied_total %d", c.Applied),
-		fmt.Sprintf("projector_records_stale_total %d", c.Stale),
-		fmt.Sprintf("projector_records_quarantined_total %d", c.Quarantined),
-		"# TYPE projector_records_applied_total counter",
-		fmt.Sprintf(`projector_partition_lag{topic=%q,partition="0"} 0`, s.topic),
+		fmt.Sprintf(`projector_records_total{outcome="applied"} %d`, c.Applied),
+		fmt.Sprintf(`projector_records_total{outcome="stale"} %d`, c.Stale),
+		fmt.Sprintf(`projector_records_total{outcome="quarantined"} %d`, c.Quarantined),
+		"# TYPE projector_records_total counter",
+		`projector_partition_lag{partition="0"} 0`,
+		"# TYPE projector_batch_duration_seconds histogram",
+		"projector_build_info{",
+		"go_goroutines ",
+		"process_resident_memory_bytes ",
 	} {
 		require.Contains(t, metrics, m)
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"regexp"
@@ -59,7 +60,7 @@ func TestStatus(t *testing.T) {
 	require.Equal(t, 0, text.code, "%s", text)
 	for _, want := range []string{
 		"projection " + s.schema + ".jobs: 61 jobs, 3 deleted (tombstones)",
-		"POSITION",
+		"NEXT OFFSET",
 		"EPOCH",
 		"held jobs: 0",
 		fmt.Sprintf("quarantined records: %d", s.quarantined),
@@ -126,12 +127,14 @@ func TestStatus(t *testing.T) {
 	require.Equal(t, int(s.quarantined), *st.Quarantined)
 }
 
-// TestStatusFreshSchema: status on a schema nobody projected into creates
-// the tables and reports them empty; with brokers, unprojected partitions
-// lag by their whole length.
+// TestStatusFreshSchema: status on a projection whose tables exist but
+// that nothing has projected into reports it empty; with brokers,
+// unprojected partitions lag by their whole length. (Status on a schema
+// without the tables is an error: TestStatusReadOnly.)
 func TestStatusFreshSchema(t *testing.T) {
 	t.Parallel()
 	s := newStory(t, 2)
+	require.NoError(t, s.st.Migrate(context.Background()))
 	s.produce(rec(0, "a", snapshotValue("a", 1, map[string]any{})), rec(1, "b", snapshotValue("b", 1, map[string]any{})),
 		rec(1, "b", snapshotValue("b", 2, map[string]any{})))
 

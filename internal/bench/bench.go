@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projector/projector/event"
+	"github.com/projector/projector/internal/broker"
 	"github.com/projector/projector/internal/jobgen"
-	"github.com/projector/projector/internal/kafkatest"
 	"github.com/projector/projector/projection"
 	"github.com/projector/projector/store"
 )
@@ -189,7 +189,7 @@ func batchedSingles(ctx context.Context, pool *pgxpool.Pool, schema string, evs 
 // start to every partition's stored position at its high watermark.
 func projector(ctx context.Context, cfg Config, pool *pgxpool.Pool, schema, name string, stream *jobgen.Stream) (Result, error) {
 	r := Result{Name: name, Events: len(stream.Records), Note: "end to end: fetch, decode, fold, write, commit"}
-	cluster, err := kafkatest.Start()
+	cluster, err := broker.Start()
 	if err != nil {
 		return r, err
 	}
@@ -198,9 +198,9 @@ func projector(ctx context.Context, cfg Config, pool *pgxpool.Pool, schema, name
 	if err := cluster.CreateTopic(ctx, topic, cfg.Partitions); err != nil {
 		return r, err
 	}
-	recs := make([]kafkatest.Record, len(stream.Records))
+	recs := make([]broker.Record, len(stream.Records))
 	for i, x := range stream.Records {
-		recs[i] = kafkatest.Record{Partition: x.Partition, Key: x.Key, Value: x.Value}
+		recs[i] = broker.Record{Partition: x.Partition, Key: x.Key, Value: x.Value}
 	}
 	if _, err := cluster.Produce(ctx, topic, recs...); err != nil {
 		return r, err
@@ -219,9 +219,9 @@ func projector(ctx context.Context, cfg Config, pool *pgxpool.Pool, schema, name
 	p, err := projection.New(projection.Config{
 		Brokers: cluster.Addrs(), Topic: topic, Group: "bench-" + st.Projection(), Store: st, Logger: cfg.Logger,
 		BatchSize: 5000, BatchLinger: 10 * time.Millisecond, MaxWait: 250 * time.Millisecond,
-		HeartbeatInterval: kafkatest.GroupHeartbeatInterval, SessionTimeout: kafkatest.GroupSessionTimeout,
-		RebalanceTimeout: kafkatest.GroupRebalanceTimeout, JoinGroupBackoff: kafkatest.GroupJoinBackoff,
-		PartitionWatchInterval: kafkatest.GroupPartitionWatchInterval, GapWait: time.Second,
+		HeartbeatInterval: broker.GroupHeartbeatInterval, SessionTimeout: broker.GroupSessionTimeout,
+		RebalanceTimeout: broker.GroupRebalanceTimeout, JoinGroupBackoff: broker.GroupJoinBackoff,
+		PartitionWatchInterval: broker.GroupPartitionWatchInterval, GapWait: time.Second,
 	})
 	if err != nil {
 		return r, err

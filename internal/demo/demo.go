@@ -19,8 +19,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/projector/projector/internal/broker"
 	"github.com/projector/projector/internal/jobgen"
-	"github.com/projector/projector/internal/kafkatest"
 	"github.com/projector/projector/projection"
 	"github.com/projector/projector/snapshot"
 	"github.com/projector/projector/store"
@@ -110,7 +110,7 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	}
 
 	// Kafka and the authority.
-	cluster, err := kafkatest.Start()
+	cluster, err := broker.Start()
 	if err != nil {
 		return nil, fmt.Errorf("demo: start the in-process Kafka broker: %w", err)
 	}
@@ -141,9 +141,9 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	p, err := projection.New(projection.Config{
 		Brokers: cluster.Addrs(), Topic: topic, Group: "projector-demo", Store: st, Logger: log,
 		BatchSize: 2000, BatchLinger: 20 * time.Millisecond, MaxWait: 250 * time.Millisecond,
-		HeartbeatInterval: kafkatest.GroupHeartbeatInterval, SessionTimeout: kafkatest.GroupSessionTimeout,
-		RebalanceTimeout: kafkatest.GroupRebalanceTimeout, JoinGroupBackoff: kafkatest.GroupJoinBackoff,
-		PartitionWatchInterval: kafkatest.GroupPartitionWatchInterval,
+		HeartbeatInterval: broker.GroupHeartbeatInterval, SessionTimeout: broker.GroupSessionTimeout,
+		RebalanceTimeout: broker.GroupRebalanceTimeout, JoinGroupBackoff: broker.GroupJoinBackoff,
+		PartitionWatchInterval: broker.GroupPartitionWatchInterval,
 		GapWait:                time.Second, RereadWindow: time.Hour, RereadMaxTime: 10 * time.Second,
 		SnapshotURL: authURL, SnapshotTimeout: 2 * time.Second, SnapshotMaxElapsed: 5 * time.Second,
 		GapRetryMin: 200 * time.Millisecond, GapRetryMax: 2 * time.Second,
@@ -161,9 +161,9 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	// Produce while the engine runs, in chunks, as live workers would.
 	prodErr := make(chan error, 1)
 	go func() {
-		recs := make([]kafkatest.Record, len(stream.Records))
+		recs := make([]broker.Record, len(stream.Records))
 		for i, r := range stream.Records {
-			recs[i] = kafkatest.Record{Partition: r.Partition, Key: r.Key, Value: r.Value}
+			recs[i] = broker.Record{Partition: r.Partition, Key: r.Key, Value: r.Value}
 		}
 		for len(recs) > 0 {
 			n := min(len(recs), 2000)
@@ -255,7 +255,7 @@ func connect(ctx context.Context, cfg Config, say func(string, ...any)) (*pgxpoo
 }
 
 // waitDone waits until every record is projected and no job is held.
-func waitDone(ctx context.Context, cfg Config, cluster *kafkatest.Cluster, topic string, st *store.Store, p *projection.Projector, start time.Time) error {
+func waitDone(ctx context.Context, cfg Config, cluster *broker.Cluster, topic string, st *store.Store, p *projection.Projector, start time.Time) error {
 	deadline := time.Now().Add(cfg.Timeout)
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
