@@ -15,6 +15,9 @@ type benchOpts struct {
 	partitions  int
 	sample      int
 	seed        uint64
+	swapRows    int
+	swapDiffer  int
+	swapKeepOld bool
 	log         logFlags
 }
 
@@ -28,6 +31,11 @@ and the projector end to end from an in-process Kafka broker (snapshots only,
 then snapshots with deltas). Each is reported in events/s and as a ratio of raw
 COPY. It works in a schema of its own and drops it at the end.
 
+With --swap-rows N it measures instead how long the swap at the end of a
+'projector rebuild' takes with N rows, and how readers querying the table
+through a view fare before and during it (latencies, errors, and samples of
+pg_stat_activity for readers waiting on a lock).
+
 Example:
   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres projector bench --events 200000`,
 	flags: func(fs *flag.FlagSet) any {
@@ -38,6 +46,9 @@ Example:
 		fs.IntVar(&o.partitions, "partitions", 6, "partitions of the benchmark topic")
 		fs.IntVar(&o.sample, "per-event-sample", 5000, "events the slow one-upsert-per-event baseline writes")
 		fs.Uint64Var(&o.seed, "seed", 1, "seed of the generated stream")
+		fs.IntVar(&o.swapRows, "swap-rows", 0, "measure a rebuild's swap with this many rows instead of the throughput (0: the throughput)")
+		fs.IntVar(&o.swapDiffer, "swap-differ-percent", 1, "with --swap-rows, the percentage of rows the rebuilt model changes")
+		fs.BoolVar(&o.swapKeepOld, "swap-keep-old", false, "with --swap-rows, swap as 'projector rebuild --keep-old' does")
 		o.log.register(fs)
 		o.log.level = "warn"
 		fs.Lookup("log-level").DefValue = "warn"
@@ -49,6 +60,18 @@ Example:
 		if err != nil {
 			return err
 		}
+		url := o.databaseURL
+		if url == "" {
+			url = demo.LocalURL
+		}
+		if o.swapRows != 0 {
+			if o.swapRows < 1 || o.swapDiffer < 0 || o.swapDiffer > 100 {
+				return usagef("--swap-rows %d, --swap-differ-percent %d: want at least 1 row and a percentage from 0 to 100", o.swapRows, o.swapDiffer)
+			}
+			_, err := bench.Swap(ctx, bench.SwapConfig{DatabaseURL: url, Rows: o.swapRows, DifferPercent: o.swapDiffer,
+				KeepOld: o.swapKeepOld, Readers: 4, Out: env.stdout})
+			return err
+		}
 		switch {
 		case o.events < 1000:
 			return usagef("--events %d: must be at least 1000", o.events)
@@ -58,10 +81,6 @@ Example:
 			return usagef("--partitions %d: must be from 1 to 1000", o.partitions)
 		case o.sample < 100:
 			return usagef("--per-event-sample %d: must be at least 100", o.sample)
-		}
-		url := o.databaseURL
-		if url == "" {
-			url = demo.LocalURL
 		}
 		_, err = bench.Run(ctx, bench.Config{
 			DatabaseURL: url, Events: o.events, Jobs: o.jobs, Partitions: o.partitions, Seed: o.seed,
