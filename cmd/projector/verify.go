@@ -138,8 +138,8 @@ func (o *verifyOpts) validate() error {
 		return usagef("say which jobs to check with exactly one of --all, --sample N or --job ID[,ID...]")
 	case o.sample < 0:
 		return usagef("--sample %d: must be positive", o.sample)
-	case o.rate <= 0:
-		return usagef("--rate %d: must be positive (requests per second)", o.rate)
+	case o.rate <= 0 || o.rate > 100_000:
+		return usagef("--rate %d: must be from 1 to 100000 (requests per second)", o.rate)
 	}
 	return nil
 }

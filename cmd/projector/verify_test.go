@@ -212,6 +212,7 @@ func TestVerifyUsage(t *testing.T) {
 		{[]string{"verify", "--snapshot-url", "http://a:1"}, "exactly one of --all, --sample N or --job"},
 		{[]string{"verify", "--snapshot-url", "http://a:1", "--all", "--sample", "3"}, "exactly one of"},
 		{[]string{"verify", "--snapshot-url", "http://a:1", "--all", "--rate", "0"}, "--rate 0"},
+		{[]string{"verify", "--snapshot-url", "http://a:1", "--all", "--rate", "2000000000"}, "--rate 2000000000"},
 		{[]string{"verify", "--snapshot-url", "ftp://a", "--all"}, "--snapshot-url"},
 		{[]string{"verify", "--snapshot-url", "http://a:1", "--all", "job-1"}, "without --job"},
 	} {
