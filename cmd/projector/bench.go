@@ -29,6 +29,9 @@ type benchOpts struct {
 	duration    time.Duration
 	rebuild     bool
 	json        bool
+	swapRows    int
+	swapDiffer  int
+	swapKeepOld bool
 	log         logFlags
 }
 
@@ -58,6 +61,11 @@ reports its rate as a ratio of the empty table's (growth). --rebuild times
 produces R events/s for D into a running projector and reports the time from
 produce to visible (p50, p99, max). --json prints one JSON object.
 
+With --swap-rows N it measures instead how long the swap at the end of a
+'projector rebuild' takes with N rows, and how readers querying the table
+through a view fare before and during it (latencies, errors, and samples of
+pg_stat_activity for readers waiting on a lock).
+
 It works in a schema of its own and drops it at the end.
 
 Examples:
@@ -81,6 +89,9 @@ Examples:
 		fs.DurationVar(&o.duration, "duration", 60*time.Second, "how long --live produces, e.g. 60s")
 		fs.BoolVar(&o.rebuild, "rebuild", false, "also time 'projector rebuild' of the same stream")
 		fs.BoolVar(&o.json, "json", false, "print the report as one JSON object (progress goes to stderr)")
+		fs.IntVar(&o.swapRows, "swap-rows", 0, "measure a rebuild's swap with this many rows instead of the throughput (0: the throughput)")
+		fs.IntVar(&o.swapDiffer, "swap-differ-percent", 1, "with --swap-rows, the percentage of rows the rebuilt model changes")
+		fs.BoolVar(&o.swapKeepOld, "swap-keep-old", false, "with --swap-rows, swap as 'projector rebuild --keep-old' does")
 		o.log.register(fs)
 		o.log.level = "warn"
 		fs.Lookup("log-level").DefValue = "warn"
@@ -93,6 +104,18 @@ Examples:
 		o := opts.(*benchOpts)
 		logger, err := o.log.logger(env.stderr)
 		if err != nil {
+			return err
+		}
+		url := o.databaseURL
+		if url == "" {
+			url = demo.LocalURL
+		}
+		if o.swapRows != 0 {
+			if o.swapRows < 1 || o.swapDiffer < 0 || o.swapDiffer > 100 {
+				return usagef("--swap-rows %d, --swap-differ-percent %d: want at least 1 row and a percentage from 0 to 100", o.swapRows, o.swapDiffer)
+			}
+			_, err := bench.Swap(ctx, bench.SwapConfig{DatabaseURL: url, Rows: o.swapRows, DifferPercent: o.swapDiffer,
+				KeepOld: o.swapKeepOld, Readers: 4, Out: env.stdout})
 			return err
 		}
 		switch {
@@ -116,10 +139,6 @@ Examples:
 			return usagef("--rate %d: must be at least 1 event per second", o.rate)
 		case o.live && o.duration < time.Second:
 			return usagef("--duration %s: must be at least 1s, e.g. --duration 60s", o.duration)
-		}
-		url := o.databaseURL
-		if url == "" {
-			url = demo.LocalURL
 		}
 		self, err := os.Executable()
 		if err != nil {

@@ -20,8 +20,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projector/projector/event"
+	"github.com/projector/projector/internal/broker"
 	"github.com/projector/projector/internal/jobgen"
-	"github.com/projector/projector/internal/kafkatest"
 	"github.com/projector/projector/projection"
 	"github.com/projector/projector/store"
 )
@@ -424,9 +424,9 @@ func (r *run) engine(st *store.Store, topic, group string) (*projection.Projecto
 	return projection.New(projection.Config{
 		Brokers: r.broker.addrs, Topic: topic, Group: group, Store: st, Logger: r.cfg.Logger,
 		BatchSize: r.cfg.BatchSize, BatchLinger: 10 * time.Millisecond, MaxWait: 250 * time.Millisecond,
-		HeartbeatInterval: kafkatest.GroupHeartbeatInterval, SessionTimeout: kafkatest.GroupSessionTimeout,
-		RebalanceTimeout: kafkatest.GroupRebalanceTimeout, JoinGroupBackoff: kafkatest.GroupJoinBackoff,
-		PartitionWatchInterval: kafkatest.GroupPartitionWatchInterval, GapWait: time.Second,
+		HeartbeatInterval: broker.GroupHeartbeatInterval, SessionTimeout: broker.GroupSessionTimeout,
+		RebalanceTimeout: broker.GroupRebalanceTimeout, JoinGroupBackoff: broker.GroupJoinBackoff,
+		PartitionWatchInterval: broker.GroupPartitionWatchInterval, GapWait: time.Second,
 	})
 }
 
@@ -593,8 +593,8 @@ func (r *run) rebuild(ctx context.Context, topic string, st *store.Store, truth 
 	cmd := exec.CommandContext(ctx, r.cfg.Executable, "rebuild",
 		"--database-url", r.cfg.DatabaseURL, "--brokers", r.broker.addrs[0], "--topic", topic,
 		"--schema", r.schema, "--table", "jobs", "--batch-size", fmt.Sprint(r.cfg.BatchSize),
-		"--group-heartbeat-interval", g(kafkatest.GroupHeartbeatInterval), "--group-session-timeout", g(kafkatest.GroupSessionTimeout),
-		"--group-rebalance-timeout", g(kafkatest.GroupRebalanceTimeout), "--group-join-backoff", g(kafkatest.GroupJoinBackoff),
+		"--group-heartbeat-interval", g(broker.GroupHeartbeatInterval), "--group-session-timeout", g(broker.GroupSessionTimeout),
+		"--group-rebalance-timeout", g(broker.GroupRebalanceTimeout), "--group-join-backoff", g(broker.GroupJoinBackoff),
 		"--log-level", "warn")
 	cmd.Stderr = os.Stderr
 	start := time.Now()

@@ -15,7 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/projector/projector/internal/kafkatest"
+	"github.com/projector/projector/internal/broker"
 )
 
 // BrokerChildEnv, set in the environment of `projector bench`, makes the
@@ -28,7 +28,7 @@ const BrokerChildEnv = "PROJECTOR_BENCH_BROKER_CHILD"
 // every record produced; running it in its own process keeps its memory
 // out of the projector's heap and RSS figures.
 func ServeBroker(ctx context.Context, in io.Reader, out io.Writer) error {
-	c, err := kafkatest.Start()
+	c, err := broker.Start()
 	if err != nil {
 		return fmt.Errorf("bench: broker: %w", err)
 	}
@@ -54,7 +54,7 @@ type brokerProc struct {
 	inProcess bool
 	cmd       *exec.Cmd
 	stdin     io.WriteCloser
-	local     *kafkatest.Cluster
+	local     *broker.Cluster
 	client    *kafka.Client
 	transport *kafka.Transport
 }
@@ -62,7 +62,7 @@ type brokerProc struct {
 func startBroker(ctx context.Context, self string) (*brokerProc, error) {
 	b := &brokerProc{}
 	if self == "" {
-		c, err := kafkatest.Start()
+		c, err := broker.Start()
 		if err != nil {
 			return nil, fmt.Errorf("bench: broker: %w", err)
 		}

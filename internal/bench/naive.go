@@ -11,7 +11,7 @@ import (
 
 	"github.com/projector/projector/delta"
 	"github.com/projector/projector/event"
-	"github.com/projector/projector/internal/kafkatest"
+	"github.com/projector/projector/internal/broker"
 )
 
 // naive is what a team writes first: a kafka-go group Reader, one
@@ -30,8 +30,8 @@ func naive(ctx context.Context, r *run, topic string) (Writer, error) {
 	}
 	rd := kafka.NewReader(kafka.ReaderConfig{
 		Brokers: r.broker.addrs, GroupID: "bench-naive", Topic: topic, MaxWait: 100 * time.Millisecond,
-		HeartbeatInterval: kafkatest.GroupHeartbeatInterval, SessionTimeout: kafkatest.GroupSessionTimeout,
-		RebalanceTimeout: kafkatest.GroupRebalanceTimeout, JoinGroupBackoff: kafkatest.GroupJoinBackoff,
+		HeartbeatInterval: broker.GroupHeartbeatInterval, SessionTimeout: broker.GroupSessionTimeout,
+		RebalanceTimeout: broker.GroupRebalanceTimeout, JoinGroupBackoff: broker.GroupJoinBackoff,
 	})
 	defer rd.Close()
 	var start time.Time
