@@ -212,16 +212,56 @@ func (w *worker) restore(ctx context.Context) error {
 
 func (w *worker) claim(ctx context.Context) (store.Claim, error) {
 	var claim store.Claim
+	var waited time.Duration
 	op := func() error {
 		var err error
 		claim, err = w.p.cfg.Store.Claim(ctx, w.topic, w.partition, w.p.cfg.Owner)
-		if err != nil {
+		var wait *store.ClaimWaitError
+		switch {
+		case errors.As(err, &wait):
+			waited += wait.Waited
+			w.log.Warn("claim waits for the previous owner's open batch transaction on this partition (a slow, stalled or frozen owner); PostgreSQL ends it once its client is idle past the bound; retrying",
+				"previous_owner", wait.Owner, "waited", waited.String())
+		case err != nil:
 			w.log.Warn("claim failed, retrying", "err", err)
 		}
 		return err
 	}
 	err := backoff.Retry(op, backoff.WithContext(retryPolicy(), ctx))
+	if err == nil && waited > 0 {
+		w.log.Info("claimed after waiting for the previous owner's transaction", "waited", waited.String())
+	}
 	return claim, err
+}
+
+// stallWarning is how long a batch transaction runs before the worker
+// says so, and then again each time as long again: well before
+// applyTimeout, so a stalled database is visible while it lasts.
+const stallWarning = 10 * time.Second
+
+// watchStall logs while a batch transaction runs past stallWarning, until
+// the returned stop is called; stop waits for the watcher to end.
+func (w *worker) watchStall(records int) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	start := time.Now()
+	wg.Go(func() {
+		t := time.NewTicker(stallWarning)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				w.log.Warn("batch transaction still running: PostgreSQL is slow, stalled or unreachable",
+					"running_for", time.Since(start).Round(time.Second).String(), "records", records, "gives_up_after", applyTimeout.String())
+			}
+		}
+	})
+	return func() {
+		close(done)
+		wg.Wait()
+	}
 }
 
 // storeLatest resolves "latest" for a partition never projected before
@@ -396,7 +436,9 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 			if testHookBeforeApply != nil {
 				testHookBeforeApply(w.partition)
 			}
+			stop := w.watchStall(len(msgs))
 			result, err = w.p.cfg.Store.Apply(actx, pl.batch)
+			stop()
 		}
 		cancel()
 		if err == nil {
