@@ -484,6 +484,10 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 		d := bo.NextBackOff()
 		w.log.Error("batch failed; retrying", "err", err, "retry_in", d)
 		sleep(ctx, d)
+		if ctx.Err() != nil {
+			w.log.Warn("batch abandoned: the partition's generation ended before a retry; it will be read again", "first_offset", firstOffset(msgs))
+			return nil
+		}
 		// The cache may hold what the failed transaction would have
 		// written: start again from what is stored.
 		if err := w.restore(ctx); err != nil {
