@@ -11,14 +11,21 @@ import (
 	"github.com/projector/projector/delta"
 )
 
-// Kind is what an event carries: a whole state or a change to one.
+// Kind is what an event carries: a whole state, a change to one, or the
+// end of the job.
 type Kind string
 
-// The two kinds of event.
+// The three kinds of event. A delete is a whole-state event like a
+// snapshot, whose state is "absent": it needs no predecessor.
 const (
 	Snapshot Kind = "snapshot"
 	Delta    Kind = "delta"
+	Delete   Kind = "delete"
 )
+
+// WholeState reports whether an event replaces the whole state (a snapshot
+// or a delete) rather than changing it.
+func (k Kind) WholeState() bool { return k == Snapshot || k == Delete }
 
 // Limits of the wire format.
 const (
@@ -31,7 +38,8 @@ type Event struct {
 	JobID   string
 	Version int64
 	Kind    Kind
-	// State is the whole job state of a snapshot: a JSON object.
+	// State is the whole job state of a snapshot: a JSON object. A delete
+	// has none.
 	State json.RawMessage
 	// Ops is how state(Version-1) becomes state(Version), for a delta.
 	Ops []delta.Op
@@ -64,18 +72,22 @@ func Decode(key, value []byte) (Event, error) {
 	return ev, nil
 }
 
+// tombstoneReason is why a Kafka tombstone is bad input, and what to
+// publish instead.
+const tombstoneReason = `value (a Kafka tombstone carries no version and cannot be ordered; to delete a job, publish {"job_id":"...","version":N,"kind":"delete"})`
+
 // DecodeValue decodes a record value on its own, as the trusted snapshot
 // endpoint returns it.
 func DecodeValue(value []byte) (Event, error) {
 	if len(value) == 0 {
-		return Event{}, &FieldError{Field: "value", Reason: "empty or null value (a tombstone carries no version and cannot be ordered)"}
+		return Event{}, &FieldError{Field: "value", Reason: "empty or null " + tombstoneReason}
 	}
 	if len(value) > MaxValueBytes {
 		return Event{}, &FieldError{Field: "value", Reason: fmt.Sprintf("%d bytes, over the 1 MiB limit", len(value))}
 	}
 	trimmed := bytes.TrimSpace(value)
 	if bytes.Equal(trimmed, []byte("null")) {
-		return Event{}, &FieldError{Field: "value", Reason: "null value (a tombstone carries no version and cannot be ordered)"}
+		return Event{}, &FieldError{Field: "value", Reason: "null " + tombstoneReason}
 	}
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return Event{}, &FieldError{Field: "value", Reason: "not a JSON object"}
@@ -124,6 +136,15 @@ func DecodeValue(value []byte) (Event, error) {
 			return Event{}, &FieldError{Field: "ops", Reason: err.Error()}
 		}
 		ev.Ops = ops
+	case Delete:
+		// A delete says "absent": a state or ops beside it would be a
+		// producer's mistake that the projector must not guess about.
+		if len(w.state) > 0 {
+			return Event{}, &FieldError{Field: "state", Reason: "must be absent for a delete (a delete carries no state; publish a snapshot to set one)"}
+		}
+		if len(w.ops) > 0 {
+			return Event{}, &FieldError{Field: "ops", Reason: "must be absent for a delete (a delete carries no ops)"}
+		}
 	}
 	if raw := w.eventID; len(raw) > 0 && !isNull(raw) {
 		if err := json.Unmarshal(raw, &ev.EventID); err != nil {
@@ -188,17 +209,17 @@ func version(raw json.RawMessage) (int64, error) {
 
 func kind(raw json.RawMessage) (Kind, error) {
 	if len(raw) == 0 || isNull(raw) {
-		return "", &FieldError{Field: "kind", Reason: `required ("snapshot" or "delta")`}
+		return "", &FieldError{Field: "kind", Reason: `required ("snapshot", "delta" or "delete")`}
 	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err != nil {
-		return "", &FieldError{Field: "kind", Reason: `must be the string "snapshot" or "delta"`}
+		return "", &FieldError{Field: "kind", Reason: `must be the string "snapshot", "delta" or "delete"`}
 	}
 	switch Kind(s) {
-	case Snapshot, Delta:
+	case Snapshot, Delta, Delete:
 		return Kind(s), nil
 	}
-	return "", &FieldError{Field: "kind", Reason: fmt.Sprintf(`unknown kind %q (want "snapshot" or "delta")`, clip(s))}
+	return "", &FieldError{Field: "kind", Reason: fmt.Sprintf(`unknown kind %q (want "snapshot", "delta" or "delete")`, clip(s))}
 }
 
 func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }

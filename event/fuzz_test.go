@@ -22,6 +22,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 0}, []byte{0, 0, 0, 0, 0, 0})
 	f.Add([]byte("job-1"), []byte(nil))
 	f.Add([]byte("job-1"), []byte("null"))
+	f.Add([]byte("job-1"), []byte(`{"job_id":"job-1","version":9,"kind":"delete","event_id":"evt-91"}`))
 
 	f.Fuzz(func(t *testing.T, key, value []byte) {
 		ev, err := event.Decode(key, value)
@@ -49,8 +50,12 @@ func FuzzDecode(f *testing.F) {
 			require.LessOrEqual(t, len(ev.Ops), delta.MaxOps)
 			require.True(t, bytes.HasPrefix(ev.RawOps, []byte("[")))
 			require.Nil(t, ev.State)
+		case event.Delete:
+			require.Nil(t, ev.State, "a delete carries no state")
+			require.Empty(t, ev.Ops, "a delete carries no ops")
+			require.Nil(t, ev.RawOps)
 		default:
-			t.Fatalf("kind %q is neither snapshot nor delta", ev.Kind)
+			t.Fatalf("kind %q is not snapshot, delta or delete", ev.Kind)
 		}
 	})
 }

@@ -75,6 +75,10 @@ type Job struct {
 	// when a snapshot did (or it is not known). A delta at that version
 	// with other ops is a conflict, not a duplicate.
 	LastOps json.RawMessage
+	// Deleted reports that the job was deleted at Version: it has no row
+	// and no state, and its tombstone makes every event at or below
+	// Version stale or a duplicate.
+	Deleted bool
 	// Held maps version to held delta; every key is above Version+1.
 	Held map[int64]Held
 }
@@ -112,8 +116,20 @@ type Conflict struct {
 	DroppedOffset    int64
 }
 
+// DeletedError refuses a delta next in line after a delete: a deleted job
+// has no state for it to change.
+type DeletedError struct {
+	// Version is the delete's.
+	Version int64
+}
+
+func (e *DeletedError) Error() string {
+	return fmt.Sprintf("follows the delete at version %d: a deleted job has no state for a delta to change (a snapshot above version %d creates the job again)", e.Version, e.Version)
+}
+
 // Rejected is a delta whose ops could not be applied to the state it
-// follows (an increment of a non-number): bad input, to be quarantined.
+// follows (an increment of a non-number), or that follows a delete: bad
+// input, to be quarantined.
 type Rejected struct {
 	Input
 	Err error
@@ -123,7 +139,10 @@ type Rejected struct {
 type Outcome struct {
 	// Applied counts inputs and held deltas that changed the row.
 	Applied int
-	// Stale counts snapshots at or below the row's version.
+	// Deleted counts deletes that removed the row (or marked a job never
+	// seen as deleted).
+	Deleted int
+	// Stale counts snapshots and deletes at or below the row's version.
 	Stale int
 	// Duplicates counts deltas at or below the row's version, or already held.
 	Duplicates int
@@ -133,11 +152,14 @@ type Outcome struct {
 	// Released are held versions that left the held set, applied or covered
 	// by a snapshot, including ones held in this same Advance.
 	Released []int64
+	// Covered counts held deltas dropped because a snapshot or a delete
+	// at or above their version replaced the whole state.
+	Covered  int
 	Rejected []Rejected
 	// Held counts inputs held at any point of this Advance, including
 	// ones released again before it returned.
 	Held int
-	// Changed reports a new row version.
+	// Changed reports a new row version (or a new deleted version).
 	Changed bool
 	// Closed reports that the job had held deltas, before or during this
 	// Advance, and now has none; ClosedBy is what closed the gap.
@@ -152,8 +174,9 @@ type Outcome struct {
 // Advance offers inputs, in order, to job under the version rules and
 // returns the job after them. Deltas next in line apply; a delta ahead of a
 // gap is held; held deltas are released as soon as they are next in line;
-// a snapshot above the row replaces it and covers the held deltas at or
-// below its version. It is pure.
+// a snapshot or a delete above the row replaces it and covers the held
+// deltas at or below its version; a delta next in line after a delete is
+// rejected, since a deleted job has no state to change. It is pure.
 func Advance(job Job, inputs []Input) (Job, Outcome) {
 	var out Outcome
 	everHeld := len(job.Held) > 0
@@ -194,7 +217,9 @@ func Advance(job Job, inputs []Input) (Job, Outcome) {
 				if !delivered {
 					continue
 				}
-				if ev.Version == job.Version && !snapshot.SameState(ev.State, rawOf(&job)) {
+				// A tombstone makes a snapshot at its own version stale:
+				// the delete was applied first and wins.
+				if ev.Version == job.Version && !job.Deleted && !snapshot.SameState(ev.State, rawOf(&job)) {
 					out.Conflicts = append(out.Conflicts, Conflict{Version: ev.Version, KeptEventID: job.EventID,
 						DroppedEventID: ev.EventID, DroppedPartition: in.Partition, DroppedOffset: in.Offset})
 					continue
@@ -207,16 +232,37 @@ func Advance(job Job, inputs []Input) (Job, Outcome) {
 				out.Rejected = append(out.Rejected, Rejected{Input: in, Err: err})
 				continue
 			}
-			job.Version, job.State, job.Raw, job.EventID, job.LastOps = ev.Version, state, ev.State, ev.EventID, nil
+			job.Version, job.State, job.Raw, job.EventID, job.LastOps, job.Deleted = ev.Version, state, ev.State, ev.EventID, nil, false
 			out.Applied++
 			out.Changed = true
 			out.LastOffset, out.LastEventID = in.Offset, ev.EventID
-			for v := range job.Held {
-				if v <= job.Version {
-					delete(job.Held, v)
-					out.Released = append(out.Released, v)
-				}
+			cover(&job, &out)
+			drain(&job, &out)
+			if wasHeld && len(job.Held) == 0 {
+				closer = in.Source
 			}
+		case event.Delete:
+			if ev.Version <= job.Version {
+				if !delivered {
+					continue
+				}
+				// A delete at the version of a live row is the same
+				// version with other content.
+				if ev.Version == job.Version && !job.Deleted {
+					out.Conflicts = append(out.Conflicts, Conflict{Version: ev.Version, KeptEventID: job.EventID,
+						DroppedEventID: ev.EventID, DroppedPartition: in.Partition, DroppedOffset: in.Offset})
+					continue
+				}
+				out.Stale++
+				continue
+			}
+			job.Version, job.State, job.Raw, job.EventID, job.LastOps, job.Deleted = ev.Version, nil, nil, ev.EventID, nil, true
+			out.Deleted++
+			out.Changed = true
+			out.LastOffset, out.LastEventID = in.Offset, ev.EventID
+			cover(&job, &out)
+			// A held delta next in line now follows the delete: drain
+			// refuses it to the quarantine.
 			drain(&job, &out)
 			if wasHeld && len(job.Held) == 0 {
 				closer = in.Source
@@ -278,10 +324,22 @@ func Advance(job Job, inputs []Input) (Job, Outcome) {
 	if everHeld && len(job.Held) == 0 {
 		out.Closed, out.ClosedBy = true, closer
 	}
-	if out.Changed {
+	if out.Changed && !job.Deleted {
 		rawOf(&job)
 	}
 	return job, out
+}
+
+// cover drops the held deltas at or below the row's version: a whole-state
+// event replaced the state they would have changed.
+func cover(job *Job, out *Outcome) {
+	for v := range job.Held {
+		if v <= job.Version {
+			delete(job.Held, v)
+			out.Released = append(out.Released, v)
+			out.Covered++
+		}
+	}
 }
 
 // rawOf returns the job's state encoded, encoding it once if needed.
@@ -296,9 +354,13 @@ func rawOf(job *Job) json.RawMessage {
 	return job.Raw
 }
 
-// apply runs one next-in-line delta. A delta whose ops fail is rejected and
-// the row stays where it was.
+// apply runs one next-in-line delta. A delta whose ops fail, or that
+// follows a delete, is rejected and the row stays where it was.
 func apply(job *Job, in Input, out *Outcome) bool {
+	if job.Deleted {
+		out.Rejected = append(out.Rejected, Rejected{Input: in, Err: &DeletedError{Version: job.Version}})
+		return false
+	}
 	if job.State == nil && job.Raw != nil {
 		decoded, err := delta.DecodeState(job.Raw)
 		if err != nil {

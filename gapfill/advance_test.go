@@ -56,6 +56,10 @@ func (r *advanceRunner) run(c *scriptCmd) string {
 			require.NoError(r.t, err, "%s", c.pos())
 			r.job.State, r.job.Raw = state, json.RawMessage(raw)
 		}
+		if a.has("deleted") {
+			require.False(r.t, a.has("state"), "%s: a deleted row has no state", c.pos())
+			r.job.Deleted = true
+		}
 		require.Empty(r.t, c.input, "%s: row takes no input", c.pos())
 		return r.describe(r.job)
 	case "hold":
@@ -101,7 +105,7 @@ func (r *advanceRunner) inputs(c *scriptCmd) []gapfill.Input {
 		require.NoError(r.t, err, "%s", pos)
 		require.NotEmpty(r.t, list, "%s", pos)
 		kind := list[0]
-		require.True(r.t, kind.bare && (kind.key == "delta" || kind.key == "snapshot"), "%s: want delta or snapshot", pos)
+		require.True(r.t, kind.bare && (kind.key == "delta" || kind.key == "snapshot" || kind.key == "delete"), "%s: want delta, snapshot or delete", pos)
 		a := argsOf(r.t, pos, list[1:])
 		v := a.int("v", 0)
 		value := map[string]any{
@@ -144,12 +148,16 @@ func (r *advanceRunner) check(c *scriptCmd, next gapfill.Job, out gapfill.Outcom
 	pos := c.pos()
 	require.GreaterOrEqual(r.t, next.Version, r.job.Version, "%s: the version went back", pos)
 	require.Equal(r.t, out.Changed, next.Version != r.job.Version, "%s: Changed", pos)
-	require.Equal(r.t, out.Changed, out.Applied > 0, "%s: Changed without Applied", pos)
+	require.Equal(r.t, out.Changed, out.Applied+out.Deleted > 0, "%s: Changed without Applied or Deleted", pos)
 	for v, h := range next.Held {
 		require.Greater(r.t, v, next.Version+1, "%s: held v%d is not above the row's next version", pos, v)
 		require.Equal(r.t, v, h.Event.Version, "%s: held under the wrong key", pos)
 	}
-	if out.Changed {
+	if next.Deleted {
+		require.Nil(r.t, next.State, "%s: a deleted job has a state", pos)
+		require.Nil(r.t, next.Raw, "%s: a deleted job has a state", pos)
+	}
+	if out.Changed && !next.Deleted {
 		raw, err := delta.EncodeState(next.State)
 		require.NoError(r.t, err)
 		require.True(r.t, snapshot.SameState(raw, next.Raw), "%s: Raw %s is not State %s", pos, next.Raw, raw)
@@ -163,7 +171,7 @@ func (r *advanceRunner) check(c *scriptCmd, next gapfill.Job, out gapfill.Outcom
 // fingerprint captures what Advance must leave alone in the job it is given.
 func fingerprint(j gapfill.Job) string {
 	raw, _ := delta.EncodeState(j.State)
-	return fmt.Sprintf("v=%d state=%s raw=%s held=%v", j.Version, raw, j.Raw, listOf(slices.Sorted(maps.Keys(j.Held))))
+	return fmt.Sprintf("v=%d deleted=%t state=%s raw=%s held=%v", j.Version, j.Deleted, raw, j.Raw, listOf(slices.Sorted(maps.Keys(j.Held))))
 }
 
 func (r *advanceRunner) describe(j gapfill.Job) string {
@@ -174,7 +182,11 @@ func (r *advanceRunner) describe(j gapfill.Job) string {
 	if j.EventID != "" {
 		fmt.Fprintf(&b, " event=%s", j.EventID)
 	}
-	fmt.Fprintf(&b, " state=%s", raw)
+	if j.Deleted {
+		b.WriteString(" deleted")
+	} else {
+		fmt.Fprintf(&b, " state=%s", raw)
+	}
 	held := slices.Sorted(maps.Keys(j.Held))
 	fmt.Fprintf(&b, "\nheld=%v", listOf(held))
 	if len(held) > 0 {
@@ -191,9 +203,11 @@ func (r *advanceRunner) describeOutcome(out gapfill.Outcome) string {
 		}
 	}
 	num("applied", out.Applied)
+	num("deleted", out.Deleted)
 	num("stale", out.Stale)
 	num("duplicates", out.Duplicates)
 	num("held", out.Held)
+	num("covered", out.Covered)
 	if len(out.Released) > 0 {
 		// Released follows map order where a snapshot covers several.
 		f = append(f, fmt.Sprintf("released=%v", listOf(slices.Sorted(slices.Values(out.Released)))))

@@ -30,12 +30,13 @@ import (
 //
 // Run more cases with -rapid.checks=2000.
 
-// history is one job's valid history: versions 1..N, each a snapshot or
-// a delta, and the reference state at every version.
+// history is one job's valid history: versions 1..N, each a snapshot, a
+// delta or a delete (never followed by a delta: a deleted job has no state
+// to change), and the reference state at every version.
 type history struct {
 	id     string
 	events []event.Event     // events[v-1] makes version v
-	ref    []json.RawMessage // ref[v] is the state at version v; ref[0] is {}
+	ref    []json.RawMessage // ref[v] is the state at version v; ref[0] is {}; nil when deleted
 	kinds  []event.Kind      // kinds[v-1]
 	model  []map[string]any  // model[v]: ints as *big.Int, for the generator
 }
@@ -105,7 +106,17 @@ func genHistory(t *rapid.T, id string) history {
 		prev := h.model[v-1]
 		label := fmt.Sprintf("%s-v%d", id, v)
 		evID := fmt.Sprintf("%s-e%d", id, v)
-		if rapid.IntRange(0, 3).Draw(t, label+"-snapshot") == 0 {
+		afterDelete := v > 1 && h.kinds[v-2] == event.Delete
+		if !afterDelete && rapid.IntRange(0, 5).Draw(t, label+"-delete") == 0 {
+			h.events = append(h.events, decodeEvent(t, map[string]any{
+				"job_id": id, "version": v, "kind": "delete", "event_id": evID,
+			}))
+			h.kinds = append(h.kinds, event.Delete)
+			h.model = append(h.model, map[string]any{})
+			h.ref = append(h.ref, nil)
+			continue
+		}
+		if afterDelete || rapid.IntRange(0, 3).Draw(t, label+"-snapshot") == 0 {
 			next := map[string]any{}
 			for _, k := range stateKeys {
 				if rapid.Bool().Draw(t, label+"-has-"+k) {
@@ -200,7 +211,7 @@ func deliveries(t *rapid.T, hs []history, drop bool) ([]delivery, []map[int64]bo
 				copies += rapid.IntRange(1, 2).Draw(t, fmt.Sprintf("%s-copies-%d", h.id, v))
 			}
 			sources := []gapfill.Source{gapfill.FromLog, gapfill.FromLog, gapfill.FromReread}
-			if h.kinds[v-1] == event.Snapshot {
+			if h.kinds[v-1].WholeState() {
 				sources = append(sources, gapfill.FromAuthority)
 			}
 			for c := range copies {
@@ -230,16 +241,17 @@ func chunks(t *rapid.T, all []delivery) [][]delivery {
 // tracking versions only.
 type ruleModel struct {
 	version int64
+	deleted bool
 	held    map[int64]time.Time // version -> since
 }
 
 // expected is what the model predicts for one Advance.
 type expected struct {
-	applied, stale, duplicates, heldCount int
-	released                              []int64
-	newlyHeld                             map[int64]time.Time
-	closed                                bool
-	closedBy                              gapfill.Source
+	applied, deleted, stale, duplicates, heldCount, covered int
+	released                                                []int64
+	newlyHeld                                               map[int64]time.Time
+	closed                                                  bool
+	closedBy                                                gapfill.Source
 }
 
 func (m *ruleModel) advance(ins []gapfill.Input) (e expected) {
@@ -262,7 +274,7 @@ func (m *ruleModel) advance(ins []gapfill.Input) (e expected) {
 	}()
 	drain = func() {
 		for {
-			if _, ok := m.held[m.version+1]; !ok {
+			if _, ok := m.held[m.version+1]; !ok || m.deleted {
 				return
 			}
 			delete(m.held, m.version+1)
@@ -291,18 +303,24 @@ func (m *ruleModel) advance(ins []gapfill.Input) (e expected) {
 		wasHeld := len(m.held) > 0
 		changed := false
 		switch {
-		case ev.Kind == event.Snapshot && ev.Version > m.version:
+		case ev.Kind.WholeState() && ev.Version > m.version:
 			m.version = ev.Version
-			e.applied++
+			m.deleted = ev.Kind == event.Delete
+			if m.deleted {
+				e.deleted++
+			} else {
+				e.applied++
+			}
 			changed = true
 			for v := range m.held {
 				if v <= m.version {
 					delete(m.held, v)
 					e.released = append(e.released, v)
+					e.covered++
 				}
 			}
 			drain()
-		case ev.Kind == event.Snapshot:
+		case ev.Kind.WholeState():
 			if in.Source == gapfill.FromLog {
 				e.stale++
 			}
@@ -311,6 +329,9 @@ func (m *ruleModel) advance(ins []gapfill.Input) (e expected) {
 				e.duplicates++
 			}
 		case ev.Version == m.version+1:
+			if m.deleted {
+				panic("a valid history has no delta after a delete")
+			}
 			m.version++
 			e.applied++
 			changed = true
@@ -386,8 +407,12 @@ func (f *feeder) moveRow(j int, v int64) {
 	h := f.hs[j]
 	state, err := delta.DecodeState(h.ref[v])
 	require.NoError(f.t, err)
-	f.jobs[j] = gapfill.Job{ID: h.id, Version: v, State: state, Raw: h.ref[v], EventID: h.events[v-1].EventID, Held: f.jobs[j].Held}
-	f.models[j].version = v
+	if h.kinds[v-1] == event.Delete {
+		state = nil
+	}
+	f.jobs[j] = gapfill.Job{ID: h.id, Version: v, State: state, Raw: h.ref[v], EventID: h.events[v-1].EventID, Held: f.jobs[j].Held,
+		Deleted: h.kinds[v-1] == event.Delete}
+	f.models[j].version, f.models[j].deleted = v, h.kinds[v-1] == event.Delete
 	f.applied[j], f.base[j] = 0, v // the other writer's applies are not ours to count
 	f.advance(j, nil)
 }
@@ -417,6 +442,8 @@ func (f *feeder) advance(j int, ins []gapfill.Input) {
 	require.Empty(t, out.Conflicts, "identical copies are never conflicts")
 	require.Empty(t, out.Rejected, "a valid history is never rejected")
 	require.Equal(t, want.applied, out.Applied, "Applied")
+	require.Equal(t, want.deleted, out.Deleted, "Deleted")
+	require.Equal(t, want.covered, out.Covered, "Covered")
 	require.Equal(t, want.stale, out.Stale, "Stale")
 	require.Equal(t, want.duplicates, out.Duplicates, "Duplicates")
 	require.Equal(t, want.heldCount, out.Held, "Held")
@@ -440,11 +467,17 @@ func (f *feeder) advance(j int, ins []gapfill.Input) {
 		require.Equal(t, made, out.LastEventID, "LastEventID")
 	}
 	// The state is exactly the reference at the row's version: never a
-	// skipped or repeated increment.
-	got, err := delta.EncodeState(next.State)
-	require.NoError(t, err)
-	require.Equal(t, string(h.ref[next.Version]), string(got), "state at v%d", next.Version)
-	if next.Version > 0 {
+	// skipped or repeated increment, and absent exactly when deleted.
+	require.Equal(t, m.deleted, next.Deleted, "deleted at v%d", next.Version)
+	require.Equal(t, h.ref[next.Version] == nil, next.Deleted, "deleted at v%d", next.Version)
+	if next.Deleted {
+		require.Nil(t, next.State, "a deleted job's state")
+	} else {
+		got, err := delta.EncodeState(next.State)
+		require.NoError(t, err)
+		require.Equal(t, string(h.ref[next.Version]), string(got), "state at v%d", next.Version)
+	}
+	if next.Version > 0 && !next.Deleted {
 		require.True(t, snapshot.SameState(h.ref[next.Version], next.Raw), "Raw %s at v%d", next.Raw, next.Version)
 	}
 	heldSince := map[int64]time.Time{}
@@ -462,7 +495,7 @@ func (f *feeder) advance(j int, ins []gapfill.Input) {
 	}
 	require.ElementsMatch(t, above, slices.Collect(maps.Keys(next.Held)), "held vs received deltas above the row")
 
-	f.applied[j] += out.Applied
+	f.applied[j] += out.Applied + out.Deleted
 	require.LessOrEqual(t, f.applied[j], int(h.n()), "more applies than versions")
 	require.LessOrEqual(t, int64(f.applied[j]), next.Version-f.base[j], "more applies than the row has versions")
 	f.jobs[j] = next
@@ -477,11 +510,12 @@ func genHistories(t *rapid.T) []history {
 }
 
 // reach is the highest version a set of received events leads to: a
-// snapshot is reached on its own, a delta when its predecessor is.
+// snapshot or a delete is reached on its own, a delta when its predecessor
+// is.
 func reach(h history, received map[int64]bool) int64 {
 	reached := int64(0)
 	for v := int64(1); v <= h.n(); v++ {
-		if received[v] && (h.kinds[v-1] == event.Snapshot || reached == v-1) {
+		if received[v] && (h.kinds[v-1].WholeState() || reached == v-1) {
 			reached = v
 		}
 	}
@@ -502,9 +536,12 @@ func TestPropertyEveryEventArrives(t *testing.T) {
 		}
 		for j, h := range hs {
 			require.Equal(t, h.n(), f.jobs[j].Version, "%s: final version", h.id)
-			got, err := delta.EncodeState(f.jobs[j].State)
-			require.NoError(t, err)
-			require.Equal(t, string(h.ref[h.n()]), string(got), "%s: final state", h.id)
+			require.Equal(t, h.ref[h.n()] == nil, f.jobs[j].Deleted, "%s: deleted", h.id)
+			if !f.jobs[j].Deleted {
+				got, err := delta.EncodeState(f.jobs[j].State)
+				require.NoError(t, err)
+				require.Equal(t, string(h.ref[h.n()]), string(got), "%s: final state", h.id)
+			}
 			require.Empty(t, f.jobs[j].Held, "%s: held", h.id)
 		}
 	})
@@ -525,16 +562,24 @@ func TestPropertyAuthorityClosesGaps(t *testing.T) {
 		}
 		for j, h := range hs {
 			wasHeld := len(f.jobs[j].Held) > 0
-			auth := decodeEvent(t, map[string]any{
-				"job_id": h.id, "version": h.n(), "kind": "snapshot", "state": h.ref[h.n()], "event_id": "authority",
-			})
+			// The authority answers with the job's whole state at N: a
+			// delete when the job is gone.
+			answer := map[string]any{"job_id": h.id, "version": h.n(), "kind": "snapshot", "state": h.ref[h.n()], "event_id": "authority"}
+			if h.ref[h.n()] == nil {
+				answer = map[string]any{"job_id": h.id, "version": h.n(), "kind": "delete", "event_id": "authority"}
+			}
+			auth := decodeEvent(t, answer)
 			in := gapfill.Input{Event: auth, Partition: -1, Offset: -1, Source: gapfill.FromAuthority, At: f.t0.Add(time.Hour)}
 			next, out := gapfill.Advance(f.jobs[j], []gapfill.Input{in})
 			require.Empty(t, out.Conflicts, "%s", h.id)
+			require.Empty(t, out.Rejected, "%s", h.id)
 			require.Equal(t, h.n(), next.Version, "%s: version", h.id)
-			got, err := delta.EncodeState(next.State)
-			require.NoError(t, err)
-			require.Equal(t, string(h.ref[h.n()]), string(got), "%s: state", h.id)
+			require.Equal(t, h.ref[h.n()] == nil, next.Deleted, "%s: deleted", h.id)
+			if !next.Deleted {
+				got, err := delta.EncodeState(next.State)
+				require.NoError(t, err)
+				require.Equal(t, string(h.ref[h.n()]), string(got), "%s: state", h.id)
+			}
 			require.Empty(t, next.Held, "%s: held", h.id)
 			require.Equal(t, wasHeld, out.Closed, "%s: Closed", h.id)
 			if wasHeld {
@@ -568,7 +613,7 @@ func TestPropertyMissingDeltasStayHeld(t *testing.T) {
 				}
 				snapAbove := false
 				for v := first + 1; v <= h.n(); v++ {
-					snapAbove = snapAbove || (f.arrived[j][v] && h.kinds[v-1] == event.Snapshot)
+					snapAbove = snapAbove || (f.arrived[j][v] && h.kinds[v-1].WholeState())
 				}
 				if !snapAbove {
 					require.LessOrEqual(t, f.jobs[j].Version, first-1, "%s passed missing v%d", h.id, first)

@@ -11,12 +11,26 @@ import (
 	"github.com/projector/projector/event"
 )
 
-// Row is a job's row as the store holds it.
+// Row is a job's row as the store holds it. A deleted job is its
+// tombstone: Deleted, at the delete's version, with no state.
 type Row struct {
 	Version int64
 	State   json.RawMessage
 	EventID string
 	LastOps json.RawMessage
+	Deleted bool
+}
+
+// Job is the row as a job with the given held deltas.
+func (r Row) Job(id string, held map[int64]Held) (Job, error) {
+	if r.Deleted {
+		return Job{ID: id, Version: r.Version, EventID: r.EventID, Deleted: true, Held: held}, nil
+	}
+	// The state is decoded only when a delta needs it (see Job.State).
+	if !json.Valid(r.State) {
+		return Job{}, fmt.Errorf("job %q: the stored state is not JSON", id)
+	}
+	return Job{ID: id, Version: r.Version, Raw: r.State, EventID: r.EventID, LastOps: r.LastOps, Held: held}, nil
 }
 
 // StoreReader reads rows again: another writer, a snapshot or a previous
@@ -144,12 +158,13 @@ func (r *Resolver) Reread(ctx context.Context, atts []Attempt, now time.Time) {
 			if !ok || row.Version <= a.Job.Version {
 				continue
 			}
-			if !json.Valid(row.State) {
-				a.Res.Err = fmt.Errorf("re-read store: job %q: the stored state is not JSON", a.Job.ID)
+			moved, derr := row.Job(a.Job.ID, a.Job.Held)
+			if derr != nil {
+				a.Res.Err = fmt.Errorf("re-read store: %w", derr)
 				continue
 			}
 			a.Res.Row = &row
-			a.Job = Job{ID: a.Job.ID, Version: row.Version, Raw: row.State, EventID: row.EventID, LastOps: row.LastOps, Held: a.Job.Held}
+			a.Job = moved
 			settle(a, nil, StepReread)
 		}
 	}
@@ -227,7 +242,9 @@ func (r *Resolver) Authority(ctx context.Context, a *Attempt, now time.Time) {
 		a.Res.Err = err // the source names the step
 		return
 	}
-	if ev.Kind != event.Snapshot || ev.JobID != a.Job.ID {
+	// The authority answers with the job's whole state: a snapshot, or a
+	// delete when the job is gone.
+	if !ev.Kind.WholeState() || ev.JobID != a.Job.ID {
 		a.Res.Err = fmt.Errorf("snapshot: the authority answered with a %s for %q", ev.Kind, ev.JobID)
 		return
 	}

@@ -24,7 +24,7 @@ func TestATinyCacheChangesNothingButSpeed(t *testing.T) {
 	}
 	s.scramble(rand.New(rand.NewPCG(7, 7)))
 	half := s.flush(r)
-	run := r.start(r.config(func(c *Config) { c.CacheSize = 3; c.BatchSize = 37 }))
+	run := r.start(r.config(func(c *Config) { c.CacheBytes = 2000; c.BatchSize = 37 }))
 	r.caughtUp(30*time.Second, run)
 	for _, id := range jobIDs("counter", 40) {
 		s.increments(id, 4)

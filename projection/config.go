@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,8 +18,11 @@ import (
 // [Config.WithDefaults]; [Config.Validate] says what to fix.
 type Config struct {
 	Brokers []string
-	Topic   string
-	Group   string
+	// TLS and SASL secure every connection to the brokers (see [Kafka]).
+	TLS   *tls.Config
+	SASL  *SASL
+	Topic string
+	Group string
 	// Start is where a partition never seen by this projection begins:
 	// "earliest" (default) or "latest".
 	Start string
@@ -31,8 +35,9 @@ type Config struct {
 	MaxWait time.Duration
 	// Owner names this instance in the partitions table.
 	Owner string
-	// CacheSize bounds the per-partition cache of job versions.
-	CacheSize int
+	// CacheBytes is the memory budget, in bytes, of the cache of job rows
+	// and held deltas that every partition of this instance shares.
+	CacheBytes int64
 
 	Store  *store.Store
 	Logger *slog.Logger
@@ -63,6 +68,10 @@ type Config struct {
 	GapRetryMin time.Duration
 	GapRetryMax time.Duration
 
+	// TombstoneRetention is how long a deleted job's tombstone is kept
+	// before it is pruned; KeepTombstones keeps them for ever. Zero means
+	// DefaultTombstoneRetention.
+	TombstoneRetention time.Duration
 	// GapLogRetention and GapLogMaxRows bound the gap log: rows closed
 	// longer ago, and the oldest rows beyond the count, are pruned in small
 	// batches in the background.
@@ -77,7 +86,22 @@ type Config struct {
 	// PartitionWatchInterval is how often the topic is checked for new
 	// partitions (which forces a rebalance).
 	PartitionWatchInterval time.Duration
+
+	// ReadyMaxLag, when positive, keeps /readyz failing while the total lag
+	// of this instance's partitions is above it.
+	ReadyMaxLag int64
+	// StallTimeout is how long a loop (a partition worker, the health
+	// monitor) may go without a sign of life before /healthz fails. It must
+	// exceed the longest single step a loop takes (a batch transaction is
+	// bounded by 2 minutes).
+	StallTimeout time.Duration
+	// Version and Revision label projector_build_info; empty takes them
+	// from the binary's build information.
+	Version, Revision string
 }
+
+// Kafka is the broker settings of c.
+func (c Config) Kafka() Kafka { return Kafka{Brokers: c.Brokers, TLS: c.TLS, SASL: c.SASL} }
 
 // WithDefaults returns c with its zero fields set.
 func (c Config) WithDefaults() Config {
@@ -103,8 +127,8 @@ func (c Config) WithDefaults() Config {
 		host, _ := os.Hostname()
 		c.Owner = fmt.Sprintf("%s/%d", host, os.Getpid())
 	}
-	if c.CacheSize == 0 {
-		c.CacheSize = 100_000
+	if c.CacheBytes == 0 {
+		c.CacheBytes = DefaultCacheBytes
 	}
 	if c.GapWait == 0 {
 		c.GapWait = 10 * time.Second
@@ -136,6 +160,9 @@ func (c Config) WithDefaults() Config {
 	if c.GapRetryMax == 0 {
 		c.GapRetryMax = 5 * time.Minute
 	}
+	if c.TombstoneRetention == 0 {
+		c.TombstoneRetention = DefaultTombstoneRetention
+	}
 	if c.GapLogRetention == 0 {
 		c.GapLogRetention = 7 * 24 * time.Hour
 	}
@@ -161,6 +188,13 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.PartitionWatchInterval == 0 {
 		c.PartitionWatchInterval = 5 * time.Second
+	}
+	if c.StallTimeout == 0 {
+		c.StallTimeout = 3 * time.Minute
+	}
+	if c.Version == "" {
+		b := Build()
+		c.Version, c.Revision = b.Version, b.Revision
 	}
 	return c
 }
@@ -204,14 +238,26 @@ func (c Config) Validate() error {
 	if c.GapLogRetention < 0 || c.GapLogMaxRows < 0 {
 		errs = append(errs, errors.New("gap-log-retention and gap-log-max-rows must not be negative"))
 	}
-	if c.CacheSize < 0 {
-		errs = append(errs, fmt.Errorf("cache-size: %d is negative", c.CacheSize))
+	if c.CacheBytes < 0 {
+		errs = append(errs, fmt.Errorf("cache-bytes: %d is negative", c.CacheBytes))
 	}
 	if c.RereadWindow < 0 || c.RereadMaxBytes < 0 || c.RereadMaxTime < 0 {
 		errs = append(errs, errors.New("reread-window, reread-max-bytes and reread-max-time must not be negative"))
 	}
 	if c.SnapshotTimeout < 0 || c.SnapshotConcurrency < 0 || c.GapRetryMin < 0 || c.GapRetryMax < 0 {
 		errs = append(errs, errors.New("snapshot-timeout, snapshot-concurrency, gap-retry-min and gap-retry-max must not be negative"))
+	}
+	if err := c.SASL.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.ReadyMaxLag < 0 {
+		errs = append(errs, fmt.Errorf("ready-max-lag: %d is negative", c.ReadyMaxLag))
+	}
+	if c.StallTimeout < 0 {
+		errs = append(errs, fmt.Errorf("stall-timeout: %s is negative", c.StallTimeout))
+	}
+	if c.TombstoneRetention < 0 && c.TombstoneRetention != KeepTombstones {
+		errs = append(errs, fmt.Errorf("tombstone-retention: %s is negative (KeepTombstones keeps them for ever)", c.TombstoneRetention))
 	}
 	if c.Store == nil {
 		errs = append(errs, errors.New("store: required"))
@@ -222,6 +268,13 @@ func (c Config) Validate() error {
 // GapWait of this value in a Config means "do not wait": the zero value
 // already means "the default".
 const NoGapWait = -1
+
+// TombstoneRetention of this value in a Config keeps tombstones for ever.
+const KeepTombstones = -1
+
+// DefaultTombstoneRetention is how long tombstones are kept by default: a
+// week, far longer than any event should take to arrive.
+const DefaultTombstoneRetention = 7 * 24 * time.Hour
 
 func (c Config) gapPolicy() gapfill.Policy {
 	return gapfill.Policy{

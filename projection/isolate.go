@@ -11,7 +11,6 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/projector/projector/delta"
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/store"
@@ -162,11 +161,9 @@ func (w *worker) applyApart(ctx context.Context, msgs []kafka.Message, res []gap
 			return err
 		}
 		if row, found := rows[id]; found {
-			state, err := delta.DecodeState(row.State)
-			if err != nil {
-				return fmt.Errorf("projection: job %q: stored state: %w", id, err)
+			if j, err = jobOf(id, row, nil); err != nil {
+				return err
 			}
-			j = gapfill.Job{ID: id, Version: row.Version, State: state, Raw: row.State, EventID: row.EventID, LastOps: row.LastOps}
 		}
 	}
 	j.Held = keep

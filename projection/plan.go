@@ -27,7 +27,8 @@ type plan struct {
 	progress map[string]bool
 	holding  map[string]time.Time
 	// folds are the fast-path jobs' folds: with the row's version before
-	// the write they tell which snapshots would have applied one by one.
+	// the write they tell which snapshots and deletes would have applied
+	// one by one.
 	folds map[string]snapshot.Folded
 }
 
@@ -105,13 +106,14 @@ func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.R
 	for _, id := range need {
 		j := gapfill.Job{ID: id}
 		if row, ok := loaded[id]; ok {
-			state, err := delta.DecodeState(row.State)
-			if err != nil {
-				return nil, fmt.Errorf("projection: job %q: stored state: %w", id, err)
+			if j, err = jobOf(id, row, nil); err != nil {
+				return nil, err
 			}
-			j = gapfill.Job{ID: id, Version: row.Version, State: state, Raw: row.State, EventID: row.EventID, LastOps: row.LastOps}
 		}
 		known[id] = j
+	}
+	if err := w.unspill(ctx, order, known); err != nil {
+		return nil, err
 	}
 
 	for _, id := range order {
@@ -121,16 +123,17 @@ func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.R
 		}
 		j.ID = id
 		if !hasDelta[id] && (!cached || len(j.Held) == 0) {
-			p.snapshotOnly(w, id, inputs[id], j, cached)
+			p.wholeStateOnly(w, id, inputs[id], j, cached)
 			continue
 		}
 		if row := rows[id]; row != nil && row.Version > j.Version {
-			state, err := delta.DecodeState(row.State)
+			moved, err := row.Job(id, j.Held)
 			if err != nil {
-				return nil, fmt.Errorf("projection: job %q: stored state: %w", id, err)
+				return nil, fmt.Errorf("projection: %w", err)
 			}
-			j = gapfill.Job{ID: id, Version: row.Version, State: state, Raw: row.State, EventID: row.EventID, LastOps: row.LastOps, Held: j.Held}
+			j = moved
 		}
+
 		p.advance(w, j, inputs[id], now)
 	}
 	p.attempts(res)
@@ -157,17 +160,17 @@ func (p *plan) quarantine(b store.Bad) {
 	p.tally.quarantined++
 }
 
-// snapshotOnly folds a job's snapshots against what the cache knows of its
-// row and writes the winner with the version condition, unless the cache
-// already knows the row is at or past it.
-func (p *plan) snapshotOnly(w *worker, id string, ins []gapfill.Input, j gapfill.Job, cached bool) {
+// wholeStateOnly folds a job's snapshots and deletes against what the
+// cache knows of its row and writes the winner with the version condition,
+// unless the cache already knows the row is at or past it.
+func (p *plan) wholeStateOnly(w *worker, id string, ins []gapfill.Input, j gapfill.Job, cached bool) {
 	snaps := make([]event.Event, len(ins))
 	for i, in := range ins {
 		snaps[i] = in.Event
 	}
 	var head snapshot.Head
 	if cached {
-		head = snapshot.Head{Version: j.Version, State: j.Raw, EventID: j.EventID}
+		head = snapshot.Head{Version: j.Version, State: j.Raw, EventID: j.EventID, Deleted: j.Deleted}
 	}
 	f := snapshot.Fold(head, snaps)
 	for _, i := range f.Conflicts {
@@ -181,9 +184,15 @@ func (p *plan) snapshotOnly(w *worker, id string, ins []gapfill.Input, j gapfill
 	}
 	p.folds[id] = f
 	win := ins[f.Winner]
-	p.batch.Snapshots = append(p.batch.Snapshots, store.Write{
+	write := store.Write{
 		JobID: id, Version: win.Event.Version, State: win.Event.State, Offset: win.Offset, EventID: win.Event.EventID,
-	})
+	}
+	if win.Event.Kind == event.Delete {
+		write.Deleted = true
+		p.batch.Deletes = append(p.batch.Deletes, write)
+		return
+	}
+	p.batch.Snapshots = append(p.batch.Snapshots, write)
 }
 
 // keptEventID names the event that won over conflicting snapshot i.
@@ -200,6 +209,8 @@ func keptEventID(head snapshot.Head, snaps []event.Event, i int) string {
 func (p *plan) advance(w *worker, j gapfill.Job, ins []gapfill.Input, now time.Time) {
 	next, out := gapfill.Advance(j, ins)
 	p.tally.applied += int64(out.Applied)
+	p.tally.deleted += int64(out.Deleted)
+	p.tally.covered += int64(out.Covered)
 	p.tally.stale += int64(out.Stale)
 	p.tally.duplicates += int64(out.Duplicates)
 	p.tally.held += int64(out.Held)
@@ -212,7 +223,8 @@ func (p *plan) advance(w *worker, j gapfill.Job, ins []gapfill.Input, now time.T
 	}
 	if out.Changed {
 		p.batch.Updates = append(p.batch.Updates, store.Write{
-			JobID: j.ID, Version: next.Version, State: next.Raw, Expect: j.Version,
+			JobID: j.ID, Version: next.Version, State: next.Raw, Deleted: next.Deleted,
+			Expect: j.Version, ExpectDeleted: j.Deleted,
 			Offset: out.LastOffset, EventID: out.LastEventID, LastOps: next.LastOps,
 		})
 	}
@@ -284,4 +296,56 @@ func deltaValue(ev event.Event) []byte {
 		"job_id": ev.JobID, "version": ev.Version, "kind": ev.Kind, "ops": ev.RawOps, "event_id": ev.EventID,
 	})
 	return b
+}
+
+// unspill puts back the ops of held deltas the cache left in PostgreSQL,
+// for every job of the plan that has some, into known: a batch offers
+// inputs to a job only with its held deltas whole.
+func (w *worker) unspill(ctx context.Context, order []string, known map[string]gapfill.Job) error {
+	var keys []store.HeldKey
+	jobs := map[string]gapfill.Job{}
+	for _, id := range order {
+		j, ok := known[id]
+		if !ok {
+			if j, ok = w.cache.get(id); !ok {
+				continue
+			}
+		}
+		if !spilled(j) {
+			continue
+		}
+		jobs[id] = j
+		for v, h := range j.Held {
+			if h.Event.RawOps == nil {
+				keys = append(keys, store.HeldKey{JobID: id, Version: v})
+			}
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	ops, err := w.p.cfg.Store.LoadHeldOps(ctx, keys)
+	if err != nil {
+		return err
+	}
+	for id, j := range jobs {
+		held := make(map[int64]gapfill.Held, len(j.Held))
+		for v, h := range j.Held {
+			if h.Event.RawOps == nil {
+				raw, ok := ops[store.HeldKey{JobID: id, Version: v}]
+				if !ok {
+					return fmt.Errorf("projection: held delta %q v%d is no longer stored: another owner released it", id, v)
+				}
+				parsed, err := delta.ParseOps(raw)
+				if err != nil {
+					return fmt.Errorf("projection: held delta %q v%d: %w", id, v, err)
+				}
+				h.Event.Ops, h.Event.RawOps = parsed, raw
+			}
+			held[v] = h
+		}
+		j.Held = held
+		known[id] = j
+	}
+	return nil
 }

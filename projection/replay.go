@@ -8,7 +8,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/projector/projector/delta"
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/store"
@@ -84,11 +83,9 @@ func replayOne(ctx context.Context, st *store.Store, q store.QuarantineRecord, r
 		}
 		job := gapfill.Job{ID: ev.JobID}
 		if row, ok := rows[ev.JobID]; ok {
-			state, err := delta.DecodeState(row.State)
-			if err != nil {
-				return fmt.Errorf("projection: replay %d: job %q: stored state: %w", q.ID, ev.JobID, err)
+			if job, err = jobOf(ev.JobID, row, nil); err != nil {
+				return fmt.Errorf("projection: replay %d: %w", q.ID, err)
 			}
-			job = gapfill.Job{ID: ev.JobID, Version: row.Version, State: state, Raw: row.State, EventID: row.EventID, LastOps: row.LastOps}
 		}
 		next, out := gapfill.Advance(job, []gapfill.Input{{Event: ev, Partition: q.Partition, Offset: q.Offset, Source: gapfill.FromLog, At: time.Now()}})
 		switch {
@@ -102,7 +99,8 @@ func replayOne(ctx context.Context, st *store.Store, q store.QuarantineRecord, r
 		}
 		var w *store.Write
 		if out.Changed {
-			w = &store.Write{JobID: ev.JobID, Version: next.Version, State: next.Raw, Expect: job.Version,
+			w = &store.Write{JobID: ev.JobID, Version: next.Version, State: next.Raw, Deleted: next.Deleted,
+				Expect: job.Version, ExpectDeleted: job.Deleted,
 				Offset: q.Offset, EventID: ev.EventID, LastOps: next.LastOps}
 		}
 		err = st.Unquarantine(ctx, q, w)

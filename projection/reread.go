@@ -24,9 +24,25 @@ func (r storeRows) Rows(ctx context.Context, ids []string) (map[string]gapfill.R
 	}
 	out := make(map[string]gapfill.Row, len(jobs))
 	for id, j := range jobs {
-		out[id] = gapfill.Row{Version: j.Version, State: j.State, EventID: j.EventID, LastOps: j.LastOps}
+		out[id] = rowOf(j)
 	}
 	return out, nil
+}
+
+// rowOf is a stored row, or a deleted job's tombstone, as the gap
+// resolver sees it.
+func rowOf(j store.Job) gapfill.Row {
+	return gapfill.Row{Version: j.Version, State: j.State, EventID: j.EventID, LastOps: j.LastOps, Deleted: j.Deleted}
+}
+
+// jobOf is a stored row, or a deleted job's tombstone, as the gap
+// detector's job with the given held deltas.
+func jobOf(id string, j store.Job, held map[int64]gapfill.Held) (gapfill.Job, error) {
+	job, err := rowOf(j).Job(id, held)
+	if err != nil {
+		return gapfill.Job{}, fmt.Errorf("projection: %w", err)
+	}
+	return job, nil
 }
 
 // logReader re-reads every partition of the topic, from an offset found by

@@ -111,7 +111,7 @@ type play struct {
 func (sc *scenario) run(t *testing.T) {
 	p := &play{t: t, sc: sc, rig: newRig(t, sc.partitions)}
 	if sc.authority {
-		p.auth = &authority{snaps: map[string][]byte{}}
+		p.auth = &authority{snaps: map[string][]byte{}, status: map[string]int{}}
 		mux := http.NewServeMux()
 		mux.HandleFunc("GET /jobs/{id}", p.auth.serve)
 		srv := httptest.NewServer(mux)
@@ -247,13 +247,14 @@ func (p *play) counters() map[string]int64 {
 // counterNames are the names a scenario may use for [Counters] fields, in
 // the order they are reported.
 var counterNames = []string{
-	"applied", "stale", "duplicates", "conflicts", "held", "quarantined",
+	"applied", "deleted", "covered", "stale", "duplicates", "conflicts", "held", "quarantined",
 	"closed_by_wait", "closed_by_reread", "closed_by_snapshot", "consumed", "batches", "fenced",
 }
 
 func counterFields(c Counters) map[string]int64 {
 	return map[string]int64{
-		"consumed": c.Consumed, "applied": c.Applied, "stale": c.Stale, "duplicates": c.Duplicates,
+		"consumed": c.Consumed, "applied": c.Applied, "deleted": c.Deleted, "covered": c.Covered,
+		"stale": c.Stale, "duplicates": c.Duplicates,
 		"conflicts": c.Conflicts, "held": c.Held, "quarantined": c.Quarantined, "batches": c.Batches,
 		"fenced": c.Fenced, "closed_by_wait": c.ClosedByWait, "closed_by_reread": c.ClosedByReread,
 		"closed_by_snapshot": c.ClosedBySnapshot,
@@ -281,12 +282,14 @@ type authority struct {
 	mu    sync.Mutex
 	down  bool
 	snaps map[string][]byte
+	// status is the answer's status when not 200 (410 Gone).
+	status map[string]int
 }
 
 func (a *authority) serve(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	a.mu.Lock()
-	down, snap := a.down, a.snaps[id]
+	down, snap, status := a.down, a.snaps[id], a.status[id]
 	a.mu.Unlock()
 	switch {
 	case down:
@@ -295,6 +298,9 @@ func (a *authority) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "unknown job", http.StatusNotFound)
 	default:
 		w.Header().Set("Content-Type", "application/json")
+		if status != 0 {
+			w.WriteHeader(status)
+		}
 		_, _ = w.Write(snap)
 	}
 }
@@ -484,7 +490,7 @@ func (sc *scenario) parseStep(word, rest string, line int) (scenarioStep, error)
 		return scenarioStep{do: do}, nil
 	}
 	switch word {
-	case "produce", "snapshot", "delta":
+	case "produce", "snapshot", "delta", "delete":
 		r, err := parseRecord(word, rest, line)
 		return scenarioStep{record: r}, err
 	case "authority":
@@ -566,12 +572,19 @@ func parseRecord(word, rest string, line int) (*rec, error) {
 	job, rest := cut(rest)
 	vtok, body := cut(rest)
 	v, err := strconv.ParseInt(vtok, 10, 64)
-	if job == "" || err != nil || body == "" {
-		return nil, fmt.Errorf("%s: want %s <partition> <job> <version> <json>", word, word)
-	}
 	jobJSON, _ := json.Marshal(job)
 	// The event id names the scenario line, so a log line leads back to it.
 	eventID := fmt.Sprintf("evt-%d-L%d", v, line)
+	if word == "delete" {
+		if job == "" || err != nil || body != "" {
+			return nil, errors.New("delete: want delete <partition> <job> <version>")
+		}
+		value := fmt.Sprintf(`{"job_id":%s,"version":%d,"kind":"delete","event_id":"%s"}`, jobJSON, v, eventID)
+		return &rec{partition: part, key: job, value: []byte(value)}, nil
+	}
+	if job == "" || err != nil || body == "" {
+		return nil, fmt.Errorf("%s: want %s <partition> <job> <version> <json>", word, word)
+	}
 	var value string
 	if word == "snapshot" {
 		if !json.Valid([]byte(body)) || body[0] != '{' {
@@ -622,13 +635,31 @@ func (sc *scenario) parseAuthority(rest string, line int) (scenarioStep, error) 
 		down := rest == "down"
 		return scenarioStep{do: func(p *play, _ string) { p.auth.set(func(a *authority) { a.down = down }) }}, nil
 	}
+	// authority <job> delete <version>: a 200 with a delete record;
+	// authority <job> gone <version>: 410 Gone with the version.
+	job, more := cut(rest)
+	if how, vtok := cut(more); how == "delete" || how == "gone" {
+		v, err := strconv.ParseInt(vtok, 10, 64)
+		if err != nil || job == "" {
+			return scenarioStep{}, fmt.Errorf("authority: want authority <job> %s <version>", how)
+		}
+		r, _ := parseRecord("delete", fmt.Sprintf("0 %s %d", job, v), line)
+		value, status := r.value.([]byte), 0
+		if how == "gone" {
+			value, status = fmt.Appendf(nil, `{"version":%d}`, v), http.StatusGone
+		}
+		return scenarioStep{do: func(p *play, _ string) {
+			p.auth.set(func(a *authority) { a.snaps[job], a.status[job] = value, status })
+		}}, nil
+	}
 	r, err := parseRecord("snapshot", "0 "+rest, line)
 	if err != nil {
-		return scenarioStep{}, errors.New("authority: want authority down, authority up or authority <job> <version> <state>")
+		return scenarioStep{}, errors.New("authority: want authority down, authority up, authority <job> <version> <state>, authority <job> delete <version> or authority <job> gone <version>")
 	}
-	job := r.key
 	value := r.value.([]byte)
-	return scenarioStep{do: func(p *play, _ string) { p.auth.set(func(a *authority) { a.snaps[job] = value }) }}, nil
+	return scenarioStep{do: func(p *play, _ string) {
+		p.auth.set(func(a *authority) { a.snaps[job], a.status[job] = value, 0 })
+	}}, nil
 }
 
 type predicate = func(*play) (bool, string)
@@ -656,6 +687,23 @@ func parsePredicate(s string) (predicate, error) {
 			rows := p.loadRows(job)
 			if r, ok := rows[job]; ok {
 				return false, fmt.Sprintf("job %s has a row at v%d: %s", job, r.Version, r.State)
+			}
+			return true, ""
+		}, nil
+	case "tombstone":
+		return parseTombstonePredicate(rest)
+	case "no-tombstone":
+		job, more := cut(rest)
+		if job == "" || more != "" {
+			return nil, errors.New("want no-tombstone <job>")
+		}
+		return func(p *play) (bool, string) {
+			ts, err := p.rig.store.Tombstones(context.Background(), []string{job})
+			if err != nil {
+				return false, err.Error()
+			}
+			if t, ok := ts[job]; ok {
+				return false, fmt.Sprintf("job %s has a tombstone at v%d", job, t.Version)
 			}
 			return true, ""
 		}, nil
@@ -721,12 +769,53 @@ func caughtUpPredicate(p *play) (bool, string) {
 	return true, ""
 }
 
+// loadRows reads the read-model table itself, as a reader does: a deleted
+// job must not be there.
 func (p *play) loadRows(ids ...string) map[string]store.Job {
-	rows, err := p.rig.store.LoadJobs(context.Background(), ids)
+	rows, err := p.rig.store.Pool().Query(context.Background(), `SELECT job_id, version, state::text
+		FROM `+p.rig.store.JobsTable()+` WHERE job_id = ANY($1::text[])`, ids)
 	if err != nil {
 		p.t.Fatalf("load rows: %v", err)
 	}
-	return rows
+	defer rows.Close()
+	out := map[string]store.Job{}
+	for rows.Next() {
+		var j store.Job
+		var state string
+		if err := rows.Scan(&j.ID, &j.Version, &state); err != nil {
+			p.t.Fatalf("load rows: %v", err)
+		}
+		j.State = json.RawMessage(state)
+		out[j.ID] = j
+	}
+	if err := rows.Err(); err != nil {
+		p.t.Fatalf("load rows: %v", err)
+	}
+	return out
+}
+
+// parseTombstonePredicate reads "<job> v<op>N": the job's tombstone is at
+// a version that compares.
+func parseTombstonePredicate(s string) (predicate, error) {
+	job, rest := cut(s)
+	c, ok := parseComparison(rest)
+	if job == "" || !ok || c.name != "v" {
+		return nil, errors.New("want tombstone <job> v=<version>")
+	}
+	return func(p *play) (bool, string) {
+		ts, err := p.rig.store.Tombstones(context.Background(), []string{job})
+		if err != nil {
+			return false, err.Error()
+		}
+		t, ok := ts[job]
+		switch {
+		case !ok:
+			return false, fmt.Sprintf("job %s has no tombstone", job)
+		case !c.holds(t.Version):
+			return false, fmt.Sprintf("job %s has a tombstone at v%d, want %s", job, t.Version, c)
+		}
+		return true, ""
+	}, nil
 }
 
 // parseRowPredicate reads "<job> [v<op>N] [state=<json>]"; state= takes the

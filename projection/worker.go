@@ -30,6 +30,8 @@ type worker struct {
 	position  int64
 	hwm       int64
 	committed func(partition int, next int64)
+	// beat is this worker's sign of life for /healthz.
+	beat *beat
 
 	// readSincePosition is set once a record was read after the reader
 	// was (re)positioned at the stored position.
@@ -132,8 +134,9 @@ func (w *worker) run(ctx context.Context) error {
 	defer stopAttempts()
 	w.attempts = w.startAttempts(rctx, &wg)
 	for {
+		w.beat.now()
 		// Fetch first: it waits only briefly while attempts are in flight,
-		// and blocks only when none is, so no answer waits behind it.
+		// and at most idleWake when none is, so no answer waits behind it.
 		msgs, hwm := w.fetch(ctx, r)
 		res := w.attempts.collect(w)
 		if hwm > w.hwm {
@@ -179,7 +182,7 @@ func (w *worker) restore(ctx context.Context) error {
 		rows, err = w.p.cfg.Store.LoadJobs(ctx, list)
 		return err
 	}
-	if err := backoff.Retry(op, backoff.WithContext(retryPolicy(), ctx)); err != nil {
+	if err := w.retryDatabase(ctx, op); err != nil {
 		return err
 	}
 	for _, h := range held {
@@ -187,11 +190,10 @@ func (w *worker) restore(ctx context.Context) error {
 		if !ok {
 			j = gapfill.Job{ID: h.JobID, Held: map[int64]gapfill.Held{}}
 			if row, ok := rows[h.JobID]; ok {
-				state, err := delta.DecodeState(row.State)
-				if err != nil {
-					return fmt.Errorf("projection: job %q: stored state: %w", h.JobID, err)
+				var err error
+				if j, err = jobOf(h.JobID, row, map[int64]gapfill.Held{}); err != nil {
+					return err
 				}
-				j = gapfill.Job{ID: h.JobID, Version: row.Version, State: state, Raw: row.State, EventID: row.EventID, LastOps: row.LastOps, Held: map[int64]gapfill.Held{}}
 			}
 		}
 		ops, err := delta.ParseOps(h.Ops)
@@ -217,22 +219,28 @@ func (w *worker) claim(ctx context.Context) (store.Claim, error) {
 		var err error
 		claim, err = w.p.cfg.Store.Claim(ctx, w.topic, w.partition, w.p.cfg.Owner)
 		var wait *store.ClaimWaitError
-		switch {
-		case errors.As(err, &wait):
+		for errors.As(err, &wait) && ctx.Err() == nil {
+			// Not an outage: PostgreSQL answered, another owner's open
+			// transaction holds the row. Say so, and ask again.
 			waited += wait.Waited
 			w.log.Warn("claim waits for the previous owner's open batch transaction on this partition (a slow, stalled or frozen owner); PostgreSQL ends it once its client is idle past the bound; retrying",
 				"previous_owner", wait.Owner, "waited", waited.String())
-		case err != nil:
-			w.log.Warn("claim failed, retrying", "err", err)
+			w.beat.now()
+			sleep(ctx, claimRetryPause)
+			claim, err = w.p.cfg.Store.Claim(ctx, w.topic, w.partition, w.p.cfg.Owner)
 		}
 		return err
 	}
-	err := backoff.Retry(op, backoff.WithContext(retryPolicy(), ctx))
+	err := w.retryDatabase(ctx, op)
 	if err == nil && waited > 0 {
 		w.log.Info("claimed after waiting for the previous owner's transaction", "waited", waited.String())
 	}
 	return claim, err
 }
+
+// claimRetryPause separates claims that gave up waiting for the partition
+// row; each of them already waited the store's ClaimLockTimeout.
+const claimRetryPause = 500 * time.Millisecond
 
 // stallWarning is how long a batch transaction runs before the worker
 // says so, and then again each time as long again: well before
@@ -301,20 +309,18 @@ func (w *worker) storeLatest(ctx context.Context) (int64, error) {
 // batch size. It returns early when ctx ends.
 func (w *worker) fetch(ctx context.Context, r *kafka.Reader) ([]kafka.Message, int64) {
 	cfg := w.p.cfg
-	wait := time.Duration(-1)
+	// An idle worker still wakes up every idleWake, so its beat shows it
+	// alive.
+	wait := idleWake
 	if w.attempts != nil && w.attempts.busy() {
 		// Answers join the next batch as soon as they are ready.
 		wait = attemptPoll
 	}
-	if due, ok := w.detector.NextDue(); ok && (wait < 0 || time.Until(due) < wait) {
+	if due, ok := w.detector.NextDue(); ok && time.Until(due) < wait {
 		wait = max(time.Until(due), 10*time.Millisecond)
 	}
-	fctx := ctx
-	if wait >= 0 {
-		var cancel context.CancelFunc
-		fctx, cancel = context.WithTimeout(ctx, wait)
-		defer cancel()
-	}
+	fctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
 	m, err := r.FetchMessage(fctx)
 	if err != nil {
 		switch {
@@ -322,7 +328,7 @@ func (w *worker) fetch(ctx context.Context, r *kafka.Reader) ([]kafka.Message, i
 		case errors.Is(err, kafka.OffsetOutOfRange):
 			w.outOfRange(ctx, r)
 		default:
-			w.log.Warn("fetch failed", "err", err)
+			w.p.kafkaOutage.failed(fmt.Errorf("fetch %s/%d: %w", w.topic, w.partition, err), time.Second)
 			sleep(ctx, time.Second)
 		}
 		return nil, 0
@@ -428,6 +434,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 	bo := retryPolicy()
 	staleRetries := 0
 	for {
+		w.beat.now()
 		actx, cancel := applyContext(ctx)
 		now := time.Now()
 		pl, err := w.plan(actx, msgs, res, now)
@@ -442,6 +449,8 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 		}
 		cancel()
 		if err == nil {
+			w.p.databaseAnswered()
+			w.p.metrics.batch(time.Since(now), len(msgs))
 			w.settle(pl, result, now)
 			if len(msgs) > 0 {
 				w.position = pl.batch.NextOffset
@@ -482,7 +491,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 			return nil
 		}
 		d := bo.NextBackOff()
-		w.log.Error("batch failed; retrying", "err", err, "retry_in", d)
+		w.p.databaseFailed(fmt.Errorf("batch %s/%d@%d: %w", w.topic, w.partition, firstOffset(msgs), err), d)
 		sleep(ctx, d)
 		if ctx.Err() != nil {
 			w.log.Warn("batch abandoned: the partition's generation ended before a retry; it will be read again", "first_offset", firstOffset(msgs))
@@ -525,11 +534,9 @@ func (w *worker) forgetRow(ctx context.Context, id string) error {
 	}
 	fresh := gapfill.Job{ID: id, Held: j.Held} // no row: version 0
 	if r, ok := rows[id]; ok {
-		state, err := delta.DecodeState(r.State)
-		if err != nil {
-			return fmt.Errorf("projection: job %q: stored state: %w", id, err)
+		if fresh, err = jobOf(id, r, j.Held); err != nil {
+			return err
 		}
-		fresh = gapfill.Job{ID: id, Version: r.Version, State: state, Raw: r.State, EventID: r.EventID, LastOps: r.LastOps, Held: j.Held}
 	}
 	w.cache.put(fresh)
 	return nil
@@ -539,30 +546,42 @@ func (w *worker) forgetRow(ctx context.Context, id string) error {
 // counters.
 func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
 	t := pl.tally
-	for _, s := range pl.batch.Snapshots {
+	settleWholeState := func(s store.Write, written map[string]int64, conflicts map[string]bool) {
 		f := pl.folds[s.JobID]
-		before, ok := res.SnapshotsApplied[s.JobID]
+		before, ok := written[s.JobID]
 		if !ok {
-			// The row was at or past the winner: every one was stale,
+			// The job was at or past the winner: every one was stale,
 			// unless the winner met a row at its own version with other
 			// content, which is a conflict.
 			_, stale := f.Count(s.Version)
 			t.stale += int64(stale)
-			if res.SnapshotConflicts[s.JobID] {
+			if conflicts[s.JobID] {
 				t.stale--
 				t.conflicts++
 				w.log.Warn("conflict: same job and version with different content; the first applied wins",
 					"job_id", s.JobID, "version", s.Version, "dropped_event_id", s.EventID, "dropped_offset", s.Offset)
 			}
 			w.cache.forget(s.JobID)
-			continue
+			return
 		}
 		applied, stale := f.Count(before)
-		t.applied += int64(applied)
+		deleted := f.Deletes(before)
+		t.applied += int64(applied - deleted)
+		t.deleted += int64(deleted)
 		t.stale += int64(stale)
-		if state, err := delta.DecodeState(s.State); err == nil {
-			w.cache.put(gapfill.Job{ID: s.JobID, Version: s.Version, State: state, Raw: s.State, EventID: s.EventID})
+		if s.Deleted {
+			w.cache.put(gapfill.Job{ID: s.JobID, Version: s.Version, EventID: s.EventID, Deleted: true})
+		} else {
+			// The state is kept raw: decoded only if a delta for the job
+			// comes.
+			w.cache.put(gapfill.Job{ID: s.JobID, Version: s.Version, Raw: s.State, EventID: s.EventID})
 		}
+	}
+	for _, s := range pl.batch.Snapshots {
+		settleWholeState(s, res.SnapshotsApplied, res.SnapshotConflicts)
+	}
+	for _, s := range pl.batch.Deletes {
+		settleWholeState(s, res.DeletesApplied, res.DeleteConflicts)
 	}
 	for _, j := range pl.jobs {
 		w.cache.put(j)
@@ -583,6 +602,7 @@ func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
 		switch _, held := w.detector.Gap(id); {
 		case !held:
 			w.detector.Hold(id, since)
+			w.p.counters.gapsOpened.Add(1)
 		case pl.progress[id]:
 			// It moved forward but waits for a later version: the wait
 			// starts afresh for that one.
@@ -590,6 +610,13 @@ func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
 		}
 	}
 	w.p.counters.add(t)
+	for _, b := range pl.batch.Bad {
+		part := b.Partition
+		if part < 0 {
+			part = w.partition
+		}
+		w.logQuarantined(part, b.Offset, b.Err)
+	}
 }
 
 // heldViewEvery bounds how often the list of held jobs is rebuilt for the

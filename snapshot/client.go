@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -107,11 +108,13 @@ func checkBaseURL(baseURL string) (string, error) {
 }
 
 // Fetch GETs the job's snapshot from the authority. It returns a valid
-// snapshot event of jobID, ErrNotFound (wrapped) when the authority does not
+// snapshot event of jobID, or a delete event when the authority answers
+// that the job was deleted (a 200 with a delete record, or 410 Gone with
+// the delete's version), ErrNotFound (wrapped) when the authority does not
 // know the job, or the last error once MaxElapsedTime has passed. A 200
-// whose body is not a snapshot of jobID is a permanent error: asking again
-// would get the same answer. Cancelling ctx stops it at once, with ctx's
-// error.
+// or a 410 whose body is not a valid answer about jobID is a permanent
+// error: asking again would get the same answer. Cancelling ctx stops it
+// at once, with ctx's error.
 func (c *Client) Fetch(ctx context.Context, jobID string) (event.Event, error) {
 	if jobID == "" {
 		return event.Event{}, errors.New("snapshot: fetch: empty job id")
@@ -227,6 +230,8 @@ func (c *Client) attempt(ctx context.Context, target, jobID string) (event.Event
 
 	switch resp.StatusCode {
 	case http.StatusOK:
+	case http.StatusGone:
+		return c.gone(ctx, reqCtx, timeout, resp.Body, jobID)
 	case http.StatusNotFound:
 		return event.Event{}, backoff.Permanent(ErrNotFound)
 	default:
@@ -243,11 +248,49 @@ func (c *Client) attempt(ctx context.Context, target, jobID string) (event.Event
 	if err != nil {
 		return event.Event{}, backoff.Permanent(fmt.Errorf("%w: %w", errBadAnswer, err))
 	}
-	if ev.Kind != event.Snapshot {
-		return event.Event{}, backoff.Permanent(fmt.Errorf("%w: kind is %q, want %q", errBadAnswer, ev.Kind, event.Snapshot))
+	if !ev.Kind.WholeState() {
+		return event.Event{}, backoff.Permanent(fmt.Errorf("%w: kind is %q, want %q or %q", errBadAnswer, ev.Kind, event.Snapshot, event.Delete))
 	}
 	if ev.JobID != jobID {
 		return event.Event{}, backoff.Permanent(fmt.Errorf("%w: job_id is %q, want %q", errBadAnswer, ev.JobID, jobID))
+	}
+	return ev, nil
+}
+
+// errBadGone marks a 410 whose body does not say at which version the
+// job was deleted.
+var errBadGone = errors.New(`the authority answered 410 Gone without a valid version: the body must be a JSON object such as {"version": 7}`)
+
+// gone reads a 410 Gone answer: the job was deleted, at the version the
+// body gives. The body is a delete record value, or any JSON object with a
+// "version"; a "job_id" in it must be the job asked for.
+func (c *Client) gone(ctx, reqCtx context.Context, timeout time.Duration, body io.Reader, jobID string) (event.Event, error) {
+	raw, err := io.ReadAll(io.LimitReader(body, event.MaxValueBytes+1))
+	if err != nil {
+		return event.Event{}, c.transportError(ctx, reqCtx, timeout, fmt.Errorf("read body: %w", err))
+	}
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &members); err != nil || members == nil {
+		return event.Event{}, backoff.Permanent(fmt.Errorf("%w%s", errBadGone, excerpt(strings.NewReader(string(raw)))))
+	}
+	if _, ok := members["job_id"]; !ok {
+		members["job_id"], _ = json.Marshal(jobID)
+	}
+	if _, ok := members["kind"]; !ok {
+		members["kind"] = json.RawMessage(`"delete"`)
+	}
+	value, err := json.Marshal(members)
+	if err != nil {
+		return event.Event{}, backoff.Permanent(fmt.Errorf("%w: %w", errBadGone, err))
+	}
+	ev, err := event.DecodeValue(value)
+	switch {
+	case err != nil:
+		return event.Event{}, backoff.Permanent(fmt.Errorf("%w: %w", errBadGone, err))
+	case ev.Kind != event.Delete:
+		return event.Event{}, backoff.Permanent(fmt.Errorf("%w: kind is %q, want %q", errBadGone, ev.Kind, event.Delete))
+	case ev.JobID != jobID:
+		return event.Event{}, backoff.Permanent(fmt.Errorf("%w: job_id is %q, want %q", errBadGone, ev.JobID, jobID))
 	}
 	return ev, nil
 }

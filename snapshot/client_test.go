@@ -202,6 +202,65 @@ func TestFetchEscapesJobID(t *testing.T) {
 	}
 }
 
+// The authority says a job was deleted with a delete record or with 410
+// Gone and the delete's version; both come back as a delete event.
+func TestFetchDeleted(t *testing.T) {
+	t.Parallel()
+
+	tests := []struct {
+		name   string
+		status int
+		body   string
+	}{
+		{name: "200 with a delete", status: http.StatusOK, body: `{"job_id":"job-1","version":9,"kind":"delete","event_id":"auth-9"}`},
+		{name: "410 with a version", status: http.StatusGone, body: `{"version":9,"event_id":"auth-9"}`},
+		{name: "410 with a delete record", status: http.StatusGone, body: `{"job_id":"job-1","version":9,"kind":"delete","event_id":"auth-9"}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv, requests := serve(t, func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(tt.status)
+				_, _ = w.Write([]byte(tt.body))
+			})
+			ev, err := client(t, srv).Fetch(context.Background(), "job-1")
+			require.NoError(t, err)
+			require.Equal(t, event.Event{JobID: "job-1", Version: 9, Kind: event.Delete, EventID: "auth-9"}, ev)
+			require.EqualValues(t, 1, requests.Load())
+		})
+	}
+}
+
+// A 410 that does not say at which version the job went is not an answer
+// the projector can order, and asking again would get the same one.
+func TestFetchGoneWithoutVersionIsNotRetried(t *testing.T) {
+	t.Parallel()
+
+	tests := []struct {
+		name, body, want string
+	}{
+		{name: "empty body", body: "", want: "410 Gone without a valid version"},
+		{name: "text body", body: "gone", want: "410 Gone without a valid version"},
+		{name: "no version", body: `{"reason":"purged"}`, want: "version: required"},
+		{name: "version as a string", body: `{"version":"9"}`, want: "version: must be a JSON integer"},
+		{name: "other job", body: `{"job_id":"job-2","version":9}`, want: `job_id is "job-2", want "job-1"`},
+		{name: "a snapshot", body: `{"job_id":"job-1","version":9,"kind":"snapshot","state":{}}`, want: `kind is "snapshot"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			srv, requests := serve(t, func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(http.StatusGone)
+				_, _ = w.Write([]byte(tt.body))
+			})
+			_, err := client(t, srv).Fetch(context.Background(), "job-1")
+			require.ErrorContains(t, err, `snapshot: fetch "job-1"`)
+			require.ErrorContains(t, err, tt.want)
+			require.EqualValues(t, 1, requests.Load(), "the same request would get the same answer")
+		})
+	}
+}
+
 // Ids that look like paths reach an authority behind Go's ServeMux, which
 // cleans dot segments and redirects, as the very id the job has: the
 // pattern's {id} is the job id, and the answer is that job's snapshot.

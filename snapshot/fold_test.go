@@ -14,6 +14,10 @@ func snap(version int64, state string) event.Event {
 	return event.Event{JobID: "job-1", Version: version, Kind: event.Snapshot, State: json.RawMessage(state)}
 }
 
+func del(version int64) event.Event {
+	return event.Event{JobID: "job-1", Version: version, Kind: event.Delete}
+}
+
 func TestFold(t *testing.T) {
 	t.Parallel()
 
@@ -26,8 +30,8 @@ func TestFold(t *testing.T) {
 		winner    int
 		conflicts []int
 		// applied and stale as counted against the row's version before.
-		before         int64
-		applied, stale int
+		before                  int64
+		applied, deleted, stale int
 	}{
 		{name: "single", head: none, snaps: []event.Event{snap(4, a)}, winner: 0, applied: 1},
 		{name: "increasing", head: none, snaps: []event.Event{snap(1, a), snap(2, b), snap(3, a)}, winner: 2, applied: 3},
@@ -44,6 +48,16 @@ func TestFold(t *testing.T) {
 			snaps: []event.Event{snap(1, b), snap(2, a)}, winner: 1, applied: 2},
 		{name: "the head wins over an equal version with other content", head: snapshot.Head{Version: 3, State: json.RawMessage(a)},
 			snaps: []event.Event{snap(3, b), snap(3, a)}, winner: -1, conflicts: []int{0}, before: 3, stale: 1},
+		{name: "a delete wins like a snapshot", head: none, snaps: []event.Event{snap(1, a), del(3), snap(2, b)}, winner: 1, applied: 2, deleted: 1, stale: 1},
+		{name: "a snapshot above a delete creates the job again", head: none, snaps: []event.Event{del(3), snap(4, a)}, winner: 1, applied: 2, deleted: 1},
+		{name: "a snapshot at a delete's version is stale", head: none, snaps: []event.Event{del(3), snap(3, a), del(3)}, winner: 0, applied: 1, deleted: 1, stale: 2},
+		{name: "a snapshot at a deleted head's version is stale", head: snapshot.Head{Version: 3, Deleted: true},
+			snaps: []event.Event{snap(3, a), snap(2, b)}, winner: -1, before: 3, stale: 2},
+		{name: "a delete at a known state's version is a conflict", head: snapshot.Head{Version: 3, State: json.RawMessage(a)},
+			snaps: []event.Event{del(3), del(2)}, winner: -1, conflicts: []int{0}, before: 3, stale: 1},
+		{name: "a delete at the version of an earlier snapshot of the run is a conflict", head: none,
+			snaps: []event.Event{snap(3, a), del(3)}, winner: 0, conflicts: []int{1}, applied: 1},
+		{name: "deletes counted against a row above them are stale", head: none, snaps: []event.Event{del(3), snap(5, a)}, winner: 1, before: 4, applied: 1, stale: 1},
 		{name: "nothing above the head", head: snapshot.Head{Version: 9, State: json.RawMessage(a)},
 			snaps: []event.Event{snap(3, b), snap(9, a)}, winner: -1, before: 9, stale: 2},
 	}
@@ -55,6 +69,7 @@ func TestFold(t *testing.T) {
 			require.ElementsMatch(t, tt.conflicts, got.Conflicts, "conflicts")
 			applied, stale := got.Count(tt.before)
 			require.Equal(t, tt.applied, applied, "applied")
+			require.Equal(t, tt.deleted, got.Deletes(tt.before), "deleted")
 			require.Equal(t, tt.stale, stale, "stale")
 		})
 	}

@@ -89,7 +89,7 @@ func (e *ClaimWaitError) Unwrap() error { return e.Err }
 // millis is d as a PostgreSQL time setting in milliseconds.
 func millis(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) }
 
-// Job is one read-model row.
+// Job is one read-model row, or a deleted job's tombstone.
 type Job struct {
 	ID      string
 	Version int64
@@ -98,24 +98,32 @@ type Job struct {
 	// LastOps are the ops of the delta that made Version; nil when a
 	// snapshot did.
 	LastOps json.RawMessage
+	// Deleted reports a tombstone: the job was deleted at Version and has
+	// no row and no State.
+	Deleted bool
 }
 
-// LoadJobs reads the rows of ids that exist; a missing job is at version 0.
+// LoadJobs reads the rows of ids that exist, and the tombstones of those
+// deleted; a job with neither is at version 0.
 func (s *Store) LoadJobs(ctx context.Context, ids []string) (map[string]Job, error) {
-	return loadJobs(ctx, s.pool, s.jobs, ids)
+	return loadJobs(ctx, s.pool, s.jobs, s.tombstones, s.projection, ids)
 }
 
 type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-func loadJobs(ctx context.Context, q querier, table string, ids []string) (map[string]Job, error) {
+func loadJobs(ctx context.Context, q querier, table, tombstones, projection string, ids []string) (map[string]Job, error) {
 	out := make(map[string]Job, len(ids))
 	if len(ids) == 0 {
 		return out, nil
 	}
-	rows, err := q.Query(ctx, `SELECT job_id, version, state::text, coalesce(event_id, ''), coalesce(last_ops::text, '')
-		FROM `+table+` WHERE job_id = ANY($1::text[])`, ids)
+	rows, err := q.Query(ctx, `SELECT job_id, version, state::text, coalesce(event_id, ''), coalesce(last_ops::text, ''), false
+		FROM `+table+` WHERE job_id = ANY($1::text[])
+		UNION ALL
+		SELECT t.job_id, t.version, '', coalesce(t.event_id, ''), '', true
+		FROM `+tombstones+` t WHERE t.projection = $2 AND t.job_id = ANY($1::text[])
+			AND NOT EXISTS (SELECT 1 FROM `+table+` j WHERE j.job_id = t.job_id)`, ids, projection)
 	if err != nil {
 		return nil, fmt.Errorf("store: load %d jobs: %w", len(ids), err)
 	}
@@ -123,10 +131,12 @@ func loadJobs(ctx context.Context, q querier, table string, ids []string) (map[s
 	for rows.Next() {
 		var j Job
 		var state, lastOps string
-		if err := rows.Scan(&j.ID, &j.Version, &state, &j.EventID, &lastOps); err != nil {
+		if err := rows.Scan(&j.ID, &j.Version, &state, &j.EventID, &lastOps, &j.Deleted); err != nil {
 			return nil, fmt.Errorf("store: load jobs: %w", err)
 		}
-		j.State = json.RawMessage(state)
+		if !j.Deleted {
+			j.State = json.RawMessage(state)
+		}
 		if lastOps != "" {
 			j.LastOps = json.RawMessage(lastOps)
 		}
@@ -143,9 +153,16 @@ type Write struct {
 	JobID   string
 	Version int64
 	State   json.RawMessage
+	// Deleted makes the new state "absent": the row goes and a tombstone
+	// at Version stays. State is ignored.
+	Deleted bool
 	// Expect is the version the row must be at for an [Batch.Updates] write
-	// to apply; 0 means the row must not exist. Ignored for snapshots.
+	// to apply; 0 means the row must not exist, and no tombstone either.
+	// Ignored for snapshots and deletes.
 	Expect int64
+	// ExpectDeleted means the job must be deleted at Expect (a tombstone,
+	// no row) for an [Batch.Updates] write to apply.
+	ExpectDeleted bool
 	// Offset and EventID record where the state came from.
 	Offset  int64
 	EventID string
@@ -223,8 +240,13 @@ type Batch struct {
 	// Snapshots are applied where the row's version is below theirs; at
 	// most one per job (fold first).
 	Snapshots []Write
+	// Deletes are applied where the job's version (its row's, or its
+	// tombstone's) is below theirs, like snapshots; at most one per job,
+	// not also in Snapshots (fold first).
+	Deletes []Write
 	// Updates are states computed from a known row; applied only where the
-	// row is still at Expect. One per job; not also in Snapshots.
+	// row is still at Expect. One per job; not also in Snapshots or
+	// Deletes.
 	Updates []Write
 	Hold    []Held
 	Release []HeldKey
@@ -244,13 +266,20 @@ type Result struct {
 	// row is at the same version with other content: the first applied
 	// wins, and the conflict is the caller's to report.
 	SnapshotConflicts map[string]bool
+	// DeletesApplied maps each job whose delete applied to the version
+	// it was at before (its row's or its tombstone's; 0: neither); the
+	// others were stale.
+	DeletesApplied map[string]int64
+	// DeleteConflicts are jobs whose delete did not apply because the row
+	// is at the delete's version: a state and "absent" at one version.
+	DeleteConflicts map[string]bool
 }
 
 // Apply commits b in one transaction: fence, writes, held rows, quarantine
 // and position. It returns [ErrFenced] if another owner claimed the
 // partition, or a *[StaleError] if an update's row moved; both roll back.
 func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
-	res := Result{SnapshotsApplied: make(map[string]int64, len(b.Snapshots))}
+	res := Result{SnapshotsApplied: make(map[string]int64, len(b.Snapshots)), DeletesApplied: make(map[string]int64, len(b.Deletes))}
 	// The fence argument (docs/design.md) assumes READ COMMITTED: each
 	// statement sees rows committed before it started. Pin it rather than
 	// inherit whatever default_transaction_isolation the server has.
@@ -275,27 +304,40 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 	if tag.RowsAffected() == 0 {
 		return res, ErrFenced
 	}
+	if err := s.lockJobs(ctx, tx, b); err != nil {
+		return res, fmt.Errorf("store: apply %s/%d@%d: lock jobs: %w", b.Topic, b.Partition, b.NextOffset, err)
+	}
 
 	if len(b.Snapshots) > 0 {
 		ids, vers, states, offs, evs := columns(b.Snapshots)
-		// The CTE reads the rows as they were before this statement, which
-		// tells how far each applied snapshot moved its row.
+		// The CTEs read the rows and tombstones as they were before this
+		// statement, which tells how far each applied snapshot moved its
+		// job. A tombstone at or above a snapshot keeps the job deleted;
+		// one below it is removed as the snapshot creates the job again.
+		// lockJobs makes the tombstone check and the write atomic.
 		rows, err := tx.Query(ctx, `WITH old AS (
 				SELECT job_id, version FROM `+s.jobs+` WHERE job_id = ANY($1::text[])
+			), tomb AS (
+				SELECT job_id, version FROM `+s.tombstones+` WHERE projection = $8 AND job_id = ANY($1::text[])
 			), ins AS (
 				INSERT INTO `+s.jobs+` AS t
 				(job_id, version, state, updated_at, source_topic, source_partition, source_offset, event_id)
 				SELECT i.job_id, i.version, i.state::jsonb, now(), $6, $7, i.off, NULLIF(i.event_id, '')
 				FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[]) AS i(job_id, version, state, off, event_id)
+				WHERE NOT EXISTS (SELECT 1 FROM tomb WHERE tomb.job_id = i.job_id AND tomb.version >= i.version)
 				ON CONFLICT (job_id) DO UPDATE SET
 					version = excluded.version, state = excluded.state, updated_at = excluded.updated_at,
 					source_topic = excluded.source_topic, source_partition = excluded.source_partition,
 					source_offset = excluded.source_offset, event_id = excluded.event_id, last_ops = NULL
 				WHERE t.version < excluded.version
-				RETURNING t.job_id
+				RETURNING t.job_id, t.version
+			), revived AS (
+				DELETE FROM `+s.tombstones+` d USING ins
+				WHERE d.projection = $8 AND d.job_id = ins.job_id AND d.version < ins.version
 			)
-			SELECT ins.job_id, coalesce(old.version, 0) FROM ins LEFT JOIN old ON old.job_id = ins.job_id`,
-			ids, vers, states, offs, evs, b.Topic, b.Partition)
+			SELECT ins.job_id, coalesce(old.version, tomb.version, 0) FROM ins
+			LEFT JOIN old ON old.job_id = ins.job_id LEFT JOIN tomb ON tomb.job_id = ins.job_id`,
+			ids, vers, states, offs, evs, b.Topic, b.Partition, s.projection)
 		if err != nil {
 			return res, fmt.Errorf("store: apply %s/%d@%d: snapshots: %w", b.Topic, b.Partition, b.NextOffset, err)
 		}
@@ -309,6 +351,12 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 			return res, fmt.Errorf("store: apply %s/%d@%d: snapshots: %w", b.Topic, b.Partition, b.NextOffset, err)
 		}
 		if err := s.snapshotConflicts(ctx, tx, b, &res); err != nil {
+			return res, err
+		}
+	}
+
+	if len(b.Deletes) > 0 {
+		if err := s.applyDeletes(ctx, tx, b, &res); err != nil {
 			return res, err
 		}
 	}
@@ -424,11 +472,20 @@ func (s *Store) snapshotConflicts(ctx context.Context, tx pgx.Tx, b *Batch, res 
 }
 
 func (s *Store) applyUpdates(ctx context.Context, tx pgx.Tx, b *Batch) error {
-	var upd, ins []Write
+	var upd, ins, revive, delRow, delNew, redelete []Write
 	for _, w := range b.Updates {
-		if w.Expect == 0 {
+		switch {
+		case w.Deleted && w.ExpectDeleted:
+			redelete = append(redelete, w)
+		case w.Deleted && w.Expect == 0:
+			delNew = append(delNew, w)
+		case w.Deleted:
+			delRow = append(delRow, w)
+		case w.ExpectDeleted:
+			revive = append(revive, w)
+		case w.Expect == 0:
 			ins = append(ins, w)
-		} else {
+		default:
 			upd = append(upd, w)
 		}
 	}
@@ -463,14 +520,33 @@ func (s *Store) applyUpdates(ctx context.Context, tx pgx.Tx, b *Batch) error {
 	}
 	if len(ins) > 0 {
 		ids, vers, states, offs, evs := columns(ins)
+		// A job never seen has no tombstone either: one that appeared
+		// meanwhile means the job was deleted, and the batch is stale.
 		err := collect(tx.Query(ctx, `INSERT INTO `+s.jobs+`
 			(job_id, version, state, updated_at, source_topic, source_partition, source_offset, event_id, last_ops)
 			SELECT i.job_id, i.version, i.state::jsonb, now(), $7, $8, i.off, NULLIF(i.event_id, ''), NULLIF(i.last_ops, '')::jsonb
 			FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::text[]) AS i(job_id, version, state, off, event_id, last_ops)
+			WHERE NOT EXISTS (SELECT 1 FROM `+s.tombstones+` t WHERE t.projection = $9 AND t.job_id = i.job_id)
 			ON CONFLICT (job_id) DO NOTHING
-			RETURNING job_id`, ids, vers, states, offs, evs, lastOps(ins), b.Topic, b.Partition))
+			RETURNING job_id`, ids, vers, states, offs, evs, lastOps(ins), b.Topic, b.Partition, s.projection))
 		if err != nil {
 			return fmt.Errorf("store: apply %s/%d@%d: inserts: %w", b.Topic, b.Partition, b.NextOffset, err)
+		}
+	}
+	if len(revive) > 0 {
+		if err := collect(s.revive(ctx, tx, b, revive)); err != nil {
+			return fmt.Errorf("store: apply %s/%d@%d: recreate deleted jobs: %w", b.Topic, b.Partition, b.NextOffset, err)
+		}
+	}
+	for _, kind := range []struct {
+		writes []Write
+		sql    string
+	}{{delRow, deleteRowSQL}, {delNew, deleteNewSQL}, {redelete, redeleteSQL}} {
+		if len(kind.writes) == 0 {
+			continue
+		}
+		if err := collect(s.deleteExpected(ctx, tx, b, kind.sql, kind.writes)); err != nil {
+			return fmt.Errorf("store: apply %s/%d@%d: deletes: %w", b.Topic, b.Partition, b.NextOffset, err)
 		}
 	}
 	if len(applied) < len(b.Updates) {

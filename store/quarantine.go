@@ -122,6 +122,9 @@ func (s *Store) Unquarantine(ctx context.Context, q QuarantineRecord, w *Write) 
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if w != nil {
 			b := &Batch{Topic: q.Topic, Partition: q.Partition, NextOffset: q.Offset + 1, Updates: []Write{*w}}
+			if err := s.lockJobs(ctx, tx, b); err != nil {
+				return fmt.Errorf("store: unquarantine %d: lock job: %w", q.ID, err)
+			}
 			if err := s.applyUpdates(ctx, tx, b); err != nil {
 				return err
 			}

@@ -34,26 +34,36 @@ func (s *Store) Shadow() (*Store, error) {
 // maxIdent is PostgreSQL's longest identifier, in bytes.
 const maxIdent = 63
 
-// Reset drops the projection's table and forgets its positions, held
-// deltas, quarantine and migrations: a rebuild starts from nothing.
+// Reset drops a rebuild's shadow table and forgets everything stored
+// under its projection name (positions, held deltas, quarantine, gap log,
+// migrations, and any other of the projector's tables keyed by
+// projection): a rebuild that starts over starts from nothing. It refuses
+// any store but a shadow, so it can never wipe a projection.
 func (s *Store) Reset(ctx context.Context) error {
+	if !strings.HasPrefix(s.projection, ShadowPrefix) {
+		return fmt.Errorf("store: reset %s: only a rebuild's shadow (%s<table>) may be reset", s.projection, ShadowPrefix)
+	}
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('projector.migrate'))`); err != nil {
-			return err
-		}
-		var exists bool
-		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.partitions).Scan(&exists); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, `DROP TABLE IF EXISTS `+s.jobs); err != nil {
 			return fmt.Errorf("store: reset %s: %w", s.projection, err)
 		}
-		if !exists {
-			return nil
+		rows, err := tx.Query(ctx, `SELECT c.table_name::text FROM information_schema.columns c
+			JOIN information_schema.tables t USING (table_schema, table_name)
+			WHERE c.table_schema = $1 AND c.column_name = 'projection' AND t.table_type = 'BASE TABLE'
+				AND c.table_name LIKE 'projector\_%' ORDER BY 1`, s.schema)
+		if err != nil {
+			return fmt.Errorf("store: reset %s: %w", s.projection, err)
 		}
-		for _, t := range []string{s.partitions, s.held, s.quarantine, pgx.Identifier{s.schema, "projector_migrations"}.Sanitize()} {
-			if _, err := tx.Exec(ctx, `DELETE FROM `+t+` WHERE projection = $1`, s.projection); err != nil {
-				return fmt.Errorf("store: reset %s: %w", s.projection, err)
+		tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("store: reset %s: %w", s.projection, err)
+		}
+		for _, t := range tables {
+			if _, err := tx.Exec(ctx, `DELETE FROM `+pgx.Identifier{s.schema, t}.Sanitize()+` WHERE projection = $1`, s.projection); err != nil {
+				return fmt.Errorf("store: reset %s: %s: %w", s.projection, t, err)
 			}
 		}
 		return nil
@@ -241,6 +251,10 @@ func (s *Store) projectorColumns(ctx context.Context) ([]column, error) {
 	return tableColumns(ctx, tx, pgx.Identifier{tmp, "jobs"}.Sanitize())
 }
 
+// swapWorkMem is the swap transaction's work_mem: enough to hash a few
+// million rows in memory when it compares the shadow with the live table.
+const swapWorkMem = "256MB"
+
 // keptPrefix names the tables --keep-old keeps: projector_old_<table>_<n>.
 const keptPrefix = "projector_old_"
 
@@ -265,7 +279,8 @@ type SwapResult struct {
 // and readers are never blocked: they read the old rows until the commit
 // and the new ones after it. The shadow's positions and held deltas replace
 // the live projection's, its quarantine is merged into the live one (one
-// row per record, never deleted), and every partition's epoch moves past
+// row per record, never deleted), the gaps it closed join the live gap log,
+// and every partition's epoch moves past
 // both, which fences any instance still running on the old model (it
 // claims again and continues from the shadow's positions). With keepOld the
 // previous rows are first copied into a table inside the reserved prefix.
@@ -335,7 +350,9 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResu
 			}
 			q := pgx.Identifier{c.name}.Sanitize()
 			names = append(names, q)
-			set = append(set, q+" = s."+q)
+			if c.name != "job_id" {
+				set = append(set, q+" = s."+q)
+			}
 			// updated_at says when the row last changed: a row the rebuild
 			// finds equal keeps it.
 			if c.name != "updated_at" {
@@ -350,15 +367,31 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResu
 			}
 			return strings.Join(out, ", ")
 		}
-		if res.Deleted, err = exec(`DELETE FROM ` + s.jobs + ` AS l WHERE NOT EXISTS (SELECT 1 FROM ` + shadow.jobs + ` AS s WHERE s.job_id = l.job_id)`); err != nil {
+		// One pass finds the rows that differ; the writes then touch only
+		// those, through the primary keys. The hash of one side fits in
+		// memory for a few million rows instead of spilling to disk.
+		if _, err := exec(`SET LOCAL work_mem = '` + swapWorkMem + `'`); err != nil {
 			return err
 		}
-		if res.Updated, err = exec(`UPDATE ` + s.jobs + ` AS l SET ` + strings.Join(set, ", ") + ` FROM ` + shadow.jobs + ` AS s
-			WHERE s.job_id = l.job_id AND (` + prefixed("l", compared) + `) IS DISTINCT FROM (` + prefixed("s", compared) + `)`); err != nil {
+		if _, err := exec(`CREATE TEMPORARY TABLE projector_swap_diff ON COMMIT DROP AS
+			SELECT coalesce(l.job_id, s.job_id) AS job_id, s.job_id IS NULL AS gone, l.job_id IS NULL AS added
+			FROM ` + s.jobs + ` AS l FULL JOIN ` + shadow.jobs + ` AS s ON s.job_id = l.job_id
+			WHERE l.job_id IS NULL OR s.job_id IS NULL
+				OR (` + prefixed("l", compared) + `) IS DISTINCT FROM (` + prefixed("s", compared) + `)`); err != nil {
+			return err
+		}
+		if _, err := exec(`ANALYZE projector_swap_diff`); err != nil {
+			return err
+		}
+		if res.Deleted, err = exec(`DELETE FROM ` + s.jobs + ` AS l USING projector_swap_diff AS d WHERE d.gone AND l.job_id = d.job_id`); err != nil {
+			return err
+		}
+		if res.Updated, err = exec(`UPDATE ` + s.jobs + ` AS l SET ` + strings.Join(set, ", ") + ` FROM ` + shadow.jobs + ` AS s, projector_swap_diff AS d
+			WHERE NOT d.gone AND NOT d.added AND s.job_id = d.job_id AND l.job_id = d.job_id`); err != nil {
 			return err
 		}
 		if res.Inserted, err = exec(`INSERT INTO ` + s.jobs + ` (` + list + `) SELECT ` + prefixed("s", names) + ` FROM ` + shadow.jobs + ` AS s
-			WHERE NOT EXISTS (SELECT 1 FROM ` + s.jobs + ` AS l WHERE l.job_id = s.job_id)`); err != nil {
+			JOIN projector_swap_diff AS d ON d.job_id = s.job_id WHERE d.added`); err != nil {
 			return err
 		}
 		for _, st := range []struct {
@@ -373,12 +406,19 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResu
 			{`UPDATE ` + s.partitions + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
 			{`DELETE FROM ` + s.held + ` WHERE projection = $1`, []any{live}},
 			{`UPDATE ` + s.held + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
+			// The deletes the shadow replayed move with it: its tombstones
+			// replace the live projection's, so no late event brings back
+			// a job the rebuilt model deleted.
+			{`DELETE FROM ` + s.tombstones + ` WHERE projection = $1`, []any{live}},
+			{`UPDATE ` + s.tombstones + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
 			// The quarantine is merged, never deleted: it may hold records
 			// the log no longer has.
 			{`INSERT INTO ` + s.quarantine + ` (projection, topic, partition, "offset", key, value, error, "time")
 				SELECT $1, topic, partition, "offset", key, value, error, "time" FROM ` + s.quarantine + ` WHERE projection = $2
 				ON CONFLICT (projection, topic, partition, "offset") DO UPDATE SET error = excluded.error, "time" = excluded."time"`, []any{live, sh}},
 			{`DELETE FROM ` + s.quarantine + ` WHERE projection = $1`, []any{sh}},
+			// The gaps the rebuild closed are the rebuilt rows' history.
+			{`UPDATE ` + s.gapLog + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
 			{`DELETE FROM ` + pgx.Identifier{s.schema, "projector_migrations"}.Sanitize() + ` WHERE projection = $1`, []any{sh}},
 			{`DROP TABLE ` + shadow.jobs, nil},
 		} {

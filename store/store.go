@@ -126,7 +126,9 @@ type Store struct {
 	schema     string
 	projection string
 	// quoted, qualified table names
-	jobs, partitions, quarantine, held, gapLog string
+	jobs, partitions, quarantine, held, tombstones, gapLog string
+	// lockClass keys the projection's job lock stripes (see lockJobs).
+	lockClass int32
 	// bounds of the transactions that lock a partition row
 	claimLockTimeout, idleTimeout, statementTimeout time.Duration
 }
@@ -173,14 +175,16 @@ func newStore(pool *pgxpool.Pool, cfg Config) *Store {
 		claimLockTimeout: cfg.ClaimLockTimeout,
 		idleTimeout:      cfg.IdleInTransactionTimeout,
 		statementTimeout: cfg.StatementTimeout,
-		pool:       pool,
-		schema:     cfg.Schema,
-		projection: cfg.Table,
-		jobs:       q(cfg.Table),
-		partitions: q("projector_partitions"),
-		quarantine: q("projector_quarantine"),
-		held:       q("projector_held"),
-		gapLog:     q("projector_gap_log"),
+		pool:             pool,
+		schema:           cfg.Schema,
+		projection:       cfg.Table,
+		jobs:             q(cfg.Table),
+		partitions:       q("projector_partitions"),
+		quarantine:       q("projector_quarantine"),
+		held:             q("projector_held"),
+		tombstones:       q("projector_tombstones"),
+		lockClass:        lockClassOf(cfg.Schema, cfg.Table),
+		gapLog:           q("projector_gap_log"),
 	}
 }
 

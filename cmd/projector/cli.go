@@ -23,7 +23,18 @@ const (
 	exitOK      = 0
 	exitFailure = 1
 	exitUsage   = 2
+	// exitDrift: verify found drift that remains.
+	exitDrift = 3
 )
+
+// codeError ends a command with an exit code of its own; its report is
+// already printed, the message only goes to stderr.
+type codeError struct {
+	code int
+	msg  string
+}
+
+func (e *codeError) Error() string { return e.msg }
 
 // usageError is bad usage or configuration: exit 2 with what to fix.
 type usageError struct{ msg string }
@@ -53,7 +64,7 @@ type cmdEnv struct {
 	args []string
 }
 
-var commands = []*command{runCommand, rebuildCommand, statusCommand, explainCommand, quarantineCommand, demoCommand, benchCommand}
+var commands = []*command{runCommand, rebuildCommand, statusCommand, explainCommand, quarantineCommand, verifyCommand, demoCommand, benchCommand, versionCommand}
 
 const topUsage = `projector turns a Kafka stream of job events into a correct PostgreSQL read model.
 
@@ -66,7 +77,8 @@ Every flag can also be set by an environment variable, shown in each
 command's help (projector <command> --help); a flag on the command line
 wins. DATABASE_URL is the PostgreSQL connection string.
 
-Exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration.
+Exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration,
+3 drift remains (projector verify).
 `
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -134,12 +146,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	err = c.run(ctx, &cmdEnv{stdout: stdout, stderr: stderr, args: positional}, opts)
 	var ue *usageError
+	var ce *codeError
 	switch {
 	case err == nil:
 		return exitOK
 	case errors.As(err, &ue):
 		fmt.Fprintf(stderr, "projector %s: %v\nRun 'projector %s --help' for the flags.\n", c.name, err, c.name)
 		return exitUsage
+	case errors.As(err, &ce):
+		fmt.Fprintf(stderr, "projector %s: %v\n", c.name, err)
+		return ce.code
 	default:
 		fmt.Fprintf(stderr, "projector %s: %v\n", c.name, err)
 		return exitFailure
@@ -359,7 +375,7 @@ func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
 	if err := level.UnmarshalText([]byte(l.level)); err != nil {
 		return nil, usagef("--log-level %q: want debug, info, warn or error", l.level)
 	}
-	opts := &slog.HandlerOptions{Level: level}
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: durationsAsText}
 	switch l.format {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
@@ -367,6 +383,15 @@ func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, usagef("--log-format %q: want text or json", l.format)
+}
+
+// durationsAsText prints durations as "1.5s" rather than nanoseconds, in
+// JSON as in text.
+func durationsAsText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
 }
 
 // checkBrokers reports the first entry of --brokers that is not

@@ -10,14 +10,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-var allCommands = []string{"run", "rebuild", "status", "explain", "demo", "bench"}
+var allCommands = []string{"run", "rebuild", "status", "explain", "verify", "demo", "bench"}
 
 // runFlags are the flags of `projector run` with their variables, as
 // README.md and docs/operations.md list them.
 var runFlags = map[string]string{
 	"database-url": "DATABASE_URL", "brokers": "PROJECTOR_BROKERS", "topic": "PROJECTOR_TOPIC",
 	"group": "PROJECTOR_GROUP", "start": "PROJECTOR_START", "schema": "PROJECTOR_SCHEMA",
-	"table": "PROJECTOR_TABLE", "batch-size": "PROJECTOR_BATCH_SIZE", "batch-linger": "PROJECTOR_BATCH_LINGER",
+	"table": "PROJECTOR_TABLE", "tombstone-retention": "PROJECTOR_TOMBSTONE_RETENTION", "batch-size": "PROJECTOR_BATCH_SIZE", "batch-linger": "PROJECTOR_BATCH_LINGER",
 	"gap-wait": "PROJECTOR_GAP_WAIT", "reread": "PROJECTOR_REREAD", "reread-window": "PROJECTOR_REREAD_WINDOW",
 	"reread-max-bytes": "PROJECTOR_REREAD_MAX_BYTES", "snapshot-url": "PROJECTOR_SNAPSHOT_URL",
 	"snapshot-timeout": "PROJECTOR_SNAPSHOT_TIMEOUT", "snapshot-concurrency": "PROJECTOR_SNAPSHOT_CONCURRENCY",
@@ -25,7 +25,12 @@ var runFlags = map[string]string{
 	"log-level": "PROJECTOR_LOG_LEVEL", "log-format": "PROJECTOR_LOG_FORMAT",
 	"group-session-timeout": "PROJECTOR_GROUP_SESSION_TIMEOUT", "group-heartbeat-interval": "PROJECTOR_GROUP_HEARTBEAT_INTERVAL",
 	"group-rebalance-timeout": "PROJECTOR_GROUP_REBALANCE_TIMEOUT", "group-join-backoff": "PROJECTOR_GROUP_JOIN_BACKOFF",
+	"ready-max-lag": "PROJECTOR_READY_MAX_LAG", "kafka-tls": "PROJECTOR_KAFKA_TLS", "kafka-tls-ca": "PROJECTOR_KAFKA_TLS_CA",
+	"kafka-tls-cert": "PROJECTOR_KAFKA_TLS_CERT", "kafka-tls-key": "PROJECTOR_KAFKA_TLS_KEY",
+	"kafka-tls-server-name": "PROJECTOR_KAFKA_TLS_SERVER_NAME", "kafka-sasl-mechanism": "PROJECTOR_KAFKA_SASL_MECHANISM",
+	"kafka-sasl-username": "PROJECTOR_KAFKA_SASL_USERNAME", "kafka-sasl-password-file": "PROJECTOR_KAFKA_SASL_PASSWORD_FILE",
 	"gap-log-retention": "PROJECTOR_GAP_LOG_RETENTION", "gap-log-max-rows": "PROJECTOR_GAP_LOG_MAX_ROWS",
+	"cache-bytes": "PROJECTOR_CACHE_BYTES",
 }
 
 // flagLine is one flag of a command's help: "  --name type  [VARIABLE]".
@@ -59,7 +64,7 @@ func TestUsage(t *testing.T) {
 			r := runBin(t, 10*time.Second, baseEnv(), args...)
 			require.Equal(t, 0, r.code, "%s", r)
 			require.Contains(t, r.stdout, "Usage:")
-			require.Contains(t, r.stdout, "Exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration.")
+			require.Contains(t, r.stdout, "Exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration,\n3 drift remains (projector verify).")
 			for _, c := range allCommands {
 				require.Regexp(t, fmt.Sprintf(`(?m)^  %s\s+\S`, c), r.stdout, "command %s with its summary", c)
 			}
@@ -180,6 +185,11 @@ func TestBadUsageExits2(t *testing.T) {
 		{"demo --events-per-job 1", nil, []string{"demo", "--events-per-job", "1"}, []string{"--events-per-job"}},
 		{"bench --events 10", nil, []string{"bench", "--events", "10"}, []string{"--events"}},
 		{"bench --jobs above --events", nil, []string{"bench", "--events", "1000", "--jobs", "2000"}, []string{"--jobs"}},
+		{"bench --mix unknown", nil, []string{"bench", "--mix", "lots"}, []string{"--mix", "snapshots, deltas, mixed"}},
+		{"bench --state-bytes -1", nil, []string{"bench", "--state-bytes", "-1"}, []string{"--state-bytes"}},
+		{"bench --preload -1", nil, []string{"bench", "--preload", "-1"}, []string{"--preload"}},
+		{"bench --live --rate 0", nil, []string{"bench", "--live", "--rate", "0"}, []string{"--rate"}},
+		{"bench --live --duration 10ms", nil, []string{"bench", "--live", "--duration", "10ms"}, []string{"--duration", "60s"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

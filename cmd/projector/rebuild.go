@@ -88,18 +88,19 @@ Example:
 		if o.dryRun && o.keepOld {
 			return usagef("--dry-run never swaps, so --keep-old has nothing to keep: pass one of them")
 		}
-		// Every precondition before anything is created or reset.
-		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		target, err := projection.HighWatermarks(hctx, o.brokers, o.topic)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("nothing was changed: %w", err)
-		}
+		// Every precondition before anything is reset: the database (whose
+		// live tables are only created if missing), then the topic.
 		live, err := openStore(ctx, o.databaseURL, o.schema, o.table)
 		if err != nil {
 			return err
 		}
 		defer live.Close()
+		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		target, err := projection.HighWatermarks(hctx, o.kafkaConfig(), o.topic)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("nothing was changed: %w", err)
+		}
 		if err := live.CheckRebuild(ctx); err != nil {
 			var refused *store.RebuildRefusedError
 			if errors.As(err, &refused) {
@@ -133,7 +134,7 @@ Example:
 			return err
 		}
 		if waitErr != nil {
-			return fmt.Errorf("rebuild stopped before the swap, the live read model is untouched (the shadow %s stays; run again to continue from it): %w", shadow.JobsTable(), waitErr)
+			return fmt.Errorf("rebuild stopped before the swap, the live read model is untouched (the shadow %s stays; run again to continue from it): %w", shadowName(o), waitErr)
 		}
 		c := p.Status().Counters
 		if o.dryRun {
@@ -146,7 +147,7 @@ Example:
 		}
 		res, err := live.Swap(ctx, shadow, o.keepOld)
 		if err != nil {
-			return fmt.Errorf("the live read model is untouched (the shadow %s stays; run again to swap it): %w", shadow.JobsTable(), err)
+			return fmt.Errorf("the live read model is untouched (the shadow %s stays; run again to swap it): %w", shadowName(o), err)
 		}
 		fmt.Fprintf(env.stdout, "swapped: %s.%s is the rebuilt read model (this run: %d records read, %d applied, %d quarantined; %d held jobs carried over; rows changed: %d updated, %d inserted, %d deleted)\n",
 			o.schema, o.table, c.Consumed, c.Applied, c.Quarantined, c.HeldJobs, res.Updated, res.Inserted, res.Deleted)
@@ -167,7 +168,7 @@ func prepareShadow(ctx context.Context, stdout io.Writer, shadow *store.Store, o
 	}
 	if len(prog.OtherTopics) > 0 && !o.restart {
 		return usagef("the shadow %s holds an unfinished rebuild of topic %s, not %s: pass --restart to discard it and start over",
-			shadow.JobsTable(), strings.Join(prog.OtherTopics, ", "), o.topic)
+			shadowName(o), strings.Join(prog.OtherTopics, ", "), o.topic)
 	}
 	if !o.restart && prog.TableExists && prog.Read() > 0 {
 		if err := shadow.Migrate(ctx); err != nil {
@@ -188,7 +189,7 @@ func prepareShadow(ctx context.Context, stdout io.Writer, shadow *store.Store, o
 		how = fmt.Sprintf("starting over (--restart discarded %d records read earlier):", prog.Read())
 	}
 	fmt.Fprintf(stdout, "%s the rebuild of %s.%s from the start of %s into %s (%d partitions, %d records to read)\n",
-		how, o.schema, o.table, o.topic, shadow.JobsTable(), len(target), sum(target))
+		how, o.schema, o.table, o.topic, shadowName(o), len(target), sum(target))
 	return nil
 }
 
@@ -215,7 +216,7 @@ func printDrift(w io.Writer, o *rebuildOpts, d store.Drift, c projection.Counter
 		fmt.Fprintln(w)
 	}
 	fmt.Fprintf(w, "not swapped (--dry-run): the shadow %s stays; 'projector rebuild' without --dry-run continues from it and swaps\n",
-		store.ShadowName(o.table))
+		shadowName(o))
 }
 
 func sum(m map[int]int64) int64 {
@@ -266,3 +267,6 @@ func waitRebuilt(ctx context.Context, shadow *store.Store, target map[int]int64,
 		}
 	}
 }
+
+// shadowName is the rebuild table as people write it: schema.table.
+func shadowName(o *rebuildOpts) string { return o.schema + "." + store.ShadowName(o.table) }

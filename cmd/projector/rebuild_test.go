@@ -527,3 +527,14 @@ func TestRebuildsOfTwoTablesAtOnce(t *testing.T) {
 	require.Equal(t, s.queryString(`SELECT string_agg(job_id || ':' || version || ':' || state::text, ',' ORDER BY job_id) FROM `+s.table("jobs")),
 		s.queryString(`SELECT string_agg(job_id || ':' || version || ':' || state::text, ',' ORDER BY job_id) FROM `+s.table("jobs_copy")))
 }
+
+// TestBenchSwap: `projector bench --swap-rows` measures a swap while
+// readers query through a view: none fails and none waits on a lock.
+func TestBenchSwap(t *testing.T) {
+	t.Parallel()
+	r := runBin(t, 90*time.Second, dbEnv(), "bench", "--database-url", pgtest.URL(), "--swap-rows", "2000", "--swap-differ-percent", "10")
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Contains(t, r.stdout, "200 rows updated, 0 inserted, 0 deleted", "%s", r)
+	require.Regexp(t, `readers during the swap: (\d+ reads, .*|no reads); 0 errors`, r.stdout)
+	require.Regexp(t, `readers waiting on a lock during the swap: 0 in \d+ samples`, r.stdout)
+}
