@@ -20,7 +20,9 @@ type Projector struct {
 	dialer   *kafka.Dialer
 	resolver *gapfill.Resolver
 	// budget is the memory every partition's job cache shares.
-	budget   *cacheBudget
+	budget *cacheBudget
+	// fetchers ask the authority for every partition's held jobs.
+	fetchers *fetchPool
 	counters counters
 	book     partitionBook
 
@@ -100,6 +102,12 @@ func (p *Projector) Run(ctx context.Context) error {
 		bg.Wait()
 	}()
 	bg.Go(func() { p.pruneGapLog(bgctx) })
+	fctx, stopFetchers := context.WithCancel(context.Background())
+	defer stopFetchers()
+	var fetchers sync.WaitGroup
+	if p.resolver != nil && p.resolver.Snapshots != nil {
+		p.fetchers = startFetchPool(fctx, &fetchers, p.resolver, 2*cfg.SnapshotConcurrency)
+	}
 	cfg.Logger.Info("projector started", "topic", cfg.Topic, "group", cfg.Group, "owner", cfg.Owner,
 		"brokers", cfg.Brokers, "projection", cfg.Store.Projection())
 	pctx, stopPruner := context.WithCancel(ctx)
@@ -125,6 +133,8 @@ func (p *Projector) Run(ctx context.Context) error {
 	// Close ends the generation and waits for every worker it started.
 	_ = group.Close()
 	p.running.Wait()
+	stopFetchers()
+	fetchers.Wait()
 	cfg.Logger.Info("projector stopped", "counters", p.counters.snapshot())
 	return nil
 }
