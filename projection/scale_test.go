@@ -3,8 +3,8 @@ package projection
 import (
 	"context"
 	"flag"
-	"log/slog"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -105,7 +105,7 @@ type span struct {
 // are counted apart: a deployed projector has neither.
 type resources struct {
 	maxRSS, maxGoroutines, maxOwn atomic.Int64
-	buf                            []byte
+	buf                           []byte
 }
 
 func (r *resources) sample() {

@@ -137,10 +137,14 @@ type GapLogEntry struct {
 
 // HeldDelta is one held delta with the attempts that left it held.
 type HeldDelta struct {
-	Version     int64      `json:"version"`
-	Topic       string     `json:"topic"`
+	Version int64  `json:"version"`
+	Topic   string `json:"topic"`
+	// Partition and Offset are where the delta was read; HeldBy is the
+	// partition whose owner holds it (they differ when a re-read found it
+	// in another partition).
 	Partition   int        `json:"partition"`
 	Offset      int64      `json:"offset"`
+	HeldBy      int        `json:"held_by_partition"`
 	EventID     string     `json:"event_id"`
 	Since       time.Time  `json:"held_since"`
 	Attempts    int        `json:"attempts"`
@@ -160,10 +164,22 @@ type JobRow struct {
 	EventID   string
 }
 
+// TombstoneRow is a deleted job's tombstone as explain shows it.
+type TombstoneRow struct {
+	Version   int64     `json:"version"`
+	DeletedAt time.Time `json:"deleted_at"`
+	EventID   string    `json:"event_id"`
+	Topic     string    `json:"topic"`
+	Partition *int      `json:"partition"`
+	Offset    *int64    `json:"offset"`
+}
+
 // Explanation is everything the store knows of one job.
 type Explanation struct {
-	Row  *JobRow
-	Held []HeldDelta
+	Row *JobRow
+	// Tombstone is set when the job was deleted (and not created again).
+	Tombstone *TombstoneRow
+	Held      []HeldDelta
 	// Waiting are the versions the held deltas wait for (at most 20).
 	Waiting []int64
 	Gaps    []GapLogEntry
@@ -184,21 +200,36 @@ func (s *Store) Explain(ctx context.Context, job string, gaps int) (*Explanation
 		case !errors.Is(err, pgx.ErrNoRows):
 			return err
 		}
-		var hasLog bool
-		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.gapLog).Scan(&hasLog); err != nil {
+		var hasLog, hasTombstones bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
+			s.gapLog, s.tombstones).Scan(&hasLog, &hasTombstones); err != nil {
 			return err
 		}
-		heldSQL := `SELECT version, topic, partition, "offset", event_id, held_since, 0, '', '', NULL::timestamptz`
-		if hasLog { // the attempt columns came with the gap log
-			heldSQL = `SELECT version, topic, partition, "offset", event_id, held_since, attempts, last_step, last_error, last_attempt_at`
+		if hasTombstones {
+			var t TombstoneRow
+			err := tx.QueryRow(ctx, `SELECT version, deleted_at, coalesce(event_id, ''), coalesce(source_topic, ''), source_partition, source_offset
+				FROM `+s.tombstones+` WHERE projection = $1 AND job_id = $2`, s.projection, job).
+				Scan(&t.Version, &t.DeletedAt, &t.EventID, &t.Topic, &t.Partition, &t.Offset)
+			switch {
+			case err == nil:
+				ex.Tombstone = &t
+			case !errors.Is(err, pgx.ErrNoRows):
+				return err
+			}
 		}
-		rows, err := tx.Query(ctx, heldSQL+` FROM `+s.held+` WHERE projection = $1 AND job_id = $2 ORDER BY version`, s.projection, job)
+		// Columns added by later migrations are read through to_jsonb, so
+		// a projection not migrated since still explains.
+		rows, err := tx.Query(ctx, `SELECT version, topic, partition,
+				coalesce((to_jsonb(h)->>'source_partition')::int, partition), "offset", event_id, held_since,
+				coalesce((to_jsonb(h)->>'attempts')::int, 0), coalesce(to_jsonb(h)->>'last_step', ''),
+				coalesce(to_jsonb(h)->>'last_error', ''), (to_jsonb(h)->>'last_attempt_at')::timestamptz
+			FROM `+s.held+` h WHERE projection = $1 AND job_id = $2 ORDER BY version`, s.projection, job)
 		if err != nil {
 			return err
 		}
 		ex.Held, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (HeldDelta, error) {
 			var h HeldDelta
-			err := r.Scan(&h.Version, &h.Topic, &h.Partition, &h.Offset, &h.EventID, &h.Since, &h.Attempts, &h.LastStep, &h.LastError, &h.LastAttempt)
+			err := r.Scan(&h.Version, &h.Topic, &h.HeldBy, &h.Partition, &h.Offset, &h.EventID, &h.Since, &h.Attempts, &h.LastStep, &h.LastError, &h.LastAttempt)
 			return h, err
 		})
 		if err != nil {
@@ -224,8 +255,11 @@ func (s *Store) Explain(ctx context.Context, job string, gaps int) (*Explanation
 	}
 	if len(ex.Held) > 0 {
 		var row int64
-		if ex.Row != nil {
+		switch {
+		case ex.Row != nil:
 			row = ex.Row.Version
+		case ex.Tombstone != nil:
+			row = ex.Tombstone.Version
 		}
 		vs := make([]int64, len(ex.Held))
 		for i, h := range ex.Held {

@@ -40,6 +40,11 @@ type Drift struct {
 	Kind             Kind   `json:"kind"`
 	RowVersion       int64  `json:"row_version"`
 	AuthorityVersion int64  `json:"authority_version"`
+	// RowDeleted: the read model holds a tombstone at RowVersion, no row.
+	// AuthorityDeleted: the authority says the job was deleted at
+	// AuthorityVersion.
+	RowDeleted       bool `json:"row_deleted,omitempty"`
+	AuthorityDeleted bool `json:"authority_deleted,omitempty"`
 	// Repaired reports that --repair healed it.
 	Repaired bool `json:"repaired"`
 	// Note says why a drift was not repaired, when it was tried.
@@ -187,7 +192,11 @@ func check(ctx context.Context, cfg Config, id string, row store.Job, hasRow boo
 	if d == nil || !cfg.Repair || d.Kind == Ahead {
 		return d, false, "", nil
 	}
-	applied, before, err := cfg.Store.Heal(ctx, id, ev.Version, ev.State, ev.EventID)
+	if d.Kind == Differs && (d.RowDeleted || d.AuthorityDeleted) {
+		d.Note = "a delete and a state at the same version: not repaired, decide by hand"
+		return d, false, "", nil
+	}
+	applied, before, err := cfg.Store.Heal(ctx, id, ev.Version, ev.State, ev.EventID, ev.Kind == event.Delete)
 	if err != nil {
 		return nil, false, "", err
 	}
@@ -211,16 +220,26 @@ func check(ctx context.Context, cfg Config, id string, row store.Job, hasRow boo
 	return again, false, "", nil
 }
 
+// classify compares what the read model holds of a job (a row, a
+// tombstone, or nothing) with what the authority says (a snapshot or a
+// delete). A delete the read model has no trace of is no drift: both say
+// the job is not there.
 func classify(id string, row store.Job, hasRow bool, auth event.Event) *Drift {
-	d := &Drift{JobID: id, RowVersion: row.Version, AuthorityVersion: auth.Version}
+	authDeleted := auth.Kind == event.Delete
+	d := &Drift{JobID: id, RowVersion: row.Version, AuthorityVersion: auth.Version,
+		RowDeleted: hasRow && row.Deleted, AuthorityDeleted: authDeleted}
 	switch {
+	case !hasRow && authDeleted:
+		return nil
 	case !hasRow:
 		d.Kind, d.RowVersion = Missing, 0
 	case row.Version < auth.Version:
 		d.Kind = Behind
 	case row.Version > auth.Version:
 		d.Kind = Ahead
-	case !snapshot.SameState(json.RawMessage(row.State), auth.State):
+	case row.Deleted != authDeleted:
+		d.Kind = Differs
+	case !authDeleted && !snapshot.SameState(json.RawMessage(row.State), auth.State):
 		d.Kind = Differs
 	default:
 		return nil

@@ -22,12 +22,16 @@ type explainOpts struct {
 // explainReport is what `projector explain --json` prints.
 type explainReport struct {
 	JobID string `json:"job_id"`
-	// Version is the row's version, 0 when there is no row.
-	Version int64           `json:"version"`
-	State   json.RawMessage `json:"state"`
-	Updated *time.Time      `json:"updated"`
-	Source  *explainSource  `json:"source"`
-	Held    []explainHeld   `json:"held"`
+	// Version is the row's version, or the delete's for a deleted job; 0
+	// when there is neither.
+	Version int64 `json:"version"`
+	// Deleted reports a deleted job: Tombstone says when and from where.
+	Deleted   bool                `json:"deleted"`
+	Tombstone *store.TombstoneRow `json:"tombstone"`
+	State     json.RawMessage     `json:"state"`
+	Updated   *time.Time          `json:"updated"`
+	Source    *explainSource      `json:"source"`
+	Held      []explainHeld       `json:"held"`
 	// WaitingFor are the versions the held deltas wait for.
 	WaitingFor []int64             `json:"waiting_for"`
 	Gaps       []store.GapLogEntry `json:"gaps"`
@@ -84,8 +88,8 @@ Example:
 		if err != nil {
 			return err
 		}
-		if ex.Row == nil && len(ex.Held) == 0 {
-			return fmt.Errorf("job %s is neither in %s.%s nor held", strconv.QuoteToGraphic(job), o.store.schema, o.store.table)
+		if ex.Row == nil && ex.Tombstone == nil && len(ex.Held) == 0 {
+			return fmt.Errorf("job %s is neither in %s.%s nor held nor deleted", strconv.QuoteToGraphic(job), o.store.schema, o.store.table)
 		}
 		rep := explainOf(job, ex)
 		if o.json {
@@ -100,6 +104,9 @@ func explainOf(job string, ex *store.Explanation) *explainReport {
 	rep := &explainReport{JobID: job, Held: []explainHeld{}, WaitingFor: ex.Waiting, Gaps: ex.Gaps}
 	if rep.WaitingFor == nil {
 		rep.WaitingFor = []int64{}
+	}
+	if t := ex.Tombstone; t != nil && ex.Row == nil {
+		rep.Version, rep.Deleted, rep.Tombstone = t.Version, true, t
 	}
 	if r := ex.Row; r != nil {
 		updated := r.UpdatedAt.UTC()
@@ -122,9 +129,14 @@ func printExplain(env *cmdEnv, sf storeFlags, rep *explainReport) {
 	w := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
 	defer w.Flush()
 	fmt.Fprintf(w, "job %s in %s.%s\n", printable(rep.JobID), sf.schema, sf.table)
-	if rep.Updated == nil {
+	switch t := rep.Tombstone; {
+	case t != nil:
+		fmt.Fprintf(w, "  deleted\tat version %d, %s\n", t.Version, t.DeletedAt.UTC().Format(time.RFC3339Nano))
+		fmt.Fprintf(w, "  written from\t%s\n", sourceText(&explainSource{Topic: t.Topic, Partition: t.Partition, Offset: t.Offset, EventID: t.EventID}))
+		fmt.Fprintln(w, "  (a tombstone: no row; events at or below this version cannot bring the job back)")
+	case rep.Updated == nil:
 		fmt.Fprintln(w, "  no row: the job has only held deltas")
-	} else {
+	default:
 		fmt.Fprintf(w, "  version\t%d\n", rep.Version)
 		fmt.Fprintf(w, "  updated\t%s\n", rep.Updated.Format(time.RFC3339Nano))
 		fmt.Fprintf(w, "  written from\t%s\n", sourceText(rep.Source))
@@ -161,7 +173,12 @@ func printExplain(env *cmdEnv, sf storeFlags, rep *explainReport) {
 }
 
 func sourceText(s *explainSource) string {
-	if s == nil || s.Topic == "" {
+	switch {
+	case s == nil:
+		return "-"
+	case s.Topic == "" && s.Offset != nil && *s.Offset < 0:
+		return "the trusted snapshot endpoint (projector verify --repair)"
+	case s.Topic == "":
 		return "-"
 	}
 	at := printable(s.Topic)

@@ -15,8 +15,13 @@ import (
 
 // explainJSON is `projector explain --json`, as docs/operations.md lists it.
 type explainJSON struct {
-	JobID   string          `json:"job_id"`
-	Version *int64          `json:"version"`
+	JobID     string `json:"job_id"`
+	Version   *int64 `json:"version"`
+	Deleted   bool   `json:"deleted"`
+	Tombstone *struct {
+		Version int64  `json:"version"`
+		EventID string `json:"event_id"`
+	} `json:"tombstone"`
 	State   json.RawMessage `json:"state"`
 	Updated *time.Time      `json:"updated"`
 	Held    []struct {
@@ -77,6 +82,8 @@ func TestExplain(t *testing.T) {
 		rec(1, "stuck", deltaValue("stuck", 3, map[string]any{"op": "increment", "path": "/processed", "by": 3})),
 		rec(1, "stuck", deltaValue("stuck", 5, map[string]any{"op": "increment", "path": "/processed", "by": 5})),
 		rec(0, evil, snapshotValue(evil, 1, map[string]any{"processed": 0})),
+		rec(1, "gone", snapshotValue("gone", 1, map[string]any{"processed": 0})),
+		rec(1, "gone", []byte(`{"job_id":"gone","version":2,"kind":"delete","event_id":"evt-gone-2"}`)),
 	)
 	args := s.runArgs("g-explain", "inst-explain", "--gap-wait", "0", "--reread=false",
 		"--snapshot-url", authority.URL, "--gap-retry-max", "1s", "--http-addr", "off")
@@ -134,10 +141,22 @@ func TestExplain(t *testing.T) {
 	require.Contains(t, text.stdout, `ctl\x1b[2J\a`)
 	require.Equal(t, int64(1), *s.explain(evil).Version)
 
+	// A deleted job shows its tombstone.
+	gone := s.explain("gone")
+	require.True(t, gone.Deleted)
+	require.Equal(t, int64(2), *gone.Version)
+	require.NotNil(t, gone.Tombstone)
+	require.Equal(t, "evt-gone-2", gone.Tombstone.EventID)
+	require.Nil(t, gone.Updated, "no row")
+	text = runBin(t, 30*time.Second, dbEnv(), "explain", "--schema", s.schema, "gone")
+	require.Equal(t, 0, text.code, "%s", text)
+	require.Regexp(t, `(?m)^\s+deleted\s+at version 2, `, text.stdout)
+	require.Regexp(t, `(?m)^\s+written from\s+\S+/1@4, event evt-gone-2$`, text.stdout)
+
 	// A job that is neither in the read model nor held: exit 1, saying so.
 	r := runBin(t, 30*time.Second, dbEnv(), "explain", "--schema", s.schema, "nobody")
 	require.Equal(t, 1, r.code, "%s", r)
-	require.Contains(t, r.stderr, `job "nobody" is neither in `+s.schema+`.jobs nor held`)
+	require.Contains(t, r.stderr, `job "nobody" is neither in `+s.schema+`.jobs nor held nor deleted`)
 
 	// The missing deltas arrive: the gap closes by waiting.
 	p = startBin(t, "run", dbEnv(), args...)

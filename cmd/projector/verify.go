@@ -34,7 +34,12 @@ drift with the job id and its kind:
   ahead     the row's version is above the authority's (never repaired)
   differs   same version, other state
 
---all checks every row (and every job held without a row), --sample N a random
+A deleted job counts by its tombstone's version, and the authority may answer
+that a job was deleted (410 Gone, or a delete record): a delete the read model
+has no trace of is no drift.
+
+--all checks every row, every tombstone and every job held without a row,
+--sample N a random
 N of them, --job the jobs named (the only way to find rows missing
 altogether). --repair heals missing, behind and differs with the authority's
 snapshot, through a statement that never lowers a version; each repair is
@@ -87,7 +92,7 @@ Example:
 		}
 		switch {
 		case rep.Remaining > 0:
-			return &codeError{exitDrift, fmt.Sprintf("%d drifts remain", rep.Remaining)}
+			return &codeError{exitDrift, fmt.Sprintf("drift remains (%d jobs): exit 3", rep.Remaining)}
 		case len(rep.Failed) > 0:
 			return fmt.Errorf("%d jobs could not be checked: the authority failed (first: %s)", len(rep.Failed), rep.Failed[0].Error)
 		}
@@ -142,20 +147,26 @@ func (o *verifyOpts) pages(st *store.Store) func(ctx context.Context) ([]string,
 			return st.SampleJobIDs(ctx, o.sample)
 		}
 	}
-	after, rowsDone, heldDone := "", false, false
+	// Rows, then tombstones, a page at a time; then the jobs held without
+	// either.
+	after, stage := "", 0
 	return func(ctx context.Context) ([]string, error) {
-		if !rowsDone {
-			ids, err := st.JobIDs(ctx, after, page)
+		for stage < 2 {
+			list := st.JobIDs
+			if stage == 1 {
+				list = st.DeletedJobIDs
+			}
+			ids, err := list(ctx, after, page)
 			if err != nil || len(ids) > 0 {
 				if len(ids) > 0 {
 					after = ids[len(ids)-1]
 				}
 				return ids, err
 			}
-			rowsDone = true
+			stage, after = stage+1, ""
 		}
-		if !heldDone {
-			heldDone = true
+		if stage == 2 {
+			stage++
 			return st.HeldWithoutRow(ctx)
 		}
 		return nil, nil
@@ -165,7 +176,7 @@ func (o *verifyOpts) pages(st *store.Store) func(ctx context.Context) ([]string,
 func printVerify(env *cmdEnv, o *verifyOpts, rep *verify.Report) {
 	w := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
 	defer w.Flush()
-	fmt.Fprintf(w, "checked %d jobs of %s.%s against the authority: %d drifts (missing %d, behind %d, ahead %d, differs %d)\n",
+	fmt.Fprintf(w, "checked %d jobs of %s.%s against the authority; drifts: %d (missing %d, behind %d, ahead %d, differs %d)\n",
 		rep.Checked, o.store.schema, o.store.table, len(rep.Drifts),
 		rep.Counts[verify.Missing], rep.Counts[verify.Behind], rep.Counts[verify.Ahead], rep.Counts[verify.Differs])
 	if len(rep.Drifts) > 0 {
@@ -183,11 +194,18 @@ func printVerify(env *cmdEnv, o *verifyOpts, rep *verify.Report) {
 			if d.Note != "" {
 				repaired += ": " + d.Note
 			}
-			fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\n", printable(d.JobID), d.Kind, d.RowVersion, d.AuthorityVersion, repaired)
+			rowV, authV := fmt.Sprint(d.RowVersion), fmt.Sprint(d.AuthorityVersion)
+			if d.RowDeleted {
+				rowV += " (deleted)"
+			}
+			if d.AuthorityDeleted {
+				authV += " (deleted)"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", printable(d.JobID), d.Kind, rowV, authV, repaired)
 		}
 	}
 	if o.repair {
-		fmt.Fprintf(w, "repaired %d; %d drifts remain\n", rep.Repaired, rep.Remaining)
+		fmt.Fprintf(w, "repaired: %d; drifts remaining: %d\n", rep.Repaired, rep.Remaining)
 	}
 	if len(rep.Unknown) > 0 {
 		fmt.Fprintf(w, "unknown to the authority (404), not counted as drift: %d\n", len(rep.Unknown))

@@ -57,7 +57,19 @@ func TestVerify(t *testing.T) {
 		"differs":  {2, map[string]any{"status": "completed"}},
 		"held-new": {1, map[string]any{"status": "queued"}},
 	}
+	truth["revived"] = struct {
+		v     int64
+		state map[string]any
+	}{4, map[string]any{"status": "again"}}
+	gone := map[string]int64{"gone-job": 3, "deleted-both": 3}
 	authority := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for id, v := range gone {
+			if r.URL.Path == "/jobs/"+id {
+				w.WriteHeader(http.StatusGone)
+				_, _ = fmt.Fprintf(w, `{"version": %d}`, v)
+				return
+			}
+		}
 		for id, tr := range truth {
 			if r.URL.Path == "/jobs/"+id {
 				w.Header().Set("Content-Type", "application/json")
@@ -81,11 +93,15 @@ func TestVerify(t *testing.T) {
 		{"ahead", 5, `{"status":"running","extra":1}`},
 		{"differs", 2, `{"status":"failed"}`},
 		{"stranger", 1, `{}`},
+		{"gone-job", 2, `{"status":"running"}`},
 	} {
 		s.exec(`INSERT INTO `+s.table("jobs")+` (job_id, version, state) VALUES ($1, $2, $3::jsonb)`, row.id, row.v, row.state)
 	}
-	s.exec(`INSERT INTO `+s.table("projector_held")+` (projection, job_id, version, topic, partition, "offset", ops)
+	s.exec(`INSERT INTO ` + s.table("projector_held") + ` (projection, job_id, version, topic, partition, "offset", ops)
 		VALUES ('jobs', 'held-new', 3, 't', 0, 7, '[]')`)
+	for id, v := range map[string]int64{"revived": 2, "deleted-both": 3} {
+		s.exec(`INSERT INTO `+s.table("projector_tombstones")+` (projection, job_id, version) VALUES ('jobs', $1, $2)`, id, v)
+	}
 	s.audit()
 
 	verifyRun := func(args ...string) (verifyJSON, result) {
@@ -110,8 +126,9 @@ func TestVerify(t *testing.T) {
 
 	v, r = verifyRun("--all")
 	require.Equal(t, 3, r.code, "%s", r)
-	require.Equal(t, 6, v.Checked, "every row and the job held without a row")
-	require.Equal(t, map[string]string{"behind": "behind", "ahead": "ahead", "differs": "differs", "held-new": "missing"}, v.kinds())
+	require.Equal(t, 9, v.Checked, "every row, every tombstone and the job held without a row")
+	require.Equal(t, map[string]string{"behind": "behind", "ahead": "ahead", "differs": "differs", "held-new": "missing",
+		"gone-job": "behind", "revived": "behind"}, v.kinds(), "deleted-both agrees")
 	require.Equal(t, []string{"stranger"}, v.Unknown)
 
 	v, r = verifyRun("--sample", "2")
@@ -120,15 +137,15 @@ func TestVerify(t *testing.T) {
 
 	text := runBin(t, 60*time.Second, dbEnv(), "verify", "--schema", s.schema, "--snapshot-url", authority.URL, "--job", "ahead,behind")
 	require.Equal(t, 3, text.code, "%s", text)
-	require.Contains(t, text.stdout, "2 drifts (missing 0, behind 1, ahead 1, differs 0)")
+	require.Contains(t, text.stdout, "drifts: 2 (missing 0, behind 1, ahead 1, differs 0)")
 	require.Regexp(t, `(?m)^ahead\s+ahead\s+5\s+4\s+no \(ahead is never touched\)`, text.stdout)
 
 	_, r = verifyRun("--all", "--job", "missing", "--repair")
 	require.Equal(t, 2, r.code, "one of --all, --sample, --job\n%s", r)
 
-	v, r = verifyRun("--job", "ok,missing,behind,ahead,differs,held-new", "--repair")
+	v, r = verifyRun("--job", "ok,missing,behind,ahead,differs,held-new,gone-job,revived,deleted-both", "--repair")
 	require.Equal(t, 3, r.code, "ahead remains: exit 3\n%s", r)
-	require.Equal(t, 4, v.Repaired)
+	require.Equal(t, 6, v.Repaired)
 	require.Equal(t, 1, v.Remaining)
 	for _, d := range v.Drifts {
 		require.Equal(t, d.Kind != "ahead", d.Repaired, "%s", d.JobID)
@@ -141,6 +158,21 @@ func TestVerify(t *testing.T) {
 		s.waitRow(time.Second, id, tr.v, string(want))
 	}
 	s.waitRow(time.Second, "ahead", 5, `{"status":"running","extra":1}`)
+	gj, _ := s.rowOf("gone-job")
+	require.True(t, gj.Deleted, "the authority's delete removed gone-job's row: %+v", gj)
+	ctx0, cancel0 := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel0()
+	tombs := map[string]int64{}
+	rows, err := pgtest.Pool(t).Query(ctx0, `SELECT job_id, version FROM `+s.table("projector_tombstones"))
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		var v int64
+		require.NoError(t, rows.Scan(&id, &v))
+		tombs[id] = v
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, map[string]int64{"gone-job": 3, "deleted-both": 3}, tombs, "revived lost its tombstone, gone-job got one")
 
 	// Nothing went down; the equal-version overwrite was differs' alone.
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
@@ -163,10 +195,10 @@ func TestVerify(t *testing.T) {
 	v, r = verifyRun("--all")
 	require.Equal(t, 3, r.code, "%s", r)
 	require.Equal(t, map[string]string{"ahead": "ahead"}, v.kinds())
-	v, r = verifyRun("--job", "ok,missing,behind,differs,held-new")
+	v, r = verifyRun("--job", "ok,missing,behind,differs,held-new,gone-job,revived,deleted-both")
 	require.Equal(t, 0, r.code, "no drift remains: exit 0\n%s", r)
 	require.Empty(t, v.Drifts)
-	require.Equal(t, 5, v.Checked)
+	require.Equal(t, 8, v.Checked)
 }
 
 // TestVerifyUsage: bad flags exit 2 naming what to fix.
