@@ -441,7 +441,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 		}
 		d := bo.NextBackOff()
 		w.p.databaseFailed(fmt.Errorf("batch %s/%d@%d: %w", w.topic, w.partition, firstOffset(msgs), err), d)
-		sleep(ctx, d)
+		w.p.dbOutage.wait(ctx, d)
 		// The cache may hold what the failed transaction would have
 		// written: start again from what is stored.
 		if err := w.restore(ctx); err != nil {
