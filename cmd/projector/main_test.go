@@ -295,6 +295,7 @@ type liveStatus struct {
 	Counters struct {
 		Consumed    int64 `json:"consumed"`
 		Applied     int64 `json:"applied"`
+		Deleted     int64 `json:"deleted"`
 		Stale       int64 `json:"stale"`
 		Duplicates  int64 `json:"duplicates"`
 		Conflicts   int64 `json:"conflicts"`

@@ -28,6 +28,7 @@ func TestRun(t *testing.T) {
 	s := newStory(t, 3)
 	s.seedStory(false)
 	s.jobs("task", 60, 1, 5)
+	s.deletes(3)
 	s.badRecords()
 
 	p := startBin(t, "run", dbEnv(), s.runArgs("g-run", "inst-a")...)
@@ -86,7 +87,8 @@ func TestRun(t *testing.T) {
 	require.Equal(t, s.quarantined, c.Quarantined, "%+v", c)
 	require.Equal(t, s.stale, c.Stale, "%+v", c)
 	require.Equal(t, s.duplicates, c.Duplicates, "%+v", c)
-	require.Equal(t, s.produced-s.quarantined-s.stale-s.duplicates, c.Applied, "%+v", c)
+	require.Equal(t, s.deleted, c.Deleted, "%+v", c)
+	require.Equal(t, s.produced-s.quarantined-s.stale-s.duplicates-s.deleted, c.Applied, "%+v", c)
 	require.Zero(t, c.Conflicts+c.Held+c.HeldJobs+c.Fenced, "%+v", c)
 	require.Equal(t, int(s.quarantined), s.quarantineCount())
 

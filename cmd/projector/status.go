@@ -40,6 +40,9 @@ type statusReport struct {
 	Quarantine int                 `json:"quarantined"`
 	Recent     []quarantineReport  `json:"recent_quarantine"`
 	Jobs       int64               `json:"jobs"`
+	// DeletedJobs counts the tombstones: jobs deleted and remembered so
+	// that no late event brings them back.
+	DeletedJobs int64 `json:"deleted_jobs"`
 }
 
 type partitionReport struct {
@@ -183,12 +186,15 @@ func buildStatus(ctx context.Context, st *store.Store, o *statusOpts) (*statusRe
 	if rep.Jobs, err = st.CountJobs(ctx); err != nil {
 		return nil, err
 	}
+	if rep.DeletedJobs, err = st.CountTombstones(ctx); err != nil {
+		return nil, err
+	}
 	return rep, nil
 }
 
 func printStatus(env *cmdEnv, rep *statusReport) {
 	w := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "projection %s.%s: %d jobs\n\n", rep.Schema, rep.Projection, rep.Jobs)
+	fmt.Fprintf(w, "projection %s.%s: %d jobs, %d deleted (tombstones)\n\n", rep.Schema, rep.Projection, rep.Jobs, rep.DeletedJobs)
 	if len(rep.Partitions) == 0 {
 		fmt.Fprintln(w, "no partition has been claimed yet")
 	} else {

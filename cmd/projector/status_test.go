@@ -35,7 +35,8 @@ type statusJSON struct {
 		Key       string `json:"key"`
 		Error     string `json:"error"`
 	} `json:"recent_quarantine"`
-	Jobs *int64 `json:"jobs"`
+	Jobs        *int64 `json:"jobs"`
+	DeletedJobs *int64 `json:"deleted_jobs"`
 }
 
 func parseStatus(t *testing.T, r result) statusJSON {
@@ -58,7 +59,7 @@ func TestStatus(t *testing.T) {
 	text := runBin(t, 30*time.Second, dbEnv(), "status", "--schema", s.schema)
 	require.Equal(t, 0, text.code, "%s", text)
 	for _, want := range []string{
-		"projection " + s.schema + ".jobs: 61 jobs",
+		"projection " + s.schema + ".jobs: 61 jobs, 3 deleted (tombstones)",
 		"NEXT OFFSET",
 		"EPOCH",
 		"held jobs: 0",
@@ -96,6 +97,8 @@ func TestStatus(t *testing.T) {
 	require.NotNil(t, st.Held, "held is [] rather than null")
 	require.NotNil(t, st.Jobs)
 	require.Equal(t, int64(len(s.want)), *st.Jobs)
+	require.NotNil(t, st.DeletedJobs)
+	require.Equal(t, s.deleted, *st.DeletedJobs, "every deleted job has its tombstone")
 
 	// With the brokers the lag is known: zero after the catch-up.
 	st = parseStatus(t, runBin(t, 30*time.Second, dbEnv(),

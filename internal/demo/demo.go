@@ -80,7 +80,7 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	}
 	gen := jobgen.Config{
 		Seed: cfg.Seed, Jobs: cfg.Jobs, EventsPerJob: cfg.EventsPerJob, Partitions: cfg.Partitions,
-		LateRate: 0.10, DuplicateRate: 0.10, MissingRate: 0.03, MisrouteRate: 0.03, BadRate: 0.02,
+		LateRate: 0.10, DuplicateRate: 0.10, MissingRate: 0.03, MisrouteRate: 0.03, BadRate: 0.02, DeleteRate: 0.05,
 	}.WithDefaults()
 	log := cfg.Logger
 	say := func(format string, args ...any) { fmt.Fprintf(cfg.Out, format+"\n", args...) }
@@ -131,8 +131,9 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	defer srv.Close()
 	authURL := "http://" + ln.Addr().String()
 
-	say("projector demo: %d jobs, %d events (%d records with faults: %d late, %d duplicate, %d missing, %d misrouted, %d bad), %d partitions, seed %d",
-		sum.Jobs, sum.Events, sum.Records, sum.Faults.Late, sum.Faults.Duplicate, sum.Faults.Missing, sum.Faults.Misrouted, sum.Faults.Bad, gen.Partitions, cfg.Seed)
+	say("projector demo: %d jobs, %d events (%d records with faults: %d late, %d duplicate, %d missing, %d misrouted, %d bad), %d deleted and %d deleted then recreated, %d partitions, seed %d",
+		sum.Jobs, sum.Events, sum.Records, sum.Faults.Late, sum.Faults.Duplicate, sum.Faults.Missing, sum.Faults.Misrouted, sum.Faults.Bad,
+		sum.Faults.Deleted, sum.Faults.Recreated, gen.Partitions, cfg.Seed)
 	say("  broker   in-process Kafka protocol on %s, topic %s", strings.Join(cluster.Addrs(), ","), topic)
 	say("  store    %s, schema %s", where, sum.Schema)
 	say("  authority %s/jobs/{job_id}", authURL)
@@ -315,10 +316,26 @@ func verify(ctx context.Context, st *store.Store, stream *jobgen.Stream, sum *Su
 	if err != nil {
 		return err
 	}
+	var deleted []string
+	for _, id := range stream.JobIDs() {
+		if stream.Truth[id].Deleted {
+			deleted = append(deleted, id)
+		}
+	}
+	tombs, err := st.Tombstones(ctx, deleted)
+	if err != nil {
+		return err
+	}
 	for _, id := range stream.JobIDs() {
 		want := stream.Truth[id]
 		got, ok := rows[id]
 		switch {
+		case want.Deleted && ok:
+			sum.Mismatches = append(sum.Mismatches, fmt.Sprintf("%s: a row at version %d for a job deleted at version %d", id, got.Version, want.Version))
+		case want.Deleted && tombs[id].Version != want.Version:
+			sum.Mismatches = append(sum.Mismatches, fmt.Sprintf("%s: deleted at version %d, but its tombstone is at %d", id, want.Version, tombs[id].Version))
+		case want.Deleted:
+			sum.Verified++
 		case !ok:
 			sum.Mismatches = append(sum.Mismatches, fmt.Sprintf("%s: no row (want version %d)", id, want.Version))
 		case got.Version != want.Version || !snapshot.SameState(got.State, want.State):
@@ -345,9 +362,11 @@ func printSummary(out io.Writer, s *Summary, authRequests int64) {
 	row("records produced (events, duplicates, bad records)", s.Records)
 	row("records consumed", c.Consumed)
 	row("applied", c.Applied)
+	row("deleted", c.Deleted)
 	row("stale snapshots dropped", c.Stale)
 	row("duplicate deltas dropped", c.Duplicates)
 	row("deltas held behind a gap", c.Held)
+	row("held deltas covered by a snapshot or delete", c.Covered)
 	row("gaps closed by wait", c.ClosedByWait)
 	row("gaps closed by re-read", c.ClosedByReread)
 	row("gaps closed by snapshot", c.ClosedBySnapshot)
