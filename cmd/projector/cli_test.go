@@ -185,6 +185,11 @@ func TestBadUsageExits2(t *testing.T) {
 		{"demo --events-per-job 1", nil, []string{"demo", "--events-per-job", "1"}, []string{"--events-per-job"}},
 		{"bench --events 10", nil, []string{"bench", "--events", "10"}, []string{"--events"}},
 		{"bench --jobs above --events", nil, []string{"bench", "--events", "1000", "--jobs", "2000"}, []string{"--jobs"}},
+		{"bench --mix unknown", nil, []string{"bench", "--mix", "lots"}, []string{"--mix", "snapshots, deltas, mixed"}},
+		{"bench --state-bytes -1", nil, []string{"bench", "--state-bytes", "-1"}, []string{"--state-bytes"}},
+		{"bench --preload -1", nil, []string{"bench", "--preload", "-1"}, []string{"--preload"}},
+		{"bench --live --rate 0", nil, []string{"bench", "--live", "--rate", "0"}, []string{"--rate"}},
+		{"bench --live --duration 10ms", nil, []string{"bench", "--live", "--duration", "10ms"}, []string{"--duration", "60s"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -112,7 +112,7 @@ Example:
 		if err != nil {
 			return usagef("--table: %v", err)
 		}
-		if err := prepareShadow(ctx, env.stdout, shadow, o, target); err != nil {
+		if err := prepareShadow(ctx, env.stdout, live, shadow, o, target); err != nil {
 			return err
 		}
 
@@ -161,7 +161,7 @@ Example:
 // prepareShadow continues from what an earlier rebuild stored in the
 // shadow, or starts it over (--restart, or nothing to continue from), and
 // says which.
-func prepareShadow(ctx context.Context, stdout io.Writer, shadow *store.Store, o *rebuildOpts, target map[int]int64) error {
+func prepareShadow(ctx context.Context, stdout io.Writer, live, shadow *store.Store, o *rebuildOpts, target map[int]int64) error {
 	prog, err := shadow.Progress(ctx, o.topic)
 	if err != nil {
 		return err
@@ -176,7 +176,7 @@ func prepareShadow(ctx context.Context, stdout io.Writer, shadow *store.Store, o
 		}
 		fmt.Fprintf(stdout, "resuming the rebuild of %s.%s from the shadow's stored positions: %d of %d records already read (--restart starts over)\n",
 			o.schema, o.table, prog.Read(), sum(target))
-		return nil
+		return copyChecks(ctx, stdout, live, shadow, o)
 	}
 	if err := shadow.Reset(ctx); err != nil {
 		return err
@@ -190,6 +190,19 @@ func prepareShadow(ctx context.Context, stdout io.Writer, shadow *store.Store, o
 	}
 	fmt.Fprintf(stdout, "%s the rebuild of %s.%s from the start of %s into %s (%d partitions, %d records to read)\n",
 		how, o.schema, o.table, o.topic, shadowName(o), len(target), sum(target))
+	return copyChecks(ctx, stdout, live, shadow, o)
+}
+
+// copyChecks gives the shadow the checks users put on the live table, so
+// records that break them are quarantined in the replay, as live.
+func copyChecks(ctx context.Context, stdout io.Writer, live, shadow *store.Store, o *rebuildOpts) error {
+	names, err := live.CopyChecks(ctx, shadow)
+	if err != nil {
+		return err
+	}
+	if len(names) > 0 {
+		fmt.Fprintf(stdout, "the shadow checks rows as %s.%s does: %s\n", o.schema, o.table, strings.Join(names, ", "))
+	}
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/projector/projector/delta"
@@ -21,6 +22,13 @@ type Config struct {
 	// SnapshotsOnly makes every event a full snapshot (the benchmark's
 	// baseline workload).
 	SnapshotsOnly bool
+	// DeltasOnly makes every job one snapshot (its first event) followed
+	// by deltas only (the benchmark's deltas workload).
+	DeltasOnly bool
+	// StateBytes, when above the natural size of a state (about 200
+	// bytes), pads every state to about that size with a field no delta
+	// touches.
+	StateBytes int
 
 	LateRate      float64 // an event produced after later ones of its job
 	DuplicateRate float64 // an event delivered twice
@@ -270,6 +278,10 @@ func PartitionOf(id string, partitions int) int {
 	return int(h.Sum32() % uint32(partitions))
 }
 
+// naturalStateBytes is about the size of a generated state without
+// padding.
+const naturalStateBytes = 200
+
 var jobTypes = []string{"crawl", "index", "export", "summarize"}
 
 // history is one job's events and final state.
@@ -307,14 +319,18 @@ func history(rng *rand.Rand, id string, cfg Config, start time.Time) ([]ev, Trut
 	}
 	set := func(path string, v any) map[string]any { return map[string]any{"op": "set", "path": path, "value": v} }
 
-	emit(1, []map[string]any{
+	first := []map[string]any{
 		set("/status", "pending"), set("/job_type", jobTypes[rng.IntN(len(jobTypes))]),
 		set("/processed_articles", 0), set("/created_at", start.Format(time.RFC3339)),
-	}, true)
+	}
+	if pad := cfg.StateBytes - naturalStateBytes; pad > 0 {
+		first = append(first, set("/payload", strings.Repeat("x", pad)))
+	}
+	emit(1, first, true)
 	emit(2, []map[string]any{set("/status", "running"), set("/started_at", at.Format(time.RFC3339))}, false)
 	for v := int64(3); v < int64(n); v++ {
 		switch r := rng.IntN(10); {
-		case r == 0:
+		case r == 0 && !cfg.DeltasOnly:
 			emit(v, []map[string]any{set("/progress/stage", fmt.Sprintf("stage-%d", v))}, true)
 		case r == 1:
 			emit(v, []map[string]any{set("/progress/stage", fmt.Sprintf("stage-%d", v)), {"op": "remove", "path": "/progress/warning"}}, false)
