@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/projector/projector/gapfill"
+	"github.com/projector/projector/internal/failpoint"
 )
 
 // attemptPoll is how often a worker with attempts in flight looks for
@@ -76,6 +77,7 @@ func (w *worker) startAttempts(ctx context.Context, wg *sync.WaitGroup) *attempt
 				case <-ctx.Done():
 					return
 				case round := <-a.rereadIn:
+					failpoint.Hit(failpoint.GapAttempt)
 					a.resolver.Reread(ctx, round, time.Now())
 					select {
 					case a.out <- finished{atts: round}:
@@ -95,6 +97,7 @@ func (w *worker) startAttempts(ctx context.Context, wg *sync.WaitGroup) *attempt
 					case <-ctx.Done():
 						return
 					case att := <-a.fetchIn:
+						failpoint.Hit(failpoint.GapAttempt)
 						a.resolver.Authority(ctx, &att, time.Now())
 						att.Res.Inputs = append([]gapfill.Input(nil), att.Res.Inputs...)
 						select {
