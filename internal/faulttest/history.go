@@ -37,8 +37,8 @@ type Target struct {
 // audit records every change of its rows, and a sampler reads the Kafka
 // group's committed offsets and the positions in PostgreSQL side by side.
 type History struct {
-	t      testing.TB
-	tg     Target
+	t         testing.TB
+	tg        Target
 	client    *kafka.Client
 	transport *kafka.Transport
 
@@ -168,8 +168,45 @@ func (h *History) committed(ctx context.Context) (map[int]int64, error) {
 	return out, nil
 }
 
-// positions reads the stored next offset of every partition of the topic;
-// a partition never claimed is absent.
+// Positions reads the stored next offset of every partition of the
+// topic; a partition never claimed is absent.
+func (h *History) Positions(ctx context.Context) (map[int]int64, error) { return h.positions(ctx) }
+
+// CommitsCaughtUp waits until the group's committed offset of every
+// partition equals its stored position: the group commit, which may lag,
+// resumes after a fault and catches up.
+func (h *History) CommitsCaughtUp(within time.Duration) {
+	h.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		committed, err := h.committed(ctx)
+		var pos map[int]int64
+		if err == nil {
+			pos, err = h.positions(ctx)
+		}
+		cancel()
+		last := ""
+		if err != nil {
+			last = err.Error()
+		} else {
+			for p, at := range pos {
+				if at >= 0 && committed[p] != at {
+					last += fmt.Sprintf("p%d committed %d, stored %d; ", p, committed[p], at)
+				}
+			}
+			if last == "" {
+				h.t.Logf("commits caught up: committed %v, stored %v", committed, pos)
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("the group's committed offsets did not catch up with the stored positions within %s: %s", within, last)
+		}
+		time.Sleep(50 * time.Millisecond) // polling a condition with a deadline
+	}
+}
+
 func (h *History) positions(ctx context.Context) (map[int]int64, error) {
 	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -255,6 +292,7 @@ func (h *History) settle(within time.Duration, unheld bool, alive ...func() erro
 				}
 			}
 			if len(behind) == 0 {
+				cancel()
 				return
 			}
 			last = strings.Join(behind, ", ")
