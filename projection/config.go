@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,8 +18,11 @@ import (
 // [Config.WithDefaults]; [Config.Validate] says what to fix.
 type Config struct {
 	Brokers []string
-	Topic   string
-	Group   string
+	// TLS and SASL secure every connection to the brokers (see [Kafka]).
+	TLS   *tls.Config
+	SASL  *SASL
+	Topic string
+	Group string
 	// Start is where a partition never seen by this projection begins:
 	// "earliest" (default) or "latest".
 	Start string
@@ -82,7 +86,22 @@ type Config struct {
 	// PartitionWatchInterval is how often the topic is checked for new
 	// partitions (which forces a rebalance).
 	PartitionWatchInterval time.Duration
+
+	// ReadyMaxLag, when positive, keeps /readyz failing while the total lag
+	// of this instance's partitions is above it.
+	ReadyMaxLag int64
+	// StallTimeout is how long a loop (a partition worker, the health
+	// monitor) may go without a sign of life before /healthz fails. It must
+	// exceed the longest single step a loop takes (a batch transaction is
+	// bounded by 2 minutes).
+	StallTimeout time.Duration
+	// Version and Revision label projector_build_info; empty takes them
+	// from the binary's build information.
+	Version, Revision string
 }
+
+// Kafka is the broker settings of c.
+func (c Config) Kafka() Kafka { return Kafka{Brokers: c.Brokers, TLS: c.TLS, SASL: c.SASL} }
 
 // WithDefaults returns c with its zero fields set.
 func (c Config) WithDefaults() Config {
@@ -170,6 +189,13 @@ func (c Config) WithDefaults() Config {
 	if c.PartitionWatchInterval == 0 {
 		c.PartitionWatchInterval = 5 * time.Second
 	}
+	if c.StallTimeout == 0 {
+		c.StallTimeout = 3 * time.Minute
+	}
+	if c.Version == "" {
+		b := Build()
+		c.Version, c.Revision = b.Version, b.Revision
+	}
 	return c
 }
 
@@ -220,6 +246,15 @@ func (c Config) Validate() error {
 	}
 	if c.SnapshotTimeout < 0 || c.SnapshotConcurrency < 0 || c.GapRetryMin < 0 || c.GapRetryMax < 0 {
 		errs = append(errs, errors.New("snapshot-timeout, snapshot-concurrency, gap-retry-min and gap-retry-max must not be negative"))
+	}
+	if err := c.SASL.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.ReadyMaxLag < 0 {
+		errs = append(errs, fmt.Errorf("ready-max-lag: %d is negative", c.ReadyMaxLag))
+	}
+	if c.StallTimeout < 0 {
+		errs = append(errs, fmt.Errorf("stall-timeout: %s is negative", c.StallTimeout))
 	}
 	if c.TombstoneRetention < 0 && c.TombstoneRetention != KeepTombstones {
 		errs = append(errs, fmt.Errorf("tombstone-retention: %s is negative (KeepTombstones keeps them for ever)", c.TombstoneRetention))

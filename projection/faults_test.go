@@ -305,7 +305,7 @@ func TestFaultDatabaseCutAndStalled(t *testing.T) {
 			proxy := faulttest.NewProxy(t, pgUpstream(t))
 			f := newFaultRig(t, faultOpts{seed: seed, proxy: proxy})
 			wait := f.flow(10, 25*time.Millisecond)
-			lc, logs := f.countLines("batch failed; retrying")
+			lc, logs := f.countLines("PostgreSQL is failing")
 			f.start(f.config(logs))
 			f.waitCommitted(100, 30*time.Second)
 

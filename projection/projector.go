@@ -16,16 +16,25 @@ import (
 
 // Projector runs the projection of one topic into one store.
 type Projector struct {
-	cfg      Config
+	cfg   Config
+	kafka *kafkaClients
+	// dialer is kafka's, for every Conn and Reader.
 	dialer   *kafka.Dialer
 	resolver *gapfill.Resolver
 	// budget is the memory every partition's job cache shares.
-	budget   *cacheBudget
+	budget *cacheBudget
+	// fetchers ask the authority for every partition's held jobs.
+	fetchers *fetchPool
 	counters counters
 	book     partitionBook
+	metrics  *metrics
+	health   health
+
+	dbOutage, kafkaOutage outage
+	// quarantineLog rate-limits the log line of each quarantined record.
+	quarantineLog sampler
 
 	generation atomic.Int32
-	ready      atomic.Bool
 	// running counts the functions handed to generations: kafka-go does
 	// not track one started on a generation that has already ended, so Run
 	// waits on this too.
@@ -38,11 +47,20 @@ func New(cfg Config) (*Projector, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	p := &Projector{
-		cfg:    cfg,
-		dialer: &kafka.Dialer{ClientID: "projector", Timeout: 10 * time.Second, DualStack: true},
-		budget: newCacheBudget(cfg.CacheBytes),
+	kc, err := cfg.Kafka().clients()
+	if err != nil {
+		return nil, err
 	}
+	p := &Projector{
+		cfg:           cfg,
+		kafka:         kc,
+		dialer:        kc.dialer,
+		budget:        newCacheBudget(cfg.CacheBytes),
+		dbOutage:      outage{service: "PostgreSQL", log: cfg.Logger},
+		kafkaOutage:   outage{service: "Kafka", log: cfg.Logger},
+		quarantineLog: sampler{window: 10 * time.Second, burst: 10},
+	}
+	p.metrics = newMetrics(p)
 	pol := cfg.gapPolicy()
 	if pol.Reread || pol.Snapshot {
 		p.resolver = &gapfill.Resolver{Window: cfg.RereadWindow, Concurrency: cfg.SnapshotConcurrency}
@@ -58,7 +76,7 @@ func New(cfg Config) (*Projector, error) {
 			sc.Timeout = cfg.SnapshotTimeout
 			sc.MaxConcurrent = cfg.SnapshotConcurrency
 			sc.MaxElapsedTime = cfg.SnapshotMaxElapsed
-			p.resolver.Snapshots = sc
+			p.resolver.Snapshots = countedSnapshots{src: sc, c: &p.counters}
 		}
 	}
 	return p, nil
@@ -69,8 +87,102 @@ func (p *Projector) Config() Config { return p.cfg }
 
 // Run consumes until ctx ends, then finishes or abandons the batches in
 // flight, leaves the group, and returns after every goroutine it started
-// has returned. It returns nil on a clean stop.
+// has returned. It returns nil on a clean stop, and an error when it cannot
+// go on: the brokers refuse its credentials or certificate (*AuthError).
+//
+// A topic that does not exist is waited for, not joined: the instance is
+// not ready and logs the topic's name at most every 30 s. It is checked
+// before joining the group and at every generation, so a topic deleted
+// under a running group sends the instance back to waiting rather than
+// into a rebalance loop.
 func (p *Projector) Run(ctx context.Context) error {
+	cfg := p.cfg
+	defer p.kafka.close()
+	mctx, stopMonitors := context.WithCancel(ctx)
+	var monitors sync.WaitGroup
+	monitors.Go(func() { p.watchDatabase(mctx) })
+	monitors.Go(func() { p.watchBrokers(mctx) })
+	monitors.Go(func() { p.pruneGapLog(mctx) })
+	monitors.Go(func() { p.pruneTombstones(mctx) })
+	defer monitors.Wait()
+	defer stopMonitors()
+	// Held jobs' attempts ask the authority through one pool of fetchers
+	// for the whole instance; it stops after every worker has.
+	fctx, stopFetchers := context.WithCancel(context.Background())
+	var fetchers sync.WaitGroup
+	if p.resolver != nil && p.resolver.Snapshots != nil {
+		p.fetchers = startFetchPool(fctx, &fetchers, p.resolver, 2*cfg.SnapshotConcurrency)
+	}
+	defer fetchers.Wait()
+	defer stopFetchers()
+
+	cfg.Logger.Info("projector started", "topic", cfg.Topic, "group", cfg.Group, "owner", cfg.Owner,
+		"brokers", cfg.Brokers, "tls", cfg.TLS != nil, "sasl", cfg.SASL, "projection", cfg.Store.Projection())
+	var err error
+	for ctx.Err() == nil {
+		if err = p.waitTopic(ctx); err != nil {
+			break
+		}
+		if err = p.runGroup(ctx); err != nil && !errors.Is(err, errTopicMissing) {
+			break
+		}
+	}
+	p.health.inGroup.Store(false)
+	p.running.Wait()
+	if ctx.Err() != nil {
+		err = nil
+	}
+	if err != nil {
+		cfg.Logger.Error("projector stopped", "err", err, "counters", p.counters.snapshot())
+		return err
+	}
+	cfg.Logger.Info("projector stopped", "counters", p.counters.snapshot())
+	return nil
+}
+
+// waitTopic returns once the topic exists, waiting with backoff while it
+// does not; it returns an *AuthError at once, and ctx's error when it ends.
+func (p *Projector) waitTopic(ctx context.Context) error {
+	bo := retryPolicy()
+	bo.MaxInterval = 10 * time.Second
+	var logged time.Time
+	for {
+		lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		_, err := p.kafka.partitions(lctx, p.cfg.Topic)
+		cancel()
+		var ae *AuthError
+		switch {
+		case err == nil:
+			p.health.topic.Store(topicExists)
+			p.kafkaOutage.ok()
+			if !logged.IsZero() {
+				p.cfg.Logger.Info("topic exists now; joining the group", "topic", p.cfg.Topic)
+			}
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.As(err, &ae):
+			return ae
+		case errors.Is(err, errTopicMissing):
+			p.health.topic.Store(topicMissing)
+			p.kafkaOutage.ok()
+			if time.Since(logged) >= missingTopicLogEvery {
+				logged = time.Now()
+				p.cfg.Logger.Error("topic does not exist; waiting for it (not ready): create it, or fix --topic",
+					"topic", p.cfg.Topic, "brokers", p.cfg.Brokers)
+			}
+		default:
+			p.kafkaOutage.failed(err, bo.NextBackOff())
+		}
+		sleep(ctx, bo.NextBackOff())
+	}
+}
+
+// runGroup joins the group and works its generations until ctx ends (nil),
+// the topic disappears (errTopicMissing) or the brokers refuse us
+// (*AuthError). It leaves the group and waits for its workers before
+// returning.
+func (p *Projector) runGroup(ctx context.Context) error {
 	cfg := p.cfg
 	klog := func(level func(string, ...any)) kafka.LoggerFunc {
 		return func(msg string, args ...any) { level("kafka: " + fmt.Sprintf(msg, args...)) }
@@ -93,59 +205,67 @@ func (p *Projector) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("projection: consumer group %q: %w", cfg.Group, err)
 	}
-	var bg sync.WaitGroup
-	bgctx, stopBackground := context.WithCancel(ctx)
+	// Close ends the generation and waits for every worker it started.
 	defer func() {
-		stopBackground()
-		bg.Wait()
-	}()
-	bg.Go(func() { p.pruneGapLog(bgctx) })
-	cfg.Logger.Info("projector started", "topic", cfg.Topic, "group", cfg.Group, "owner", cfg.Owner,
-		"brokers", cfg.Brokers, "projection", cfg.Store.Projection())
-	pctx, stopPruner := context.WithCancel(ctx)
-	var pruner sync.WaitGroup
-	pruner.Go(func() { p.pruneTombstones(pctx) })
-	defer func() {
-		stopPruner()
-		pruner.Wait()
+		p.health.inGroup.Store(false)
+		_ = group.Close()
+		p.running.Wait()
 	}()
 	for {
 		gen, err := group.Next(ctx)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
-				break
+				return nil
 			}
-			p.ready.Store(false)
-			cfg.Logger.Warn("joining the consumer group failed; retrying", "group", cfg.Group, "err", err)
+			p.health.inGroup.Store(false)
+			if ae := p.kafka.k.authError(err); ae != nil {
+				return ae
+			}
+			p.kafkaOutage.failed(fmt.Errorf("joining consumer group %q: %w", cfg.Group, err), cfg.JoinGroupBackoff)
 			continue
+		}
+		p.kafkaOutage.ok()
+		// kafka-go ends a generation when its partition watcher cannot
+		// find the topic, and joins again at once: check the topic at
+		// every generation, and wait for it outside the group.
+		lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		_, err = p.kafka.partitions(lctx, cfg.Topic)
+		cancel()
+		if errors.Is(err, errTopicMissing) {
+			p.health.topic.Store(topicMissing)
+			cfg.Logger.Error("topic does not exist any more; leaving the group to wait for it (not ready)", "topic", cfg.Topic)
+			return err
 		}
 		p.startGeneration(gen)
 	}
-	p.ready.Store(false)
-	// Close ends the generation and waits for every worker it started.
-	_ = group.Close()
-	p.running.Wait()
-	cfg.Logger.Info("projector stopped", "counters", p.counters.snapshot())
-	return nil
 }
 
 func (p *Projector) startGeneration(gen *kafka.Generation) {
 	cfg := p.cfg
 	assigned := gen.Assignments[cfg.Topic]
 	p.generation.Store(gen.ID)
-	p.ready.Store(true)
 	parts := make([]int, len(assigned))
 	for i, a := range assigned {
 		parts[i] = a.ID
 	}
+	p.health.partitions.Store(&parts)
+	p.health.inGroup.Store(true)
 	cfg.Logger.Info("generation joined", "generation", gen.ID, "partitions", parts)
 
 	c := &committer{gen: gen, topic: cfg.Topic, pending: map[int]int64{}, sent: map[int]int64{}, log: cfg.Logger}
 	c.workers.Add(len(assigned))
-	p.start(gen, c.run)
+	p.start(gen, func(ctx context.Context) {
+		c.run(ctx)
+		// The generation ended: not a member until the next one.
+		if p.generation.Load() == gen.ID {
+			p.health.inGroup.Store(false)
+		}
+	})
 	for _, a := range assigned {
+		b, alive := p.health.loop(fmt.Sprintf("partition %d worker", a.ID))
 		w := &worker{
 			p:         p,
+			beat:      b,
 			topic:     cfg.Topic,
 			partition: a.ID,
 			log:       cfg.Logger.With("topic", cfg.Topic, "partition", a.ID),
@@ -155,6 +275,7 @@ func (p *Projector) startGeneration(gen *kafka.Generation) {
 		}
 		p.start(gen, func(ctx context.Context) {
 			defer c.workers.Done()
+			defer alive()
 			defer p.book.drop(w.partition, w)
 			if err := w.run(ctx); err != nil && !errors.Is(err, context.Canceled) && ctx.Err() == nil {
 				w.log.Error("partition worker stopped", "err", err)
@@ -243,16 +364,15 @@ func (p *Projector) Status() Status {
 	for _, ps := range parts {
 		c.HeldJobs += int64(len(ps.Held))
 	}
+	ready := p.Readiness()
 	return Status{
 		Topic:      p.cfg.Topic,
 		Group:      p.cfg.Group,
 		Owner:      p.cfg.Owner,
 		Generation: p.generation.Load(),
-		Ready:      p.ready.Load(),
+		Ready:      ready.OK,
+		Readiness:  ready,
 		Partitions: parts,
 		Counters:   c,
 	}
 }
-
-// Ready reports whether the instance has joined the group.
-func (p *Projector) Ready() bool { return p.ready.Load() }

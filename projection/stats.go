@@ -34,6 +34,15 @@ type Counters struct {
 	// Lost counts records deleted from the log (retention, compaction)
 	// before they could be read.
 	Lost int64 `json:"lost_before_read"`
+	// GapsOpened counts jobs that started waiting behind a gap.
+	GapsOpened int64 `json:"gaps_opened"`
+	// DatabaseErrors counts failed PostgreSQL operations (batches, claims,
+	// reloads, pings), retried.
+	DatabaseErrors int64 `json:"database_errors"`
+	// Authority requests (snapshot fetches) by result.
+	AuthorityOK       int64 `json:"authority_ok"`
+	AuthorityNotFound int64 `json:"authority_not_found"`
+	AuthorityError    int64 `json:"authority_error"`
 	// TombstonesPruned counts tombstones removed after the tombstone
 	// retention.
 	TombstonesPruned int64 `json:"tombstones_pruned"`
@@ -48,6 +57,7 @@ func (c Counters) LogValue() slog.Value {
 		slog.Int64("quarantined", c.Quarantined), slog.Int64("batches", c.Batches), slog.Int64("fenced", c.Fenced),
 		slog.Int64("gaps_closed_by_wait", c.ClosedByWait), slog.Int64("gaps_closed_by_reread", c.ClosedByReread),
 		slog.Int64("gaps_closed_by_snapshot", c.ClosedBySnapshot), slog.Int64("lost_before_read", c.Lost),
+		slog.Int64("gaps_opened", c.GapsOpened), slog.Int64("database_errors", c.DatabaseErrors),
 		slog.Int64("tombstones_pruned", c.TombstonesPruned),
 	)
 }
@@ -55,6 +65,7 @@ func (c Counters) LogValue() slog.Value {
 type counters struct {
 	consumed, applied, stale, duplicates, conflicts, held, quarantined, batches, fenced atomic.Int64
 	closedWait, closedReread, closedSnapshot, lost                                      atomic.Int64
+	gapsOpened, dbErrors, authorityOK, authorityNotFound, authorityError                atomic.Int64
 	deleted, covered, pruned                                                            atomic.Int64
 }
 
@@ -78,6 +89,8 @@ func (c *counters) snapshot() Counters {
 		Quarantined: c.quarantined.Load(), Batches: c.batches.Load(), Fenced: c.fenced.Load(),
 		ClosedByWait: c.closedWait.Load(), ClosedByReread: c.closedReread.Load(), ClosedBySnapshot: c.closedSnapshot.Load(),
 		Lost: c.lost.Load(), Deleted: c.deleted.Load(), Covered: c.covered.Load(), TombstonesPruned: c.pruned.Load(),
+		GapsOpened: c.gapsOpened.Load(), DatabaseErrors: c.dbErrors.Load(),
+		AuthorityOK: c.authorityOK.Load(), AuthorityNotFound: c.authorityNotFound.Load(), AuthorityError: c.authorityError.Load(),
 	}
 }
 
@@ -90,9 +103,11 @@ type tally struct {
 // PartitionStatus is one partition this instance works.
 type PartitionStatus struct {
 	Partition int `json:"partition"`
-	// Position is the next offset to read, as committed in PostgreSQL.
-	Position int64 `json:"position"`
-	// HighWatermark is the partition's end as last seen from the broker.
+	// Position is the next offset to read, as committed in PostgreSQL
+	// (-1: none yet); named next_offset everywhere outside Go.
+	Position int64 `json:"next_offset"`
+	// HighWatermark is the partition's end as last seen from the broker,
+	// read at least every 5 s.
 	HighWatermark int64     `json:"high_watermark"`
 	Lag           int64     `json:"lag"`
 	Epoch         int64     `json:"epoch"`
@@ -122,6 +137,7 @@ type Status struct {
 	Owner      string            `json:"owner"`
 	Generation int32             `json:"generation"`
 	Ready      bool              `json:"ready"`
+	Readiness  Health            `json:"readiness"`
 	Partitions []PartitionStatus `json:"partitions"`
 	Counters   Counters          `json:"counters"`
 }
@@ -142,12 +158,44 @@ func (b *partitionBook) set(p PartitionStatus, by any) {
 		b.owner = make(map[int]any)
 	}
 	b.owner[p.Partition] = by
-	p.Lag = max(p.HighWatermark-p.Position, 0)
-	if p.Position < 0 {
-		p.Lag = p.HighWatermark
+	if old, ok := b.parts[p.Partition]; ok && old.HighWatermark > p.HighWatermark {
+		p.HighWatermark = old.HighWatermark
 	}
+	p.Lag = lagOf(p)
 	p.UpdatedAt = time.Now()
 	b.parts[p.Partition] = p
+}
+
+func lagOf(p PartitionStatus) int64 {
+	if p.Position < 0 {
+		return p.HighWatermark
+	}
+	return max(p.HighWatermark-p.Position, 0)
+}
+
+// setHighWatermarks records the partitions' ends as read from the broker,
+// for the partitions this instance works.
+func (b *partitionBook) setHighWatermarks(hwm map[int]int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for id, p := range b.parts {
+		if h, ok := hwm[id]; ok && h > p.HighWatermark {
+			p.HighWatermark = h
+			p.Lag = lagOf(p)
+			b.parts[id] = p
+		}
+	}
+}
+
+// totalLag is the lag of every partition this instance works.
+func (b *partitionBook) totalLag() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var n int64
+	for _, p := range b.parts {
+		n += p.Lag
+	}
+	return n
 }
 
 func (b *partitionBook) drop(p int, by any) {

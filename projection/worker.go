@@ -31,6 +31,8 @@ type worker struct {
 	position  int64
 	hwm       int64
 	committed func(partition int, next int64)
+	// beat is this worker's sign of life for /healthz.
+	beat *beat
 
 	// readSincePosition is set once a record was read after the reader
 	// was (re)positioned at the stored position.
@@ -134,8 +136,9 @@ func (w *worker) run(ctx context.Context) error {
 	defer stopAttempts()
 	w.attempts = w.startAttempts(rctx, &wg)
 	for {
+		w.beat.now()
 		// Fetch first: it waits only briefly while attempts are in flight,
-		// and blocks only when none is, so no answer waits behind it.
+		// and at most idleWake when none is, so no answer waits behind it.
 		msgs, hwm := w.fetch(ctx, r)
 		res := w.attempts.collect(w)
 		if hwm > w.hwm {
@@ -181,7 +184,7 @@ func (w *worker) restore(ctx context.Context) error {
 		rows, err = w.p.cfg.Store.LoadJobs(ctx, list)
 		return err
 	}
-	if err := backoff.Retry(op, backoff.WithContext(retryPolicy(), ctx)); err != nil {
+	if err := w.retryDatabase(ctx, op); err != nil {
 		return err
 	}
 	for _, h := range held {
@@ -216,12 +219,9 @@ func (w *worker) claim(ctx context.Context) (store.Claim, error) {
 	op := func() error {
 		var err error
 		claim, err = w.p.cfg.Store.Claim(ctx, w.topic, w.partition, w.p.cfg.Owner)
-		if err != nil {
-			w.log.Warn("claim failed, retrying", "err", err)
-		}
 		return err
 	}
-	err := backoff.Retry(op, backoff.WithContext(retryPolicy(), ctx))
+	err := w.retryDatabase(ctx, op)
 	return claim, err
 }
 
@@ -262,20 +262,18 @@ func (w *worker) storeLatest(ctx context.Context) (int64, error) {
 // batch size. It returns early when ctx ends.
 func (w *worker) fetch(ctx context.Context, r *kafka.Reader) ([]kafka.Message, int64) {
 	cfg := w.p.cfg
-	wait := time.Duration(-1)
+	// An idle worker still wakes up every idleWake, so its beat shows it
+	// alive.
+	wait := idleWake
 	if w.attempts != nil && w.attempts.busy() {
 		// Answers join the next batch as soon as they are ready.
 		wait = attemptPoll
 	}
-	if due, ok := w.detector.NextDue(); ok && (wait < 0 || time.Until(due) < wait) {
+	if due, ok := w.detector.NextDue(); ok && time.Until(due) < wait {
 		wait = max(time.Until(due), 10*time.Millisecond)
 	}
-	fctx := ctx
-	if wait >= 0 {
-		var cancel context.CancelFunc
-		fctx, cancel = context.WithTimeout(ctx, wait)
-		defer cancel()
-	}
+	fctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
 	m, err := r.FetchMessage(fctx)
 	if err != nil {
 		switch {
@@ -283,7 +281,7 @@ func (w *worker) fetch(ctx context.Context, r *kafka.Reader) ([]kafka.Message, i
 		case errors.Is(err, kafka.OffsetOutOfRange):
 			w.outOfRange(ctx, r)
 		default:
-			w.log.Warn("fetch failed", "err", err)
+			w.p.kafkaOutage.failed(fmt.Errorf("fetch %s/%d: %w", w.topic, w.partition, err), time.Second)
 			sleep(ctx, time.Second)
 		}
 		return nil, 0
@@ -389,6 +387,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 	bo := retryPolicy()
 	staleRetries := 0
 	for {
+		w.beat.now()
 		actx, cancel := applyContext(ctx)
 		now := time.Now()
 		pl, err := w.plan(actx, msgs, res, now)
@@ -402,6 +401,8 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 		cancel()
 		if err == nil {
 			failpoint.Hit(failpoint.AfterCommit)
+			w.p.databaseAnswered()
+			w.p.metrics.batch(time.Since(now), len(msgs))
 			w.settle(pl, result, now)
 			if len(msgs) > 0 {
 				w.position = pl.batch.NextOffset
@@ -442,7 +443,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 			return nil
 		}
 		d := bo.NextBackOff()
-		w.log.Error("batch failed; retrying", "err", err, "retry_in", d)
+		w.p.databaseFailed(fmt.Errorf("batch %s/%d@%d: %w", w.topic, w.partition, firstOffset(msgs), err), d)
 		sleep(ctx, d)
 		// The cache may hold what the failed transaction would have
 		// written: start again from what is stored.
@@ -549,6 +550,7 @@ func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
 		switch _, held := w.detector.Gap(id); {
 		case !held:
 			w.detector.Hold(id, since)
+			w.p.counters.gapsOpened.Add(1)
 		case pl.progress[id]:
 			// It moved forward but waits for a later version: the wait
 			// starts afresh for that one.
@@ -556,6 +558,13 @@ func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
 		}
 	}
 	w.p.counters.add(t)
+	for _, b := range pl.batch.Bad {
+		part := b.Partition
+		if part < 0 {
+			part = w.partition
+		}
+		w.logQuarantined(part, b.Offset, b.Err)
+	}
 }
 
 // heldViewEvery bounds how often the list of held jobs is rebuilt for the

@@ -227,8 +227,16 @@ func (s *Store) Tombstones(ctx context.Context, ids []string) (map[string]Tombst
 	return out, nil
 }
 
-// CountTombstones says how many deleted jobs the projection remembers.
+// CountTombstones says how many deleted jobs the projection remembers; 0
+// for a schema not migrated to tombstones yet (it only reads).
 func (s *Store) CountTombstones(ctx context.Context) (int64, error) {
+	var exists bool
+	if err := s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.tombstones).Scan(&exists); err != nil {
+		return 0, fmt.Errorf("store: count tombstones: %w", err)
+	}
+	if !exists {
+		return 0, nil
+	}
 	var n int64
 	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+s.tombstones+` WHERE projection = $1`, s.projection).Scan(&n); err != nil {
 		return 0, fmt.Errorf("store: count tombstones: %w", err)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Position is one partition's stored position and owner.
@@ -151,4 +153,41 @@ func missing(row int64, held []int64, limit int) []int64 {
 		next = max(next, v+1)
 	}
 	return out
+}
+
+// Ping checks that PostgreSQL answers, for readiness.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("store: ping: %w", err)
+	}
+	return nil
+}
+
+// OpenReadOnly connects like [Open], but every transaction of the pool is
+// read-only (default_transaction_read_only): a Store opened so can read
+// the projection and never create or alter anything, which is what a
+// monitoring command needs and all the rights it should need. It does not
+// migrate; [Store.CheckExists] says whether there is anything to read.
+func OpenReadOnly(ctx context.Context, databaseURL string, cfg Config) (*Store, error) {
+	pcfg, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("store: DATABASE_URL is not a valid PostgreSQL connection string: %w", err)
+	}
+	pcfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
+	pcfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("store: connect: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("store: connect to %s: %w", redact(pcfg.ConnConfig), err)
+	}
+	s, err := New(pool, cfg)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	s.ownPool = true
+	return s, nil
 }

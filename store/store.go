@@ -238,7 +238,9 @@ func redact(c *pgx.ConnConfig) string {
 // such as a CHECK added to the jobs table. Retrying the same batch would
 // fail the same way, so the caller must find the record that carries the
 // data and quarantine it. A class 23 error from the projector's own tables
-// (projector_*) is not the record's fault: it is retried like any failure.
+// (projector_*) is not the record's fault: it is retried like any failure;
+// a rebuild's shadow (projector_rebuild_*) is a read model, carrying the
+// checks users put on the live one.
 func IsBadData(err error) bool {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
@@ -248,7 +250,7 @@ func IsBadData(err error) bool {
 	case "22", "54":
 		return true
 	case "23":
-		return !strings.HasPrefix(pgErr.TableName, "projector_")
+		return !strings.HasPrefix(pgErr.TableName, "projector_") || strings.HasPrefix(pgErr.TableName, ShadowPrefix)
 	}
 	return false
 }

@@ -2,7 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
 
 	"github.com/projector/projector/internal/bench"
 	"github.com/projector/projector/internal/demo"
@@ -10,63 +15,165 @@ import (
 
 type benchOpts struct {
 	databaseURL string
+	mix         string
 	events      int
 	jobs        int
 	partitions  int
-	sample      int
+	stateBytes  int
+	naive       int
+	batchSize   int
 	seed        uint64
+	preload     int
+	live        bool
+	rate        int
+	duration    time.Duration
+	rebuild     bool
+	json        bool
+	swapRows    int
+	swapDiffer  int
+	swapKeepOld bool
 	log         logFlags
 }
 
 var benchCommand = &command{
 	name:    "bench",
-	summary: "the throughput benchmark, side by side with baselines",
-	usage: `projector bench measures, in one run on this machine, how fast the same
-stream of job snapshots reaches PostgreSQL through: raw binary COPY (no version
-check: the ceiling), one autocommit upsert per event, pipelined single upserts,
-and the projector end to end from an in-process Kafka broker (snapshots only,
-then snapshots with deltas). Each is reported in events/s and as a ratio of raw
-COPY. It works in a schema of its own and drops it at the end.
+	summary: "the throughput, growth, latency and rebuild benchmark, side by side with baselines",
+	usage: `projector bench measures, in one run on this machine, how fast one generated
+stream of job events reaches PostgreSQL through:
 
-Example:
-  DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres projector bench --events 200000`,
+  raw COPY        binary COPY of every event into a table with no key and no
+                  version check: the ceiling every other line is a ratio of
+  naive           a kafka-go group Reader, one conditional upsert per event and
+                  CommitMessages after each (a bounded sample: it is slow)
+  pgx.Batch       pipelined single upserts, 1000 per transaction (--mix snapshots)
+  projector       the engine end to end from a Kafka-protocol broker, timed to
+                  the last stored position; the read model is then checked
+                  exactly against the stream's reference (wrong: exit 1)
+
+--mix picks the stream: snapshots (every event a whole state), deltas (every
+job one snapshot, then deltas only) or mixed (mostly deltas, some snapshots).
+Late and duplicate deliveries are included. The broker runs in a child process,
+so the projector's peak heap and RSS are its own.
+
+--preload N also runs the projector into a table already holding N rows and
+reports its rate as a ratio of the empty table's (growth). --rebuild times
+'projector rebuild' of the same stream. --live --rate R --duration D then
+produces R events/s for D into a running projector and reports the time from
+produce to visible (p50, p99, max). --json prints one JSON object.
+
+With --swap-rows N it measures instead how long the swap at the end of a
+'projector rebuild' takes with N rows, and how readers querying the table
+through a view fare before and during it (latencies, errors, and samples of
+pg_stat_activity for readers waiting on a lock).
+
+It works in a schema of its own and drops it at the end.
+
+Examples:
+  projector bench --mix mixed --events 2000000
+  projector bench --mix snapshots --events 2000000 --preload 10000000 --json
+  projector bench --mix mixed --events 200000 --live --rate 10000 --duration 60s`,
 	flags: func(fs *flag.FlagSet) any {
 		o := &benchOpts{}
 		fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL connection string (default: the local server on 127.0.0.1:5432)")
-		fs.IntVar(&o.events, "events", 200000, "snapshot events in the stream, about (jobs get a varying number each)")
-		fs.IntVar(&o.jobs, "jobs", 50000, "distinct jobs (events are spread over them)")
+		fs.StringVar(&o.mix, "mix", bench.MixSnapshots, "events of the stream: "+strings.Join(bench.Mixes, ", "))
+		fs.IntVar(&o.events, "events", 200000, "events in the stream, about (jobs get a varying number each)")
+		fs.IntVar(&o.jobs, "jobs", 50000, "distinct jobs the events are spread over")
 		fs.IntVar(&o.partitions, "partitions", 6, "partitions of the benchmark topic")
-		fs.IntVar(&o.sample, "per-event-sample", 5000, "events the slow one-upsert-per-event baseline writes")
+		fs.IntVar(&o.stateBytes, "state-bytes", 0, "size of a job's state in bytes, about (padded with a field no delta touches;\n0 leaves the natural size, about 200 bytes)")
+		fs.IntVar(&o.naive, "naive-sample", 2000, "events the naive consumer handles (its rate is measured on them)")
+		fs.IntVar(&o.batchSize, "batch-size", 5000, "the projector's most records per batch transaction")
 		fs.Uint64Var(&o.seed, "seed", 1, "seed of the generated stream")
+		fs.IntVar(&o.preload, "preload", 0, "also run into a table already holding this many rows (growth)")
+		fs.BoolVar(&o.live, "live", false, "also measure produce-to-visible latency at a steady --rate for --duration")
+		fs.IntVar(&o.rate, "rate", 10000, "events per second produced with --live")
+		fs.DurationVar(&o.duration, "duration", 60*time.Second, "how long --live produces, e.g. 60s")
+		fs.BoolVar(&o.rebuild, "rebuild", false, "also time 'projector rebuild' of the same stream")
+		fs.BoolVar(&o.json, "json", false, "print the report as one JSON object (progress goes to stderr)")
+		fs.IntVar(&o.swapRows, "swap-rows", 0, "measure a rebuild's swap with this many rows instead of the throughput (0: the throughput)")
+		fs.IntVar(&o.swapDiffer, "swap-differ-percent", 1, "with --swap-rows, the percentage of rows the rebuilt model changes")
+		fs.BoolVar(&o.swapKeepOld, "swap-keep-old", false, "with --swap-rows, swap as 'projector rebuild --keep-old' does")
 		o.log.register(fs)
 		o.log.level = "warn"
 		fs.Lookup("log-level").DefValue = "warn"
 		return o
 	},
 	run: func(ctx context.Context, env *cmdEnv, opts any) error {
+		if os.Getenv(bench.BrokerChildEnv) != "" {
+			return bench.ServeBroker(ctx, os.Stdin, env.stdout)
+		}
 		o := opts.(*benchOpts)
 		logger, err := o.log.logger(env.stderr)
 		if err != nil {
 			return err
 		}
-		switch {
-		case o.events < 1000:
-			return usagef("--events %d: must be at least 1000", o.events)
-		case o.jobs < 1 || o.jobs > o.events:
-			return usagef("--jobs %d: must be from 1 to --events", o.jobs)
-		case o.partitions < 1 || o.partitions > 1000:
-			return usagef("--partitions %d: must be from 1 to 1000", o.partitions)
-		case o.sample < 100:
-			return usagef("--per-event-sample %d: must be at least 100", o.sample)
-		}
 		url := o.databaseURL
 		if url == "" {
 			url = demo.LocalURL
 		}
-		_, err = bench.Run(ctx, bench.Config{
-			DatabaseURL: url, Events: o.events, Jobs: o.jobs, Partitions: o.partitions, Seed: o.seed,
-			PerEventSample: o.sample, Out: env.stdout, Logger: logger,
+		if o.swapRows != 0 {
+			if o.swapRows < 1 || o.swapDiffer < 0 || o.swapDiffer > 100 {
+				return usagef("--swap-rows %d, --swap-differ-percent %d: want at least 1 row and a percentage from 0 to 100", o.swapRows, o.swapDiffer)
+			}
+			_, err := bench.Swap(ctx, bench.SwapConfig{DatabaseURL: url, Rows: o.swapRows, DifferPercent: o.swapDiffer,
+				KeepOld: o.swapKeepOld, Readers: 4, Out: env.stdout})
+			return err
+		}
+		switch {
+		case !contains(bench.Mixes, o.mix):
+			return usagef("--mix %q: must be one of %s", o.mix, strings.Join(bench.Mixes, ", "))
+		case o.events < 1000:
+			return usagef("--events %d: must be at least 1000", o.events)
+		case o.jobs < 1 || o.jobs*3 > o.events:
+			return usagef("--jobs %d: must be from 1 to a third of --events (every job has at least 3 events)", o.jobs)
+		case o.partitions < 1 || o.partitions > 1000:
+			return usagef("--partitions %d: must be from 1 to 1000", o.partitions)
+		case o.stateBytes < 0 || o.stateBytes > 900_000:
+			return usagef("--state-bytes %d: must be from 0 to 900000 (a record must fit the broker's 1 MiB)", o.stateBytes)
+		case o.naive < 10:
+			return usagef("--naive-sample %d: must be at least 10", o.naive)
+		case o.batchSize < 1:
+			return usagef("--batch-size %d: must be at least 1", o.batchSize)
+		case o.preload < 0:
+			return usagef("--preload %d: must not be negative", o.preload)
+		case o.live && o.rate < 1:
+			return usagef("--rate %d: must be at least 1 event per second", o.rate)
+		case o.live && o.duration < time.Second:
+			return usagef("--duration %s: must be at least 1s, e.g. --duration 60s", o.duration)
+		}
+		self, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("bench: finding this binary to start the broker process: %w", err)
+		}
+		progress := env.stdout
+		if o.json {
+			progress = env.stderr
+		}
+		rep, err := bench.Run(ctx, bench.Config{
+			DatabaseURL: url, Mix: o.mix, Events: o.events, Jobs: o.jobs, Partitions: o.partitions, StateBytes: o.stateBytes,
+			Seed: o.seed, NaiveSample: o.naive, BatchSize: o.batchSize, Preload: o.preload,
+			Live: o.live, LiveRate: o.rate, LiveDuration: o.duration, Rebuild: o.rebuild,
+			Executable: self, Progress: progress, Logger: logger,
 		})
-		return err
+		var wrong *bench.MismatchError
+		if errors.As(err, &wrong) {
+			return fmt.Errorf("%w: the run is a failure, however fast", err)
+		}
+		if err != nil {
+			return err
+		}
+		if o.json {
+			return bench.JSON(env.stdout, rep)
+		}
+		bench.Print(env.stdout, rep)
+		return nil
 	},
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
 }

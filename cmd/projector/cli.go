@@ -64,7 +64,7 @@ type cmdEnv struct {
 	args []string
 }
 
-var commands = []*command{runCommand, rebuildCommand, statusCommand, explainCommand, quarantineCommand, verifyCommand, demoCommand, benchCommand}
+var commands = []*command{runCommand, rebuildCommand, statusCommand, explainCommand, quarantineCommand, verifyCommand, demoCommand, benchCommand, versionCommand}
 
 const topUsage = `projector turns a Kafka stream of job events into a correct PostgreSQL read model.
 
@@ -375,7 +375,7 @@ func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
 	if err := level.UnmarshalText([]byte(l.level)); err != nil {
 		return nil, usagef("--log-level %q: want debug, info, warn or error", l.level)
 	}
-	opts := &slog.HandlerOptions{Level: level}
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: durationsAsText}
 	switch l.format {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
@@ -383,6 +383,15 @@ func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, usagef("--log-format %q: want text or json", l.format)
+}
+
+// durationsAsText prints durations as "1.5s" rather than nanoseconds, in
+// JSON as in text.
+func durationsAsText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+	}
+	return a
 }
 
 // checkBrokers reports the first entry of --brokers that is not

@@ -25,6 +25,10 @@ var runFlags = map[string]string{
 	"log-level": "PROJECTOR_LOG_LEVEL", "log-format": "PROJECTOR_LOG_FORMAT",
 	"group-session-timeout": "PROJECTOR_GROUP_SESSION_TIMEOUT", "group-heartbeat-interval": "PROJECTOR_GROUP_HEARTBEAT_INTERVAL",
 	"group-rebalance-timeout": "PROJECTOR_GROUP_REBALANCE_TIMEOUT", "group-join-backoff": "PROJECTOR_GROUP_JOIN_BACKOFF",
+	"ready-max-lag": "PROJECTOR_READY_MAX_LAG", "kafka-tls": "PROJECTOR_KAFKA_TLS", "kafka-tls-ca": "PROJECTOR_KAFKA_TLS_CA",
+	"kafka-tls-cert": "PROJECTOR_KAFKA_TLS_CERT", "kafka-tls-key": "PROJECTOR_KAFKA_TLS_KEY",
+	"kafka-tls-server-name": "PROJECTOR_KAFKA_TLS_SERVER_NAME", "kafka-sasl-mechanism": "PROJECTOR_KAFKA_SASL_MECHANISM",
+	"kafka-sasl-username": "PROJECTOR_KAFKA_SASL_USERNAME", "kafka-sasl-password-file": "PROJECTOR_KAFKA_SASL_PASSWORD_FILE",
 	"gap-log-retention": "PROJECTOR_GAP_LOG_RETENTION", "gap-log-max-rows": "PROJECTOR_GAP_LOG_MAX_ROWS",
 	"cache-bytes": "PROJECTOR_CACHE_BYTES",
 }
@@ -181,6 +185,11 @@ func TestBadUsageExits2(t *testing.T) {
 		{"demo --events-per-job 1", nil, []string{"demo", "--events-per-job", "1"}, []string{"--events-per-job"}},
 		{"bench --events 10", nil, []string{"bench", "--events", "10"}, []string{"--events"}},
 		{"bench --jobs above --events", nil, []string{"bench", "--events", "1000", "--jobs", "2000"}, []string{"--jobs"}},
+		{"bench --mix unknown", nil, []string{"bench", "--mix", "lots"}, []string{"--mix", "snapshots, deltas, mixed"}},
+		{"bench --state-bytes -1", nil, []string{"bench", "--state-bytes", "-1"}, []string{"--state-bytes"}},
+		{"bench --preload -1", nil, []string{"bench", "--preload", "-1"}, []string{"--preload"}},
+		{"bench --live --rate 0", nil, []string{"bench", "--live", "--rate", "0"}, []string{"--rate"}},
+		{"bench --live --duration 10ms", nil, []string{"bench", "--live", "--duration", "10ms"}, []string{"--duration", "60s"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

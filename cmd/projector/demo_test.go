@@ -59,20 +59,3 @@ func TestDemoSameSeedSameStream(t *testing.T) {
 	require.Equal(t, a, b, "the same seed (by flag or by variable) gives the same stream")
 	require.True(t, strings.HasPrefix(a, "projector demo: 50 jobs"), a)
 }
-
-// TestBench runs a small benchmark: every writer is reported in a table
-// with its ratio to raw COPY.
-func TestBench(t *testing.T) {
-	t.Parallel()
-	r := runBin(t, 2*time.Minute, dbEnv(), "bench", "--events", "1000", "--jobs", "200", "--per-event-sample", "100")
-	require.Equal(t, 0, r.code, "%s", r)
-	require.Regexp(t, `(?m)^WRITER\s+EVENTS\s+SECONDS\s+EVENTS/S\s+x RAW COPY\s+NOTE$`, r.stdout, "%s", r)
-	for _, row := range []string{
-		`raw COPY \(no versions, no key: the ceiling\)\s+\d+\s+[\d.]+\s+\d+\s+1\.00`,
-		`one upsert per event, autocommit\s+100\s`,
-		`projector, snapshots \(Kafka to PostgreSQL\)\s+\d+\s+[\d.]+\s+\d+\s+[\d.]+`,
-		`projector, snapshots \+ deltas \(Kafka to PostgreSQL\)\s+\d+\s`,
-	} {
-		require.Regexp(t, `(?m)^`+row, r.stdout, "%s", r)
-	}
-}

@@ -168,7 +168,7 @@ func TestRunUnreachableKafka(t *testing.T) {
 	addr := p.httpAddr(15 * time.Second)
 	eventually(t, 15*time.Second, "the join failure is logged", func() (bool, string) {
 		p.requireAlive()
-		return strings.Contains(p.logs.String(), "joining the consumer group failed; retrying"), ""
+		return strings.Contains(p.logs.String(), "Kafka is failing; retrying"), ""
 	})
 	code, _, err := get(addr, "/healthz")
 	require.NoError(t, err)

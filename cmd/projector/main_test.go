@@ -287,7 +287,7 @@ type liveStatus struct {
 	Ready      bool   `json:"ready"`
 	Partitions []struct {
 		Partition     int   `json:"partition"`
-		Position      int64 `json:"position"`
+		Position      int64 `json:"next_offset"`
 		HighWatermark int64 `json:"high_watermark"`
 		Lag           int64 `json:"lag"`
 		Epoch         int64 `json:"epoch"`
@@ -295,6 +295,7 @@ type liveStatus struct {
 	Counters struct {
 		Consumed    int64 `json:"consumed"`
 		Applied     int64 `json:"applied"`
+		Deleted     int64 `json:"deleted"`
 		Stale       int64 `json:"stale"`
 		Duplicates  int64 `json:"duplicates"`
 		Conflicts   int64 `json:"conflicts"`

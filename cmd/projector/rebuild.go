@@ -96,7 +96,7 @@ Example:
 		}
 		defer live.Close()
 		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		target, err := projection.HighWatermarks(hctx, o.brokers, o.topic)
+		target, err := projection.HighWatermarks(hctx, o.kafkaConfig(), o.topic)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("nothing was changed: %w", err)
@@ -112,7 +112,7 @@ Example:
 		if err != nil {
 			return usagef("--table: %v", err)
 		}
-		if err := prepareShadow(ctx, env.stdout, shadow, o, target); err != nil {
+		if err := prepareShadow(ctx, env.stdout, live, shadow, o, target); err != nil {
 			return err
 		}
 
@@ -134,7 +134,7 @@ Example:
 			return err
 		}
 		if waitErr != nil {
-			return fmt.Errorf("rebuild stopped before the swap, the live read model is untouched (the shadow %s stays; run again to continue from it): %w", shadow.JobsTable(), waitErr)
+			return fmt.Errorf("rebuild stopped before the swap, the live read model is untouched (the shadow %s stays; run again to continue from it): %w", shadowName(o), waitErr)
 		}
 		c := p.Status().Counters
 		if o.dryRun {
@@ -147,7 +147,7 @@ Example:
 		}
 		res, err := live.Swap(ctx, shadow, o.keepOld)
 		if err != nil {
-			return fmt.Errorf("the live read model is untouched (the shadow %s stays; run again to swap it): %w", shadow.JobsTable(), err)
+			return fmt.Errorf("the live read model is untouched (the shadow %s stays; run again to swap it): %w", shadowName(o), err)
 		}
 		fmt.Fprintf(env.stdout, "swapped: %s.%s is the rebuilt read model (this run: %d records read, %d applied, %d quarantined; %d held jobs carried over; rows changed: %d updated, %d inserted, %d deleted)\n",
 			o.schema, o.table, c.Consumed, c.Applied, c.Quarantined, c.HeldJobs, res.Updated, res.Inserted, res.Deleted)
@@ -161,14 +161,14 @@ Example:
 // prepareShadow continues from what an earlier rebuild stored in the
 // shadow, or starts it over (--restart, or nothing to continue from), and
 // says which.
-func prepareShadow(ctx context.Context, stdout io.Writer, shadow *store.Store, o *rebuildOpts, target map[int]int64) error {
+func prepareShadow(ctx context.Context, stdout io.Writer, live, shadow *store.Store, o *rebuildOpts, target map[int]int64) error {
 	prog, err := shadow.Progress(ctx, o.topic)
 	if err != nil {
 		return err
 	}
 	if len(prog.OtherTopics) > 0 && !o.restart {
 		return usagef("the shadow %s holds an unfinished rebuild of topic %s, not %s: pass --restart to discard it and start over",
-			shadow.JobsTable(), strings.Join(prog.OtherTopics, ", "), o.topic)
+			shadowName(o), strings.Join(prog.OtherTopics, ", "), o.topic)
 	}
 	if !o.restart && prog.TableExists && prog.Read() > 0 {
 		if err := shadow.Migrate(ctx); err != nil {
@@ -176,7 +176,7 @@ func prepareShadow(ctx context.Context, stdout io.Writer, shadow *store.Store, o
 		}
 		fmt.Fprintf(stdout, "resuming the rebuild of %s.%s from the shadow's stored positions: %d of %d records already read (--restart starts over)\n",
 			o.schema, o.table, prog.Read(), sum(target))
-		return nil
+		return copyChecks(ctx, stdout, live, shadow, o)
 	}
 	if err := shadow.Reset(ctx); err != nil {
 		return err
@@ -189,7 +189,20 @@ func prepareShadow(ctx context.Context, stdout io.Writer, shadow *store.Store, o
 		how = fmt.Sprintf("starting over (--restart discarded %d records read earlier):", prog.Read())
 	}
 	fmt.Fprintf(stdout, "%s the rebuild of %s.%s from the start of %s into %s (%d partitions, %d records to read)\n",
-		how, o.schema, o.table, o.topic, shadow.JobsTable(), len(target), sum(target))
+		how, o.schema, o.table, o.topic, shadowName(o), len(target), sum(target))
+	return copyChecks(ctx, stdout, live, shadow, o)
+}
+
+// copyChecks gives the shadow the checks users put on the live table, so
+// records that break them are quarantined in the replay, as live.
+func copyChecks(ctx context.Context, stdout io.Writer, live, shadow *store.Store, o *rebuildOpts) error {
+	names, err := live.CopyChecks(ctx, shadow)
+	if err != nil {
+		return err
+	}
+	if len(names) > 0 {
+		fmt.Fprintf(stdout, "the shadow checks rows as %s.%s does: %s\n", o.schema, o.table, strings.Join(names, ", "))
+	}
 	return nil
 }
 
@@ -216,7 +229,7 @@ func printDrift(w io.Writer, o *rebuildOpts, d store.Drift, c projection.Counter
 		fmt.Fprintln(w)
 	}
 	fmt.Fprintf(w, "not swapped (--dry-run): the shadow %s stays; 'projector rebuild' without --dry-run continues from it and swaps\n",
-		store.ShadowName(o.table))
+		shadowName(o))
 }
 
 func sum(m map[int]int64) int64 {
@@ -267,3 +280,6 @@ func waitRebuilt(ctx context.Context, shadow *store.Store, target map[int]int64,
 		}
 	}
 }
+
+// shadowName is the rebuild table as people write it: schema.table.
+func shadowName(o *rebuildOpts) string { return o.schema + "." + store.ShadowName(o.table) }

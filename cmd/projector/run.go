@@ -30,6 +30,8 @@ type runOpts struct {
 	batchLinger time.Duration
 	httpAddr    string
 	owner       string
+	readyMaxLag int64
+	kafka       kafkaFlags
 	cacheBytes  byteSize
 	log         logFlags
 	gap         gapFlags
@@ -209,6 +211,8 @@ func (o *runOpts) register(fs *flag.FlagSet, group, httpAddr string) {
 	}
 	fs.StringVar(&o.httpAddr, "http-addr", httpAddr, usage)
 	fs.StringVar(&o.owner, "owner", "", "this instance's name in the partitions table (default host/pid)")
+	fs.Int64Var(&o.readyMaxLag, "ready-max-lag", 0, "with a positive value, /readyz fails while this instance's total lag\nis above it; 0 leaves lag out of readiness")
+	o.kafka.register(fs)
 	o.cacheBytes = projection.DefaultCacheBytes
 	fs.Var(&o.cacheBytes, "cache-bytes", "memory budget of the cache of job rows and held deltas, one `size` for the whole\ninstance (64MiB, 512KiB, 1GiB or a number of bytes); least recently used\nrows are evicted, held jobs are kept and past half of it their deltas stay\nin PostgreSQL")
 	o.log.register(fs)
@@ -243,6 +247,12 @@ func (o *runOpts) validate() error {
 	if err := positive("batch-linger", o.batchLinger); err != nil {
 		return err
 	}
+	if o.readyMaxLag < 0 {
+		return usagef("--ready-max-lag %d: must not be negative (0 turns it off)", o.readyMaxLag)
+	}
+	if _, err := o.kafka.apply(o.brokers); err != nil {
+		return err
+	}
 	if o.tombstoneRetention < 0 {
 		return usagef("--tombstone-retention %s: must not be negative (e.g. 168h; 0 keeps tombstones for ever)", o.tombstoneRetention)
 	}
@@ -252,10 +262,18 @@ func (o *runOpts) validate() error {
 	return o.gap.validate()
 }
 
+// kafkaConfig is the brokers with their TLS and SASL settings; validate
+// has checked them.
+func (o *runOpts) kafkaConfig() projection.Kafka {
+	k, _ := o.kafka.apply(o.brokers)
+	return k
+}
+
 func (o *runOpts) config(st *store.Store, logger *slog.Logger) projection.Config {
+	k := o.kafkaConfig()
 	cfg := projection.Config{
-		Brokers: o.brokers, Topic: o.topic, Group: o.group, Start: o.start,
-		BatchSize: o.batchSize, BatchLinger: o.batchLinger, Owner: o.owner,
+		Brokers: o.brokers, TLS: k.TLS, SASL: k.SASL, Topic: o.topic, Group: o.group, Start: o.start,
+		BatchSize: o.batchSize, BatchLinger: o.batchLinger, Owner: o.owner, ReadyMaxLag: o.readyMaxLag,
 		Store: st, Logger: logger, CacheBytes: int64(o.cacheBytes),
 	}
 	o.gap.apply(&cfg)

@@ -28,6 +28,7 @@ func TestRun(t *testing.T) {
 	s := newStory(t, 3)
 	s.seedStory(false)
 	s.jobs("task", 60, 1, 5)
+	s.deletes(3)
 	s.badRecords()
 
 	p := startBin(t, "run", dbEnv(), s.runArgs("g-run", "inst-a")...)
@@ -86,7 +87,8 @@ func TestRun(t *testing.T) {
 	require.Equal(t, s.quarantined, c.Quarantined, "%+v", c)
 	require.Equal(t, s.stale, c.Stale, "%+v", c)
 	require.Equal(t, s.duplicates, c.Duplicates, "%+v", c)
-	require.Equal(t, s.produced-s.quarantined-s.stale-s.duplicates, c.Applied, "%+v", c)
+	require.Equal(t, s.deleted, c.Deleted, "%+v", c)
+	require.Equal(t, s.produced-s.quarantined-s.stale-s.duplicates-s.deleted, c.Applied, "%+v", c)
 	require.Zero(t, c.Conflicts+c.Held+c.HeldJobs+c.Fenced, "%+v", c)
 	require.Equal(t, int(s.quarantined), s.quarantineCount())
 
@@ -95,11 +97,15 @@ func TestRun(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	metrics := string(body)
 	for _, m := range []string{
-		fmt.Sprintf("projector_records_applied_total %d", c.Applied),
-		fmt.Sprintf("projector_records_stale_total %d", c.Stale),
-		fmt.Sprintf("projector_records_quarantined_total %d", c.Quarantined),
-		"# TYPE projector_records_applied_total counter",
-		fmt.Sprintf(`projector_partition_lag{topic=%q,partition="0"} 0`, s.topic),
+		fmt.Sprintf(`projector_records_total{outcome="applied"} %d`, c.Applied),
+		fmt.Sprintf(`projector_records_total{outcome="stale"} %d`, c.Stale),
+		fmt.Sprintf(`projector_records_total{outcome="quarantined"} %d`, c.Quarantined),
+		"# TYPE projector_records_total counter",
+		`projector_partition_lag{partition="0"} 0`,
+		"# TYPE projector_batch_duration_seconds histogram",
+		"projector_build_info{",
+		"go_goroutines ",
+		"process_resident_memory_bytes ",
 	} {
 		require.Contains(t, metrics, m)
 	}

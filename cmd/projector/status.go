@@ -3,11 +3,16 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"sort"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projector/projector/projection"
 	"github.com/projector/projector/store"
@@ -21,6 +26,7 @@ type statusOpts struct {
 	topic       string
 	json        bool
 	limit       int
+	kafka       kafkaFlags
 }
 
 // statusReport is what `projector status --json` prints.
@@ -34,6 +40,9 @@ type statusReport struct {
 	Quarantine int                 `json:"quarantined"`
 	Recent     []quarantineReport  `json:"recent_quarantine"`
 	Jobs       int64               `json:"jobs"`
+	// DeletedJobs counts the tombstones: jobs deleted and remembered so
+	// that no late event brings them back.
+	DeletedJobs int64 `json:"deleted_jobs"`
 }
 
 type partitionReport struct {
@@ -55,9 +64,14 @@ var statusCommand = &command{
 	name:    "status",
 	summary: "positions, lag, held gaps and quarantine counts (--json for machines)",
 	usage: `projector status reads the projection's state from PostgreSQL: each partition's
-stored position, epoch and owner, the jobs held behind a gap (with the versions
+next offset, epoch and owner, the jobs held behind a gap (with the versions
 they hold and since when), and the quarantine. With --brokers it also asks Kafka
 for the high watermarks and reports the lag of every partition.
+
+It only reads: it runs no migration, creates and alters nothing (its
+transactions are read-only), and a projection that does not exist is an error
+(exit 1), not an empty one. Text from records (job ids, keys, errors) is
+printed with control characters escaped.
 
 Example:
   DATABASE_URL=postgres://app@db:5432/app projector status --brokers kafka-1:9092`,
@@ -68,6 +82,7 @@ Example:
 		fs.StringVar(&o.topic, "topic", "job-events", "topic whose lag to report")
 		fs.BoolVar(&o.json, "json", false, "print JSON instead of tables")
 		fs.IntVar(&o.limit, "limit", 20, "most held jobs and quarantined records to list")
+		o.kafka.register(fs)
 		return o
 	},
 	run: func(ctx context.Context, env *cmdEnv, opts any) error {
@@ -83,7 +98,7 @@ Example:
 		if err := checkStoreNames(o.schema, o.table); err != nil {
 			return err
 		}
-		st, err := openStore(ctx, o.databaseURL, o.schema, o.table)
+		st, err := openReadOnly(ctx, o.databaseURL, o.schema, o.table)
 		if err != nil {
 			return err
 		}
@@ -111,7 +126,12 @@ func buildStatus(ctx context.Context, st *store.Store, o *statusOpts) (*statusRe
 	var hwm map[int]int64
 	if len(o.brokers) > 0 {
 		hctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		hwm, err = projection.HighWatermarks(hctx, o.brokers, o.topic)
+		k, kerr := o.kafka.apply(o.brokers)
+		if kerr != nil {
+			cancel()
+			return nil, kerr
+		}
+		hwm, err = projection.HighWatermarks(hctx, k, o.topic)
 		cancel()
 		if err != nil {
 			return nil, err
@@ -166,16 +186,19 @@ func buildStatus(ctx context.Context, st *store.Store, o *statusOpts) (*statusRe
 	if rep.Jobs, err = st.CountJobs(ctx); err != nil {
 		return nil, err
 	}
+	if rep.DeletedJobs, err = st.CountTombstones(ctx); err != nil {
+		return nil, err
+	}
 	return rep, nil
 }
 
 func printStatus(env *cmdEnv, rep *statusReport) {
 	w := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "projection %s.%s: %d jobs\n\n", rep.Schema, rep.Projection, rep.Jobs)
+	fmt.Fprintf(w, "projection %s.%s: %d jobs, %d deleted (tombstones)\n\n", rep.Schema, rep.Projection, rep.Jobs, rep.DeletedJobs)
 	if len(rep.Partitions) == 0 {
 		fmt.Fprintln(w, "no partition has been claimed yet")
 	} else {
-		fmt.Fprintln(w, "TOPIC\tPARTITION\tPOSITION\tHIGH WATERMARK\tLAG\tEPOCH\tOWNER\tUPDATED")
+		fmt.Fprintln(w, "TOPIC\tPARTITION\tNEXT OFFSET\tHIGH WATERMARK\tLAG\tEPOCH\tOWNER\tUPDATED")
 		for _, p := range rep.Partitions {
 			hw, lag := "-", "-"
 			if p.HighWatermark != nil {
@@ -189,7 +212,7 @@ func printStatus(env *cmdEnv, rep *statusReport) {
 			if !p.UpdatedAt.IsZero() {
 				updated = p.UpdatedAt.UTC().Format(time.RFC3339)
 			}
-			fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\n", p.Topic, p.Partition, position, hw, lag, p.Epoch, p.Owner, updated)
+			fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\n", printable(p.Topic), p.Partition, position, hw, lag, p.Epoch, printable(p.Owner), updated)
 		}
 	}
 	if rep.Lag != nil {
@@ -199,15 +222,46 @@ func printStatus(env *cmdEnv, rep *statusReport) {
 	if len(rep.Held) > 0 {
 		fmt.Fprintln(w, "JOB\tTOPIC/PARTITION\tROW VERSION\tMISSING\tHELD VERSIONS\tSINCE")
 		for _, h := range rep.Held {
-			fmt.Fprintf(w, "%s\t%s/%d\t%d\t%v\t%v\t%s\n", h.JobID, h.Topic, h.Partition, h.RowVersion, h.Missing, h.Versions, h.Since.UTC().Format(time.RFC3339))
+			fmt.Fprintf(w, "%s\t%s/%d\t%d\t%v\t%v\t%s\n", printable(h.JobID), printable(h.Topic), h.Partition, h.RowVersion, h.Missing, h.Versions, h.Since.UTC().Format(time.RFC3339))
 		}
 	}
 	fmt.Fprintf(w, "\nquarantined records: %d\n", rep.Quarantine)
 	if len(rep.Recent) > 0 {
 		fmt.Fprintln(w, "TOPIC/PARTITION@OFFSET\tKEY\tERROR")
 		for _, q := range rep.Recent {
-			fmt.Fprintf(w, "%s/%d@%d\t%q\t%s\n", q.Topic, q.Partition, q.Offset, q.Key, q.Error)
+			fmt.Fprintf(w, "%s/%d@%d\t%s\t%s\n", printable(q.Topic), q.Partition, q.Offset, strconv.QuoteToGraphic(q.Key), printable(q.Error))
 		}
 	}
 	w.Flush()
+}
+
+// openReadOnly checks the settings (exit 2 when they are wrong), then
+// connects to a projection that must already exist, in read-only
+// transactions: status runs no migration, creates and alters nothing, and
+// needs no more than SELECT rights. A missing projection is a runtime
+// failure (exit 1) that says so.
+func openReadOnly(ctx context.Context, url, schema, table string) (*store.Store, error) {
+	if strings.TrimSpace(url) == "" {
+		return nil, usagef("DATABASE_URL is not set: set it or pass --database-url, e.g. postgres://user@127.0.0.1:5432/db")
+	}
+	if _, err := pgxpool.ParseConfig(url); err != nil {
+		return nil, usagef("DATABASE_URL is not a valid PostgreSQL connection string (want postgres://user:pass@host:port/db or key=value pairs): %v", err)
+	}
+	if err := checkStoreNames(schema, table); err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	st, err := store.OpenReadOnly(cctx, url, store.Config{Schema: schema, Table: table})
+	if err != nil {
+		return nil, err
+	}
+	if err := st.CheckExists(ctx); err != nil {
+		st.Close()
+		if errors.Is(err, store.ErrNoProjection) {
+			return nil, fmt.Errorf("no projection %s.%s in this database (check --schema and --table; nothing was created): %w", schema, table, err)
+		}
+		return nil, err
+	}
+	return st, nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"regexp"
@@ -34,7 +35,8 @@ type statusJSON struct {
 		Key       string `json:"key"`
 		Error     string `json:"error"`
 	} `json:"recent_quarantine"`
-	Jobs *int64 `json:"jobs"`
+	Jobs        *int64 `json:"jobs"`
+	DeletedJobs *int64 `json:"deleted_jobs"`
 }
 
 func parseStatus(t *testing.T, r result) statusJSON {
@@ -57,8 +59,8 @@ func TestStatus(t *testing.T) {
 	text := runBin(t, 30*time.Second, dbEnv(), "status", "--schema", s.schema)
 	require.Equal(t, 0, text.code, "%s", text)
 	for _, want := range []string{
-		"projection " + s.schema + ".jobs: 61 jobs",
-		"POSITION",
+		"projection " + s.schema + ".jobs: 61 jobs, 3 deleted (tombstones)",
+		"NEXT OFFSET",
 		"EPOCH",
 		"held jobs: 0",
 		fmt.Sprintf("quarantined records: %d", s.quarantined),
@@ -95,6 +97,8 @@ func TestStatus(t *testing.T) {
 	require.NotNil(t, st.Held, "held is [] rather than null")
 	require.NotNil(t, st.Jobs)
 	require.Equal(t, int64(len(s.want)), *st.Jobs)
+	require.NotNil(t, st.DeletedJobs)
+	require.Equal(t, s.deleted, *st.DeletedJobs, "every deleted job has its tombstone")
 
 	// With the brokers the lag is known: zero after the catch-up.
 	st = parseStatus(t, runBin(t, 30*time.Second, dbEnv(),
@@ -123,12 +127,14 @@ func TestStatus(t *testing.T) {
 	require.Equal(t, int(s.quarantined), *st.Quarantined)
 }
 
-// TestStatusFreshSchema: status on a schema nobody projected into creates
-// the tables and reports them empty; with brokers, unprojected partitions
-// lag by their whole length.
+// TestStatusFreshSchema: status on a projection whose tables exist but
+// that nothing has projected into reports it empty; with brokers,
+// unprojected partitions lag by their whole length. (Status on a schema
+// without the tables is an error: TestStatusReadOnly.)
 func TestStatusFreshSchema(t *testing.T) {
 	t.Parallel()
 	s := newStory(t, 2)
+	require.NoError(t, s.st.Migrate(context.Background()))
 	s.produce(rec(0, "a", snapshotValue("a", 1, map[string]any{})), rec(1, "b", snapshotValue("b", 1, map[string]any{})),
 		rec(1, "b", snapshotValue("b", 2, map[string]any{})))
 

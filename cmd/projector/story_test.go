@@ -32,7 +32,7 @@ type story struct {
 	want     map[string]wantRow
 	produced int64 // records produced so far
 	// Outcomes the version rules give the records produced so far.
-	stale, duplicates, quarantined int64
+	stale, duplicates, quarantined, deleted int64
 }
 
 type wantRow struct {
@@ -72,6 +72,11 @@ func snapshotValue(job string, v int64, state map[string]any) []byte {
 func deltaValue(job string, v int64, ops ...map[string]any) []byte {
 	b, _ := json.Marshal(map[string]any{"job_id": job, "version": v, "kind": "delta", "ops": ops,
 		"event_id": fmt.Sprintf("evt-%s-%d", job, v)})
+	return b
+}
+
+func deleteValue(job string, v int64) []byte {
+	b, _ := json.Marshal(map[string]any{"job_id": job, "version": v, "kind": "delete", "event_id": fmt.Sprintf("evt-%s-%d", job, v)})
 	return b
 }
 
@@ -164,11 +169,36 @@ func (s *story) badRecords() {
 	s.quarantined += int64(len(bad))
 }
 
+// deletes produces n jobs gone-i that are deleted: v1 snapshot, v2 delta,
+// v3 delete, then the v2 snapshot late (stale) and the v2 delta again
+// (duplicate). None may be in the read model.
+func (s *story) deletes(n int) {
+	s.t.Helper()
+	var recs []kafkatest.Record
+	for i := range n {
+		job, p := fmt.Sprintf("gone-%d", i), i%s.partitions
+		recs = append(recs,
+			rec(p, job, snapshotValue(job, 1, map[string]any{"status": "running"})),
+			rec(p, job, deltaValue(job, 2, map[string]any{"op": "set", "path": "/status", "value": "cancelled"})),
+			rec(p, job, deleteValue(job, 3)),
+			rec(p, job, snapshotValue(job, 2, map[string]any{"status": "cancelled"})),
+			rec(p, job, deltaValue(job, 2, map[string]any{"op": "set", "path": "/status", "value": "cancelled"})),
+		)
+		delete(s.want, job)
+	}
+	s.produce(recs...)
+	s.deleted += int64(n)
+	s.stale += int64(n)
+	s.duplicates += int64(n)
+}
+
 // fullStory is the whole fixture: the seed story with its late record, 60
-// jobs through all five versions, and the bad records.
+// jobs through all five versions, 3 deleted jobs with late records, and
+// the bad records.
 func (s *story) fullStory() {
 	s.seedStory(false)
 	s.jobs("task", 60, 1, 5)
+	s.deletes(3)
 	s.badRecords()
 	s.seedStory(true)
 }

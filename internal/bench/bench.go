@@ -4,10 +4,15 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/exec"
 	"runtime"
+	"slices"
 	"text/tabwriter"
 	"time"
 
@@ -15,44 +20,198 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projector/projector/event"
+	"github.com/projector/projector/internal/broker"
 	"github.com/projector/projector/internal/jobgen"
-	"github.com/projector/projector/internal/kafkatest"
 	"github.com/projector/projector/projection"
 	"github.com/projector/projector/store"
 )
 
+// Mixes of events a stream can have.
+const (
+	MixSnapshots = "snapshots" // every event a full snapshot
+	MixDeltas    = "deltas"    // every job one snapshot, then deltas only
+	MixMixed     = "mixed"     // the demo's shape: mostly deltas, some snapshots
+)
+
+// Mixes lists the mixes in the order --help shows them.
+var Mixes = []string{MixSnapshots, MixDeltas, MixMixed}
+
 // Config shapes a run.
 type Config struct {
 	DatabaseURL string
-	Events      int // snapshot events in the main stream
+	Mix         string
+	Events      int // events in the stream, about (jobs get a varying number each)
 	Jobs        int
 	Partitions  int
-	Seed        uint64
-	// PerEventSample bounds the slow one-upsert-per-event baseline.
-	PerEventSample int
-	Out            io.Writer
-	Logger         *slog.Logger
+	// StateBytes pads each job's state to about this size (0: natural).
+	StateBytes int
+	Seed       uint64
+	// NaiveSample bounds the naive consumer's line: it is slow.
+	NaiveSample int
+	// BatchSize is the projector's batch size.
+	BatchSize int
+	// Preload, when above zero, also runs the projector against a table
+	// already holding that many rows, beside the run on an empty table.
+	Preload int
+	// Live runs a steady produce rate after the throughput lines.
+	Live         bool
+	LiveRate     int
+	LiveDuration time.Duration
+	// Rebuild times `projector rebuild` of the stream (needs Executable).
+	Rebuild bool
+	// Executable is the projector binary: it runs the broker in a child
+	// process (so the projector's memory is measured alone) and the
+	// rebuild. Empty runs the broker in this process (tests).
+	Executable string
+	// Progress receives one line per measured writer as it finishes.
+	Progress io.Writer
+	Logger   *slog.Logger
+
+	// tamper, in tests, changes the read model after the projector's run
+	// and before it is checked.
+	tamper func(ctx context.Context, pool *pgxpool.Pool, table string) error
 }
 
-// Result is one measured line.
-type Result struct {
-	Name    string
-	Events  int
-	Elapsed time.Duration
-	Note    string
+// Writer is one measured line.
+type Writer struct {
+	Name            string  `json:"name"`
+	Events          int     `json:"events"`
+	Seconds         float64 `json:"seconds"`
+	EventsPerSecond float64 `json:"events_per_second"`
+	RatioToCopy     float64 `json:"ratio_to_copy"`
+	Note            string  `json:"note,omitempty"`
 }
 
-// Rate is events per second.
-func (r Result) Rate() float64 { return float64(r.Events) / r.Elapsed.Seconds() }
+// Report is everything one run measured; its JSON is `projector bench --json`.
+type Report struct {
+	Mix                       string   `json:"mix"`
+	Events                    int      `json:"events"`
+	Jobs                      int      `json:"jobs"`
+	Partitions                int      `json:"partitions"`
+	StateBytes                int      `json:"state_bytes"`
+	MeanStateBytes            int      `json:"mean_state_bytes"`
+	CPUs                      int      `json:"cpus"`
+	ProjectorEventsPerSecond  float64  `json:"projector_events_per_second"`
+	ProjectorRatioToCopy      float64  `json:"projector_ratio_to_copy"`
+	ProjectorRatioToNaive     float64  `json:"projector_ratio_to_naive"`
+	PeakHeapBytes             int64    `json:"peak_heap_bytes"`
+	PeakRSSBytes              int64    `json:"peak_rss_bytes"`
+	HeapBeforeBytes           int64    `json:"heap_before_bytes"`
+	Broker                    string   `json:"broker"`
+	BrokerPeakRSSBytes        int64    `json:"broker_peak_rss_bytes,omitempty"`
+	Checked                   string   `json:"checked"`
+	Writers                   []Writer `json:"writers"`
+	Preload                   int      `json:"preload,omitempty"`
+	EmptyTableEventsPerSecond float64  `json:"empty_table_events_per_second,omitempty"`
+	GrowthRatio               float64  `json:"growth_ratio,omitempty"`
+	RebuildSeconds            float64  `json:"rebuild_seconds,omitempty"`
+	RebuildRatioToCopy        float64  `json:"rebuild_ratio_to_copy,omitempty"`
+	LiveRate                  int      `json:"live_rate,omitempty"`
+	LiveSeconds               float64  `json:"live_seconds,omitempty"`
+	LiveEvents                int      `json:"live_events,omitempty"`
+	LatencyP50Ms              *float64 `json:"latency_p50_ms,omitempty"`
+	LatencyP99Ms              *float64 `json:"latency_p99_ms,omitempty"`
+	LatencyMaxMs              *float64 `json:"latency_max_ms,omitempty"`
+}
 
-// Run measures every line and prints the table.
-func Run(ctx context.Context, cfg Config) ([]Result, error) {
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
+// MismatchError is a read model that differs from the stream's reference:
+// the projector's run was wrong, however fast.
+type MismatchError struct {
+	Table      string
+	Wrong      int
+	FirstJobID string
+	Rows       int64
+	WantRows   int64
+}
+
+func (e *MismatchError) Error() string {
+	if e.Wrong == 0 {
+		return fmt.Sprintf("bench: read model %s is wrong: %d rows, want %d", e.Table, e.Rows, e.WantRows)
+	}
+	return fmt.Sprintf("bench: read model %s is wrong: %d jobs differ from the reference (first %q)", e.Table, e.Wrong, e.FirstJobID)
+}
+
+func (c Config) withDefaults() Config {
+	if c.Mix == "" {
+		c.Mix = MixSnapshots
+	}
+	if c.NaiveSample == 0 {
+		c.NaiveSample = 2000
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 5000
+	}
+	if c.Progress == nil {
+		c.Progress = io.Discard
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Validate names what is wrong with c, in the library's words.
+func (c Config) Validate() error {
+	switch {
+	case !slices.Contains(Mixes, c.Mix):
+		return fmt.Errorf("Mix %q: not one of %v", c.Mix, Mixes)
+	case c.Events < 100:
+		return fmt.Errorf("Events %d: must be at least 100", c.Events)
+	case c.Jobs < 1 || c.Jobs*3 > c.Events:
+		return fmt.Errorf("Jobs %d: must be from 1 to a third of Events (every job has at least 3 events)", c.Jobs)
+	case c.Partitions < 1 || c.Partitions > 1000:
+		return fmt.Errorf("Partitions %d: must be from 1 to 1000", c.Partitions)
+	case c.StateBytes < 0 || c.StateBytes > 900_000:
+		return fmt.Errorf("StateBytes %d: must be from 0 to 900000 (a record must fit the broker's 1 MiB)", c.StateBytes)
+	case c.NaiveSample < 10:
+		return fmt.Errorf("NaiveSample %d: must be at least 10", c.NaiveSample)
+	case c.Preload < 0:
+		return fmt.Errorf("Preload %d: must not be negative", c.Preload)
+	case c.Live && (c.LiveRate < 1 || c.LiveDuration < time.Second):
+		return fmt.Errorf("Live: LiveRate must be at least 1 and LiveDuration at least 1s")
+	case c.Rebuild && c.Executable == "":
+		return errors.New("Rebuild: needs Executable, the projector binary")
+	}
+	return nil
+}
+
+// stream generates the run's stream; faults adds late and duplicate
+// deliveries.
+func (c Config) stream(seed uint64, events int, faults bool) *jobgen.Stream {
+	rate := 0.0
+	if faults {
+		rate = 0.1
+	}
+	jobs := c.Jobs
+	if events != c.Events {
+		jobs = max(1, c.Jobs*events/c.Events)
+	}
+	return jobgen.Generate(jobgen.Config{
+		Seed: seed, Jobs: jobs, EventsPerJob: max(events/jobs, 3), Partitions: c.Partitions,
+		SnapshotsOnly: c.Mix == MixSnapshots, DeltasOnly: c.Mix == MixDeltas, StateBytes: c.StateBytes,
+		LateRate: rate, DuplicateRate: rate,
+	})
+}
+
+// run is one run's shared parts.
+type run struct {
+	cfg    Config
+	pool   *pgxpool.Pool
+	schema string
+	broker *brokerProc
+	rep    *Report
+}
+
+// Run measures every line and returns the report; a read model that is not
+// exactly the reference fails it with a *[MismatchError].
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("bench: connect: %w", err)
 	}
 	defer pool.Close()
 	if err := pool.Ping(ctx); err != nil {
@@ -60,116 +219,185 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	}
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
-	schema := "projector_bench_" + hex.EncodeToString(rnd[:])
-	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+	r := &run{cfg: cfg, pool: pool, schema: "projector_bench_" + hex.EncodeToString(rnd[:])}
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+r.schema); err != nil {
+		return nil, fmt.Errorf("bench: create schema: %w", err)
+	}
+	defer pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+r.schema+" CASCADE")
+	r.broker, err = startBroker(ctx, cfg.Executable)
+	if err != nil {
 		return nil, err
 	}
-	defer pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE")
-
-	perJob := max(cfg.Events/cfg.Jobs, 1)
-	stream := jobgen.Generate(jobgen.Config{Seed: cfg.Seed, Jobs: cfg.Jobs, EventsPerJob: perJob, Partitions: cfg.Partitions, SnapshotsOnly: true, LateRate: 0.2, DuplicateRate: 0.1})
-	evs := make([]event.Event, 0, len(stream.Records))
-	for _, r := range stream.Records {
-		ev, err := event.Decode(r.Key, r.Value)
-		if err != nil {
-			return nil, err
-		}
-		evs = append(evs, ev)
+	defer r.broker.close()
+	r.rep = &Report{Mix: cfg.Mix, Jobs: cfg.Jobs, Partitions: cfg.Partitions, StateBytes: cfg.StateBytes, CPUs: runtime.NumCPU(),
+		Broker: "child process (not in the memory figures)", Checked: "exact: every job's version and state equal the reference, and no other row"}
+	if r.broker.inProcess {
+		r.rep.Broker = "in this process (its memory is in the figures)"
 	}
-	fmt.Fprintf(cfg.Out, "projector bench: %d snapshot events for %d jobs (late and duplicate deliveries included), %d partitions, %d CPUs\n",
-		len(evs), cfg.Jobs, cfg.Partitions, runtime.NumCPU())
-
-	var results []Result
-	add := func(r Result, err error) error {
-		if err != nil {
-			return fmt.Errorf("bench: %s: %w", r.Name, err)
-		}
-		results = append(results, r)
-		fmt.Fprintf(cfg.Out, "  %-44s %8.0f events/s\n", r.Name, r.Rate())
-		return nil
+	if err := r.measure(ctx); err != nil {
+		return r.rep, err
 	}
-	if err := add(rawCopy(ctx, pool, schema, evs)); err != nil {
-		return nil, err
-	}
-	if err := add(perEvent(ctx, pool, schema, evs[:min(len(evs), cfg.PerEventSample)])); err != nil {
-		return nil, err
-	}
-	if err := add(batchedSingles(ctx, pool, schema, evs)); err != nil {
-		return nil, err
-	}
-	if err := add(projector(ctx, cfg, pool, schema, "projector, snapshots (Kafka to PostgreSQL)", stream)); err != nil {
-		return nil, err
-	}
-	mixed := jobgen.Generate(jobgen.Config{Seed: cfg.Seed, Jobs: cfg.Jobs, EventsPerJob: max(perJob, 3), Partitions: cfg.Partitions,
-		LateRate: 0.1, DuplicateRate: 0.1})
-	if err := add(projector(ctx, cfg, pool, schema, "projector, snapshots + deltas (Kafka to PostgreSQL)", mixed)); err != nil {
-		return nil, err
-	}
-	print(cfg.Out, results)
-	return results, nil
+	r.rep.BrokerPeakRSSBytes = r.broker.peakRSS()
+	return r.rep, nil
 }
 
-func print(out io.Writer, rs []Result) {
-	base := rs[0].Rate()
-	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(out)
-	fmt.Fprintln(w, "WRITER\tEVENTS\tSECONDS\tEVENTS/S\tx RAW COPY\tNOTE")
-	for _, r := range rs {
-		fmt.Fprintf(w, "%s\t%d\t%.2f\t%.0f\t%.2f\t%s\n", r.Name, r.Events, r.Elapsed.Seconds(), r.Rate(), r.Rate()/base, r.Note)
+func (r *run) add(w Writer) {
+	w.EventsPerSecond = float64(w.Events) / w.Seconds
+	if len(r.rep.Writers) > 0 {
+		w.RatioToCopy = w.EventsPerSecond / r.rep.Writers[0].EventsPerSecond
+	} else {
+		w.RatioToCopy = 1
 	}
-	w.Flush()
+	r.rep.Writers = append(r.rep.Writers, w)
+	fmt.Fprintf(r.cfg.Progress, "  %-52s %9.0f events/s  %5.2fx raw COPY\n", w.Name, w.EventsPerSecond, w.RatioToCopy)
 }
 
+func (r *run) measure(ctx context.Context) error {
+	cfg := r.cfg
+	stream := cfg.stream(cfg.Seed, cfg.Events, true)
+	r.rep.Events = len(stream.Records)
+	var stateBytes int
+	for _, t := range stream.Truth {
+		stateBytes += len(t.State)
+	}
+	r.rep.MeanStateBytes = stateBytes / len(stream.Truth)
+	fmt.Fprintf(cfg.Progress, "projector bench: mix %s, %d events for %d jobs (late and duplicate deliveries included), states of about %d bytes, %d partitions, %d CPUs\n",
+		cfg.Mix, len(stream.Records), len(stream.Truth), r.rep.MeanStateBytes, cfg.Partitions, runtime.NumCPU())
+
+	const topic = "bench"
+	if err := r.broker.createTopic(ctx, topic, cfg.Partitions); err != nil {
+		return err
+	}
+	recs := make([]record, len(stream.Records))
+	for i, x := range stream.Records {
+		recs[i] = record{partition: x.Partition, key: x.Key, value: x.Value}
+	}
+	if _, err := r.broker.produce(ctx, topic, recs); err != nil {
+		return err
+	}
+	recs = nil
+	hwm, err := r.broker.highWatermarks(ctx, topic, cfg.Partitions)
+	if err != nil {
+		return err
+	}
+
+	w, err := rawCopy(ctx, r.pool, r.schema, stream)
+	if err != nil {
+		return fmt.Errorf("bench: raw COPY: %w", err)
+	}
+	r.add(w)
+	w, err = naive(ctx, r, topic)
+	if err != nil {
+		return fmt.Errorf("bench: naive: %w", err)
+	}
+	r.add(w)
+	naiveRate := r.rep.Writers[len(r.rep.Writers)-1].EventsPerSecond
+	if cfg.Mix == MixSnapshots {
+		w, err := batchedSingles(ctx, r.pool, r.schema, stream)
+		if err != nil {
+			return fmt.Errorf("bench: pgx.Batch: %w", err)
+		}
+		r.add(w)
+	}
+	truth := stream.Truth
+	stream = nil // the projector's memory is measured without the generated stream
+
+	empty, err := r.projector(ctx, topic, hwm, truth, 0, true)
+	if err != nil {
+		return err
+	}
+	main := empty
+	if cfg.Preload > 0 {
+		grown, err := r.projector(ctx, topic, hwm, truth, cfg.Preload, false)
+		if err != nil {
+			return err
+		}
+		r.rep.Preload = cfg.Preload
+		r.rep.EmptyTableEventsPerSecond = empty.rate
+		r.rep.GrowthRatio = grown.rate / empty.rate
+		main = grown
+	}
+	r.rep.ProjectorEventsPerSecond = main.rate
+	r.rep.ProjectorRatioToCopy = main.rate / r.rep.Writers[0].EventsPerSecond
+	r.rep.ProjectorRatioToNaive = main.rate / naiveRate
+
+	if cfg.Rebuild {
+		if err := r.rebuild(ctx, topic, empty.store, truth); err != nil {
+			return err
+		}
+	}
+	if cfg.Live {
+		if err := r.live(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// table creates a plain read-model table for a baseline.
 func table(ctx context.Context, pool *pgxpool.Pool, schema, name string) (string, error) {
 	t := pgx.Identifier{schema, name}.Sanitize()
 	_, err := pool.Exec(ctx, `CREATE TABLE `+t+` (job_id text PRIMARY KEY, version bigint NOT NULL, state jsonb NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())`)
 	return t, err
 }
 
-// rawCopy is the ceiling: binary COPY of every event into a table with no
-// key, no version check, nothing but the bytes.
-func rawCopy(ctx context.Context, pool *pgxpool.Pool, schema string, evs []event.Event) (Result, error) {
-	r := Result{Name: "raw COPY (no versions, no key: the ceiling)", Events: len(evs)}
+// body is what a record carries besides its key and version: the state of
+// a snapshot, the ops of a delta.
+func body(ev event.Event) string {
+	if ev.Kind == event.Snapshot {
+		return string(ev.State)
+	}
+	return string(ev.RawOps)
+}
+
+// rawCopy is the ceiling: binary COPY of every event (its key, version and
+// state or ops) into a table with no key, no version check, nothing but
+// the bytes. Decoding happens before the clock starts.
+func rawCopy(ctx context.Context, pool *pgxpool.Pool, schema string, stream *jobgen.Stream) (Writer, error) {
+	w := Writer{Name: "raw COPY (no versions, no key: the ceiling)", Note: "decoded before timing; each event's state or ops as jsonb"}
+	evs := make([]event.Event, 0, len(stream.Records))
+	for _, rec := range stream.Records {
+		ev, err := event.Decode(rec.Key, rec.Value)
+		if err != nil {
+			return w, err
+		}
+		evs = append(evs, ev)
+	}
+	w.Events = len(evs)
 	t := pgx.Identifier{schema, "raw_copy"}
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+t.Sanitize()+` (job_id text, version bigint, state jsonb)`); err != nil {
-		return r, err
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+t.Sanitize()+` (job_id text, version bigint, body jsonb)`); err != nil {
+		return w, err
 	}
 	start := time.Now()
-	_, err := pool.CopyFrom(ctx, t, []string{"job_id", "version", "state"}, pgx.CopyFromSlice(len(evs), func(i int) ([]any, error) {
-		return []any{evs[i].JobID, evs[i].Version, string(evs[i].State)}, nil
+	_, err := pool.CopyFrom(ctx, t, []string{"job_id", "version", "body"}, pgx.CopyFromSlice(len(evs), func(i int) ([]any, error) {
+		return []any{evs[i].JobID, evs[i].Version, body(evs[i])}, nil
 	}))
-	r.Elapsed = time.Since(start)
-	return r, err
+	w.Seconds = time.Since(start).Seconds()
+	if err == nil {
+		_, err = pool.Exec(ctx, `DROP TABLE `+t.Sanitize())
+	}
+	return w, err
 }
 
 const guarded = ` AS t (job_id, version, state) VALUES ($1, $2, $3::jsonb)
 	ON CONFLICT (job_id) DO UPDATE SET version = excluded.version, state = excluded.state, updated_at = now()
 	WHERE t.version < excluded.version`
 
-// perEvent is the common first try: one autocommit, version-guarded upsert
-// per event (a sample, the rate extrapolates).
-func perEvent(ctx context.Context, pool *pgxpool.Pool, schema string, evs []event.Event) (Result, error) {
-	r := Result{Name: "one upsert per event, autocommit", Events: len(evs), Note: fmt.Sprintf("sample of %d events", len(evs))}
-	t, err := table(ctx, pool, schema, "per_event")
-	if err != nil {
-		return r, err
-	}
-	start := time.Now()
-	for _, ev := range evs {
-		if _, err := pool.Exec(ctx, `INSERT INTO `+t+guarded, ev.JobID, ev.Version, string(ev.State)); err != nil {
-			return r, err
-		}
-	}
-	r.Elapsed = time.Since(start)
-	return r, nil
-}
-
-// batchedSingles pipelines single upserts, 1000 to a transaction.
-func batchedSingles(ctx context.Context, pool *pgxpool.Pool, schema string, evs []event.Event) (Result, error) {
-	r := Result{Name: "pgx.Batch of single upserts, 1000 per tx", Events: len(evs)}
+// batchedSingles pipelines single version-guarded upserts, 1000 to a
+// transaction (snapshots only: it applies no deltas).
+func batchedSingles(ctx context.Context, pool *pgxpool.Pool, schema string, stream *jobgen.Stream) (Writer, error) {
+	w := Writer{Name: "pgx.Batch of single upserts, 1000 per tx", Events: len(stream.Records), Note: "from memory, no Kafka, no positions"}
 	t, err := table(ctx, pool, schema, "batched")
 	if err != nil {
-		return r, err
+		return w, err
+	}
+	evs := make([]event.Event, 0, len(stream.Records))
+	for _, rec := range stream.Records {
+		ev, err := event.Decode(rec.Key, rec.Value)
+		if err != nil {
+			return w, err
+		}
+		evs = append(evs, ev)
 	}
 	start := time.Now()
 	for i := 0; i < len(evs); i += 1000 {
@@ -178,84 +406,242 @@ func batchedSingles(ctx context.Context, pool *pgxpool.Pool, schema string, evs 
 			b.Queue(`INSERT INTO `+t+guarded, ev.JobID, ev.Version, string(ev.State))
 		}
 		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return tx.SendBatch(ctx, b).Close() }); err != nil {
-			return r, err
+			return w, err
 		}
 	}
-	r.Elapsed = time.Since(start)
-	return r, nil
+	w.Seconds = time.Since(start).Seconds()
+	_, err = pool.Exec(ctx, `DROP TABLE `+t)
+	return w, err
 }
 
-// projector runs the real engine from an in-process broker, timing from
-// start to every partition's stored position at its high watermark.
-func projector(ctx context.Context, cfg Config, pool *pgxpool.Pool, schema, name string, stream *jobgen.Stream) (Result, error) {
-	r := Result{Name: name, Events: len(stream.Records), Note: "end to end: fetch, decode, fold, write, commit"}
-	cluster, err := kafkatest.Start()
+// projected is one projector run.
+type projected struct {
+	rate  float64
+	store *store.Store
+}
+
+func (r *run) engine(st *store.Store, topic, group string) (*projection.Projector, error) {
+	return projection.New(projection.Config{
+		Brokers: r.broker.addrs, Topic: topic, Group: group, Store: st, Logger: r.cfg.Logger,
+		BatchSize: r.cfg.BatchSize, BatchLinger: 10 * time.Millisecond, MaxWait: 250 * time.Millisecond,
+		HeartbeatInterval: broker.GroupHeartbeatInterval, SessionTimeout: broker.GroupSessionTimeout,
+		RebalanceTimeout: broker.GroupRebalanceTimeout, JoinGroupBackoff: broker.GroupJoinBackoff,
+		PartitionWatchInterval: broker.GroupPartitionWatchInterval, GapWait: time.Second,
+	})
+}
+
+// projector runs the real engine from the broker into a fresh table
+// (holding preload rows first), timing from start to every partition's
+// stored position at its high watermark, then checks the table exactly.
+func (r *run) projector(ctx context.Context, topic string, hwm map[int]int64, truth map[string]jobgen.Truth, preload int, measureMemory bool) (projected, error) {
+	name := "projector (Kafka to PostgreSQL, end to end)"
+	table := "jobs"
+	if preload > 0 {
+		name = fmt.Sprintf("projector, %d rows already in the table", preload)
+		table = "jobs_preloaded"
+	}
+	st, err := store.New(r.pool, store.Config{Schema: r.schema, Table: table})
 	if err != nil {
-		return r, err
-	}
-	defer cluster.Close()
-	topic := "bench"
-	if err := cluster.CreateTopic(ctx, topic, cfg.Partitions); err != nil {
-		return r, err
-	}
-	recs := make([]kafkatest.Record, len(stream.Records))
-	for i, x := range stream.Records {
-		recs[i] = kafkatest.Record{Partition: x.Partition, Key: x.Key, Value: x.Value}
-	}
-	if _, err := cluster.Produce(ctx, topic, recs...); err != nil {
-		return r, err
-	}
-	hwm, err := cluster.HighWatermarks(ctx, topic)
-	if err != nil {
-		return r, err
-	}
-	st, err := store.New(pool, store.Config{Schema: schema, Table: fmt.Sprintf("jobs_%d", time.Now().UnixNano()%1e6)})
-	if err != nil {
-		return r, err
+		return projected{}, err
 	}
 	if err := st.Migrate(ctx); err != nil {
-		return r, err
+		return projected{}, err
 	}
-	p, err := projection.New(projection.Config{
-		Brokers: cluster.Addrs(), Topic: topic, Group: "bench-" + st.Projection(), Store: st, Logger: cfg.Logger,
-		BatchSize: 5000, BatchLinger: 10 * time.Millisecond, MaxWait: 250 * time.Millisecond,
-		HeartbeatInterval: kafkatest.GroupHeartbeatInterval, SessionTimeout: kafkatest.GroupSessionTimeout,
-		RebalanceTimeout: kafkatest.GroupRebalanceTimeout, JoinGroupBackoff: kafkatest.GroupJoinBackoff,
-		PartitionWatchInterval: kafkatest.GroupPartitionWatchInterval, GapWait: time.Second,
-	})
+	if preload > 0 {
+		if err := r.preload(ctx, st.JobsTable(), preload); err != nil {
+			return projected{}, err
+		}
+	}
+	p, err := r.engine(st, topic, "bench-"+table)
 	if err != nil {
-		return r, err
+		return projected{}, err
 	}
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
+	var mem *memSampler
+	if measureMemory {
+		mem = startMemSampler()
+	}
+	elapsed, err := r.runUntil(ctx, p, st, hwm)
+	if mem != nil {
+		r.rep.PeakHeapBytes, r.rep.PeakRSSBytes, r.rep.HeapBeforeBytes = mem.finish()
+	}
+	if err != nil {
+		return projected{}, fmt.Errorf("bench: %s: %w", name, err)
+	}
+	if r.cfg.tamper != nil {
+		if err := r.cfg.tamper(ctx, r.pool, st.JobsTable()); err != nil {
+			return projected{}, err
+		}
+	}
+	if err := check(ctx, r.pool, st.JobsTable(), truth, int64(preload)); err != nil {
+		return projected{}, err
+	}
+	w := Writer{Name: name, Events: r.rep.Events, Seconds: elapsed.Seconds(), Note: "fetch, decode, fold, write, commit; checked exact"}
+	r.add(w)
+	return projected{rate: r.rep.Writers[len(r.rep.Writers)-1].EventsPerSecond, store: st}, nil
+}
+
+// runUntil runs p until every partition's stored position reaches hwm and
+// returns how long that took.
+func (r *run) runUntil(ctx context.Context, p *projection.Projector, st *store.Store, hwm map[int]int64) (time.Duration, error) {
 	start := time.Now()
-	go func() { done <- p.Run(rctx) }()
-	defer func() { stop(); <-done }()
+	e := startEngine(ctx, p)
+	defer e.stop()
 	for {
-		pos, err := st.Positions(ctx)
+		caught, err := reached(ctx, st, hwm)
 		if err != nil {
-			return r, err
-		}
-		caught := len(pos) > 0
-		have := map[int]int64{}
-		for _, ps := range pos {
-			have[ps.Partition] = ps.NextOffset
-		}
-		for part, h := range hwm {
-			if h > 0 && have[part] != h {
-				caught = false
-			}
+			return 0, err
 		}
 		if caught {
-			r.Elapsed = time.Since(start)
-			return r, nil
+			return time.Since(start), nil
 		}
 		select {
 		case <-ctx.Done():
-			return r, ctx.Err()
-		case err := <-done:
-			return r, fmt.Errorf("engine stopped: %v", err)
+			return 0, ctx.Err()
+		case <-e.stopped:
+			return 0, fmt.Errorf("engine stopped: %v", e.err)
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
 }
+
+// engineRun is a running projector; stop cancels it and waits for it.
+type engineRun struct {
+	cancel  context.CancelFunc
+	stopped chan struct{}
+	err     error // once stopped is closed
+}
+
+func startEngine(ctx context.Context, p *projection.Projector) *engineRun {
+	ctx, cancel := context.WithCancel(ctx)
+	e := &engineRun{cancel: cancel, stopped: make(chan struct{})}
+	go func() { e.err = p.Run(ctx); close(e.stopped) }()
+	return e
+}
+
+func (e *engineRun) stop() { e.cancel(); <-e.stopped }
+
+func reached(ctx context.Context, st *store.Store, hwm map[int]int64) (bool, error) {
+	pos, err := st.Positions(ctx)
+	if err != nil {
+		return false, err
+	}
+	have := map[int]int64{}
+	for _, ps := range pos {
+		have[ps.Partition] = ps.NextOffset
+	}
+	for part, h := range hwm {
+		if h > 0 && have[part] < h {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// preload fills table with n rows whose ids sort among the stream's ("job-
+// 00042-17" between "job-00042" and "job-00043"), so the stream's writes
+// land all over a grown index, as a real table's would.
+func (r *run) preload(ctx context.Context, table string, n int) error {
+	start := time.Now()
+	_, err := r.pool.Exec(ctx, `INSERT INTO `+table+` (job_id, version, state)
+		SELECT 'job-' || lpad((i % $2)::text, 5, '0') || '-' || (i / $2)::text, 1,
+			jsonb_build_object('status', 'completed', 'processed_articles', i, 'payload', repeat('x', $3))
+		FROM generate_series(0, $1 - 1) AS i`, n, r.cfg.Jobs, max(r.rep.MeanStateBytes-80, 0))
+	if err != nil {
+		return fmt.Errorf("bench: preload %d rows: %w", n, err)
+	}
+	if _, err := r.pool.Exec(ctx, `VACUUM ANALYZE `+table); err != nil {
+		return fmt.Errorf("bench: preload: analyze: %w", err)
+	}
+	fmt.Fprintf(r.cfg.Progress, "  (preloaded %d rows in %.1fs)\n", n, time.Since(start).Seconds())
+	return nil
+}
+
+// check compares table with the reference: every job at its version with
+// its state, and no row but theirs and the preloaded ones.
+func check(ctx context.Context, pool *pgxpool.Pool, table string, truth map[string]jobgen.Truth, preload int64) error {
+	ids := make([]string, 0, len(truth))
+	vers := make([]int64, 0, len(truth))
+	states := make([]string, 0, len(truth))
+	for id, t := range truth {
+		ids, vers, states = append(ids, id), append(vers, t.Version), append(states, string(t.State))
+	}
+	var wrong int
+	var first *string
+	err := pool.QueryRow(ctx, `SELECT count(*), min(t.job_id) FROM unnest($1::text[], $2::bigint[], $3::text[]) AS t(job_id, version, state)
+		LEFT JOIN `+table+` j ON j.job_id = t.job_id
+		WHERE j.job_id IS NULL OR j.version <> t.version OR j.state <> t.state::jsonb`, ids, vers, states).Scan(&wrong, &first)
+	if err != nil {
+		return fmt.Errorf("bench: check %s: %w", table, err)
+	}
+	if wrong > 0 {
+		return &MismatchError{Table: table, Wrong: wrong, FirstJobID: *first}
+	}
+	var rows int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&rows); err != nil {
+		return fmt.Errorf("bench: check %s: %w", table, err)
+	}
+	if want := int64(len(truth)) + preload; rows != want {
+		return &MismatchError{Table: table, Rows: rows, WantRows: want}
+	}
+	return nil
+}
+
+// rebuild times `projector rebuild` of the stream into the table the
+// projector wrote, from process start to exit, and checks the result.
+func (r *run) rebuild(ctx context.Context, topic string, st *store.Store, truth map[string]jobgen.Truth) error {
+	g := func(d time.Duration) string { return d.String() }
+	cmd := exec.CommandContext(ctx, r.cfg.Executable, "rebuild",
+		"--database-url", r.cfg.DatabaseURL, "--brokers", r.broker.addrs[0], "--topic", topic,
+		"--schema", r.schema, "--table", "jobs", "--batch-size", fmt.Sprint(r.cfg.BatchSize),
+		"--group-heartbeat-interval", g(broker.GroupHeartbeatInterval), "--group-session-timeout", g(broker.GroupSessionTimeout),
+		"--group-rebalance-timeout", g(broker.GroupRebalanceTimeout), "--group-join-backoff", g(broker.GroupJoinBackoff),
+		"--log-level", "warn")
+	cmd.Stderr = os.Stderr
+	start := time.Now()
+	out, err := cmd.Output()
+	elapsed := time.Since(start)
+	if err != nil {
+		return fmt.Errorf("bench: projector rebuild: %w (output: %s)", err, out)
+	}
+	if err := check(ctx, r.pool, st.JobsTable(), truth, 0); err != nil {
+		return fmt.Errorf("after rebuild: %w", err)
+	}
+	r.add(Writer{Name: "projector rebuild (its own process, start to swap)", Events: r.rep.Events, Seconds: elapsed.Seconds(),
+		Note: "shadow table from the earliest offsets, then the swap; checked exact"})
+	r.rep.RebuildSeconds = elapsed.Seconds()
+	r.rep.RebuildRatioToCopy = r.rep.Writers[len(r.rep.Writers)-1].RatioToCopy
+	return nil
+}
+
+// Print writes the report as a table.
+func Print(out io.Writer, rep *Report) {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(out)
+	fmt.Fprintln(tw, "WRITER\tEVENTS\tSECONDS\tEVENTS/S\tx RAW COPY\tNOTE")
+	for _, w := range rep.Writers {
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%.2f\t%s\n", w.Name, w.Events, w.Seconds, w.EventsPerSecond, w.RatioToCopy, w.Note)
+	}
+	tw.Flush()
+	fmt.Fprintf(out, "\nprojector: %.2fx raw COPY, %.1fx the naive consumer; peak heap %s, peak RSS %s (broker: %s)\n",
+		rep.ProjectorRatioToCopy, rep.ProjectorRatioToNaive, mib(rep.PeakHeapBytes), mib(rep.PeakRSSBytes), rep.Broker)
+	if rep.Preload > 0 {
+		fmt.Fprintf(out, "growth: with %d rows already in the table, %.0f events/s, %.2fx the empty table's %.0f\n",
+			rep.Preload, rep.ProjectorEventsPerSecond, rep.GrowthRatio, rep.EmptyTableEventsPerSecond)
+	}
+	if rep.RebuildSeconds > 0 {
+		fmt.Fprintf(out, "rebuild: %.2fs, %.2fx raw COPY\n", rep.RebuildSeconds, rep.RebuildRatioToCopy)
+	}
+	if rep.LatencyP99Ms != nil {
+		fmt.Fprintf(out, "live: %d events at %d/s for %.0fs; produce to visible p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
+			rep.LiveEvents, rep.LiveRate, rep.LiveSeconds, *rep.LatencyP50Ms, *rep.LatencyP99Ms, *rep.LatencyMaxMs)
+	}
+}
+
+// JSON writes the report as one JSON object.
+func JSON(out io.Writer, rep *Report) error {
+	enc := json.NewEncoder(out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }

@@ -19,8 +19,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/projector/projector/internal/broker"
 	"github.com/projector/projector/internal/jobgen"
-	"github.com/projector/projector/internal/kafkatest"
 	"github.com/projector/projector/projection"
 	"github.com/projector/projector/snapshot"
 	"github.com/projector/projector/store"
@@ -80,7 +80,7 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	}
 	gen := jobgen.Config{
 		Seed: cfg.Seed, Jobs: cfg.Jobs, EventsPerJob: cfg.EventsPerJob, Partitions: cfg.Partitions,
-		LateRate: 0.10, DuplicateRate: 0.10, MissingRate: 0.03, MisrouteRate: 0.03, BadRate: 0.02,
+		LateRate: 0.10, DuplicateRate: 0.10, MissingRate: 0.03, MisrouteRate: 0.03, BadRate: 0.02, DeleteRate: 0.05,
 	}.WithDefaults()
 	log := cfg.Logger
 	say := func(format string, args ...any) { fmt.Fprintf(cfg.Out, format+"\n", args...) }
@@ -110,7 +110,7 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	}
 
 	// Kafka and the authority.
-	cluster, err := kafkatest.Start()
+	cluster, err := broker.Start()
 	if err != nil {
 		return nil, fmt.Errorf("demo: start the in-process Kafka broker: %w", err)
 	}
@@ -131,8 +131,9 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	defer srv.Close()
 	authURL := "http://" + ln.Addr().String()
 
-	say("projector demo: %d jobs, %d events (%d records with faults: %d late, %d duplicate, %d missing, %d misrouted, %d bad), %d partitions, seed %d",
-		sum.Jobs, sum.Events, sum.Records, sum.Faults.Late, sum.Faults.Duplicate, sum.Faults.Missing, sum.Faults.Misrouted, sum.Faults.Bad, gen.Partitions, cfg.Seed)
+	say("projector demo: %d jobs, %d events (%d records with faults: %d late, %d duplicate, %d missing, %d misrouted, %d bad), %d deleted and %d deleted then recreated, %d partitions, seed %d",
+		sum.Jobs, sum.Events, sum.Records, sum.Faults.Late, sum.Faults.Duplicate, sum.Faults.Missing, sum.Faults.Misrouted, sum.Faults.Bad,
+		sum.Faults.Deleted, sum.Faults.Recreated, gen.Partitions, cfg.Seed)
 	say("  broker   in-process Kafka protocol on %s, topic %s", strings.Join(cluster.Addrs(), ","), topic)
 	say("  store    %s, schema %s", where, sum.Schema)
 	say("  authority %s/jobs/{job_id}", authURL)
@@ -140,9 +141,9 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	p, err := projection.New(projection.Config{
 		Brokers: cluster.Addrs(), Topic: topic, Group: "projector-demo", Store: st, Logger: log,
 		BatchSize: 2000, BatchLinger: 20 * time.Millisecond, MaxWait: 250 * time.Millisecond,
-		HeartbeatInterval: kafkatest.GroupHeartbeatInterval, SessionTimeout: kafkatest.GroupSessionTimeout,
-		RebalanceTimeout: kafkatest.GroupRebalanceTimeout, JoinGroupBackoff: kafkatest.GroupJoinBackoff,
-		PartitionWatchInterval: kafkatest.GroupPartitionWatchInterval,
+		HeartbeatInterval: broker.GroupHeartbeatInterval, SessionTimeout: broker.GroupSessionTimeout,
+		RebalanceTimeout: broker.GroupRebalanceTimeout, JoinGroupBackoff: broker.GroupJoinBackoff,
+		PartitionWatchInterval: broker.GroupPartitionWatchInterval,
 		GapWait:                time.Second, RereadWindow: time.Hour, RereadMaxTime: 10 * time.Second,
 		SnapshotURL: authURL, SnapshotTimeout: 2 * time.Second, SnapshotMaxElapsed: 5 * time.Second,
 		GapRetryMin: 200 * time.Millisecond, GapRetryMax: 2 * time.Second,
@@ -160,9 +161,9 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	// Produce while the engine runs, in chunks, as live workers would.
 	prodErr := make(chan error, 1)
 	go func() {
-		recs := make([]kafkatest.Record, len(stream.Records))
+		recs := make([]broker.Record, len(stream.Records))
 		for i, r := range stream.Records {
-			recs[i] = kafkatest.Record{Partition: r.Partition, Key: r.Key, Value: r.Value}
+			recs[i] = broker.Record{Partition: r.Partition, Key: r.Key, Value: r.Value}
 		}
 		for len(recs) > 0 {
 			n := min(len(recs), 2000)
@@ -254,7 +255,7 @@ func connect(ctx context.Context, cfg Config, say func(string, ...any)) (*pgxpoo
 }
 
 // waitDone waits until every record is projected and no job is held.
-func waitDone(ctx context.Context, cfg Config, cluster *kafkatest.Cluster, topic string, st *store.Store, p *projection.Projector, start time.Time) error {
+func waitDone(ctx context.Context, cfg Config, cluster *broker.Cluster, topic string, st *store.Store, p *projection.Projector, start time.Time) error {
 	deadline := time.Now().Add(cfg.Timeout)
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
@@ -315,10 +316,26 @@ func verify(ctx context.Context, st *store.Store, stream *jobgen.Stream, sum *Su
 	if err != nil {
 		return err
 	}
+	var deleted []string
+	for _, id := range stream.JobIDs() {
+		if stream.Truth[id].Deleted {
+			deleted = append(deleted, id)
+		}
+	}
+	tombs, err := st.Tombstones(ctx, deleted)
+	if err != nil {
+		return err
+	}
 	for _, id := range stream.JobIDs() {
 		want := stream.Truth[id]
 		got, ok := rows[id]
 		switch {
+		case want.Deleted && ok:
+			sum.Mismatches = append(sum.Mismatches, fmt.Sprintf("%s: a row at version %d for a job deleted at version %d", id, got.Version, want.Version))
+		case want.Deleted && tombs[id].Version != want.Version:
+			sum.Mismatches = append(sum.Mismatches, fmt.Sprintf("%s: deleted at version %d, but its tombstone is at %d", id, want.Version, tombs[id].Version))
+		case want.Deleted:
+			sum.Verified++
 		case !ok:
 			sum.Mismatches = append(sum.Mismatches, fmt.Sprintf("%s: no row (want version %d)", id, want.Version))
 		case got.Version != want.Version || !snapshot.SameState(got.State, want.State):
@@ -345,9 +362,11 @@ func printSummary(out io.Writer, s *Summary, authRequests int64) {
 	row("records produced (events, duplicates, bad records)", s.Records)
 	row("records consumed", c.Consumed)
 	row("applied", c.Applied)
+	row("deleted", c.Deleted)
 	row("stale snapshots dropped", c.Stale)
 	row("duplicate deltas dropped", c.Duplicates)
 	row("deltas held behind a gap", c.Held)
+	row("held deltas covered by a snapshot or delete", c.Covered)
 	row("gaps closed by wait", c.ClosedByWait)
 	row("gaps closed by re-read", c.ClosedByReread)
 	row("gaps closed by snapshot", c.ClosedBySnapshot)

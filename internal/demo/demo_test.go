@@ -28,13 +28,15 @@ func TestDemoVerifiesEveryJobAndShowsEveryFault(t *testing.T) {
 	require.Contains(t, out.String(), "verified: 300/300 jobs match")
 
 	f := sum.Faults
-	for name, n := range map[string]int{"late": f.Late, "duplicate": f.Duplicate, "missing": f.Missing, "misrouted": f.Misrouted, "bad": f.Bad} {
+	for name, n := range map[string]int{"late": f.Late, "duplicate": f.Duplicate, "missing": f.Missing, "misrouted": f.Misrouted, "bad": f.Bad,
+		"deleted": f.Deleted, "recreated": f.Recreated} {
 		require.Positive(t, n, "the stream has %s events", name)
 	}
 	c := sum.Counters
 	require.Equal(t, int64(sum.Records), c.Consumed, "every record consumed exactly once")
 	require.Equal(t, int64(f.Bad), c.Quarantined, "every bad record quarantined")
 	require.Positive(t, c.Duplicates, "duplicate deliveries dropped")
+	require.Positive(t, c.Deleted, "deletes applied")
 	require.Positive(t, c.Held, "deltas held behind gaps")
 	require.Positive(t, c.ClosedByWait+c.ClosedByReread+c.ClosedBySnapshot, "gaps closed")
 	require.Positive(t, c.ClosedBySnapshot, "missing deltas healed by the authority")

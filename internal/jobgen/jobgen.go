@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/projector/projector/delta"
@@ -21,12 +22,23 @@ type Config struct {
 	// SnapshotsOnly makes every event a full snapshot (the benchmark's
 	// baseline workload).
 	SnapshotsOnly bool
+	// DeltasOnly makes every job one snapshot (its first event) followed
+	// by deltas only (the benchmark's deltas workload).
+	DeltasOnly bool
+	// StateBytes, when above the natural size of a state (about 200
+	// bytes), pads every state to about that size with a field no delta
+	// touches.
+	StateBytes int
 
 	LateRate      float64 // an event produced after later ones of its job
 	DuplicateRate float64 // an event delivered twice
 	MissingRate   float64 // a delta that never arrives (healed by the authority)
 	MisrouteRate  float64 // a delta produced into another partition (healed by re-read)
 	BadRate       float64 // a bad record in the job's partition (quarantined)
+	// DeleteRate is the chance that a job is deleted after its last
+	// event; a third of the deleted jobs are created again by a snapshot
+	// one version above the delete.
+	DeleteRate float64
 }
 
 // WithDefaults fills the demo's defaults.
@@ -50,6 +62,10 @@ type Faults struct {
 	Missing   int `json:"missing"`
 	Misrouted int `json:"misrouted"`
 	Bad       int `json:"bad"`
+	// Deleted jobs end deleted; Recreated ones were deleted and then
+	// created again.
+	Deleted   int `json:"deleted"`
+	Recreated int `json:"recreated"`
 }
 
 // Record is one record to produce, in order, at an explicit partition.
@@ -61,10 +77,12 @@ type Record struct {
 	Fault string
 }
 
-// Truth is a job's final state in the reference model.
+// Truth is a job's final state in the reference model: its version and
+// state, or Deleted at Version (no row, no state).
 type Truth struct {
 	Version int64           `json:"version"`
-	State   json.RawMessage `json:"state"`
+	State   json.RawMessage `json:"state,omitempty"`
+	Deleted bool            `json:"deleted,omitempty"`
 }
 
 // Stream is a generated stream with its reference model.
@@ -77,10 +95,11 @@ type Stream struct {
 }
 
 type ev struct {
-	job     string
-	version int64
-	value   []byte
-	isDelta bool
+	job       string
+	version   int64
+	value     []byte
+	isDelta   bool
+	recreated bool // a snapshot that creates a deleted job again
 }
 
 // Generate builds a stream. The same Config always yields the same stream.
@@ -96,6 +115,12 @@ func Generate(cfg Config) *Stream {
 		p := PartitionOf(id, cfg.Partitions)
 		evs, truth := history(rng, id, cfg, base.Add(time.Duration(i)*time.Second))
 		s.Truth[id] = truth
+		switch {
+		case truth.Deleted:
+			s.Faults.Deleted++
+		case len(evs) > 0 && evs[len(evs)-1].recreated:
+			s.Faults.Recreated++
+		}
 		s.Events += len(evs)
 		recs := make([]Record, len(evs))
 		for k, e := range evs {
@@ -253,6 +278,10 @@ func PartitionOf(id string, partitions int) int {
 	return int(h.Sum32() % uint32(partitions))
 }
 
+// naturalStateBytes is about the size of a generated state without
+// padding.
+const naturalStateBytes = 200
+
 var jobTypes = []string{"crawl", "index", "export", "summarize"}
 
 // history is one job's events and final state.
@@ -290,14 +319,18 @@ func history(rng *rand.Rand, id string, cfg Config, start time.Time) ([]ev, Trut
 	}
 	set := func(path string, v any) map[string]any { return map[string]any{"op": "set", "path": path, "value": v} }
 
-	emit(1, []map[string]any{
+	first := []map[string]any{
 		set("/status", "pending"), set("/job_type", jobTypes[rng.IntN(len(jobTypes))]),
 		set("/processed_articles", 0), set("/created_at", start.Format(time.RFC3339)),
-	}, true)
+	}
+	if pad := cfg.StateBytes - naturalStateBytes; pad > 0 {
+		first = append(first, set("/payload", strings.Repeat("x", pad)))
+	}
+	emit(1, first, true)
 	emit(2, []map[string]any{set("/status", "running"), set("/started_at", at.Format(time.RFC3339))}, false)
 	for v := int64(3); v < int64(n); v++ {
 		switch r := rng.IntN(10); {
-		case r == 0:
+		case r == 0 && !cfg.DeltasOnly:
 			emit(v, []map[string]any{set("/progress/stage", fmt.Sprintf("stage-%d", v))}, true)
 		case r == 1:
 			emit(v, []map[string]any{set("/progress/stage", fmt.Sprintf("stage-%d", v)), {"op": "remove", "path": "/progress/warning"}}, false)
@@ -313,7 +346,29 @@ func history(rng *rand.Rand, id string, cfg Config, start time.Time) ([]ev, Trut
 		emit(int64(n), []map[string]any{set("/status", "completed"), {"op": "remove", "path": "/progress"}, set("/finished_at", at.Format(time.RFC3339))}, false)
 	}
 	raw, _ := delta.EncodeState(state)
-	return evs, Truth{Version: int64(n), State: raw}
+	truth := Truth{Version: int64(n), State: raw}
+	if cfg.DeleteRate > 0 && rng.Float64() < cfg.DeleteRate {
+		// Deleted after its last event: purged, cancelled or erased.
+		at = at.Add(time.Second)
+		del, _ := json.Marshal(map[string]any{
+			"job_id": id, "version": n + 1, "kind": "delete", "event_id": fmt.Sprintf("evt-%s-%d", id, n+1),
+			"occurred_at": at.Format(time.RFC3339Nano),
+		})
+		evs = append(evs, ev{job: id, version: int64(n + 1), value: del})
+		truth = Truth{Version: int64(n + 1), Deleted: true}
+		if rng.IntN(3) == 0 {
+			// Created again, from nothing, by a snapshot above the delete.
+			state = map[string]any{"status": "pending", "job_type": jobTypes[rng.IntN(len(jobTypes))], "recreated": true}
+			raw, _ := delta.EncodeState(state)
+			snap, _ := json.Marshal(map[string]any{
+				"job_id": id, "version": n + 2, "kind": "snapshot", "state": raw, "event_id": fmt.Sprintf("evt-%s-%d", id, n+2),
+				"occurred_at": at.Add(time.Second).Format(time.RFC3339Nano),
+			})
+			evs = append(evs, ev{job: id, version: int64(n + 2), value: snap, recreated: true})
+			truth = Truth{Version: int64(n + 2), State: raw}
+		}
+	}
+	return evs, truth
 }
 
 var badValues = []string{

@@ -1,25 +1,10 @@
-// Package kafkatest owns the in-process Kafka broker that tests, `projector
-// demo` and `projector bench` run against: a [Cluster] wraps kfake, which
-// speaks the Kafka protocol on loopback TCP, so the real kafka-go client is
-// exercised end to end with no external broker.
+// Package kafkatest is the testing.TB side of the in-process broker of
+// internal/broker: [New] starts a broker for a test and closes it at the
+// test's end, [Topic] creates a topic named after the test. The rest of
+// the broker's API is re-exported here under the same names, so a test
+// imports one package.
 //
-// It owns starting and stopping the broker ([Start], [Cluster.Close]),
-// creating and growing topics ([Cluster.CreateTopic],
-// [Cluster.AddPartitions]), producing at an explicit partition with the
-// offsets the broker assigned ([Cluster.Produce]) or by key with Java's
-// partitioner ([Cluster.ProduceKeyed]), reading high watermarks
-// ([Cluster.HighWatermarks]), and consumer-group timings short enough for
-// rebalances to take milliseconds ([Cluster.GroupConfig]). [New] and [Topic]
-// are thin testing.TB wrappers; everything else works without a test, so the
-// demo and the benchmark use the same code at run time.
-//
-// Automatic topic creation is off: kafka-go asks for it on every metadata
-// request it sends through a Conn (the consumer group's assignment and
-// partition watcher, Reader), so with it on a typo or a group started before
-// its topic would silently create a topic with the default partition count.
-// Create topics explicitly.
-//
-// It must never be imported by the product packages (`projection`, `store`,
-// ...): the engine may not know which broker it talks to. It never sleeps to
-// synchronise; it polls a condition until the context ends.
+// Only tests import it: it links the testing package, which the product
+// binary must not (`projector demo` and `projector bench` use
+// internal/broker directly).
 package kafkatest

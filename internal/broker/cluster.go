@@ -1,11 +1,13 @@
-package kafkatest
+package broker
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
@@ -48,6 +50,8 @@ type config struct {
 	brokers    int
 	partitions int
 	kfakeOpts  []kfake.Opt
+	clientTLS  *tls.Config
+	clientSASL sasl.Mechanism
 }
 
 // WithBrokers sets the number of brokers, overriding the default of one.
@@ -67,6 +71,13 @@ func WithKfakeOptions(opts ...kfake.Opt) Option {
 	return func(c *config) { c.kfakeOpts = append(c.kfakeOpts, opts...) }
 }
 
+// WithClientSecurity makes this package's own clients (topic creation,
+// produce, high watermarks) connect with TLS and SASL, for a broker started
+// with kfake's TLS or EnableSASL options (passed with [WithKfakeOptions]).
+func WithClientSecurity(tlsConfig *tls.Config, mechanism sasl.Mechanism) Option {
+	return func(c *config) { c.clientTLS, c.clientSASL = tlsConfig, mechanism }
+}
+
 // Start starts a broker listening on 127.0.0.1 at ports the system picks.
 //
 // Defaults: one broker; automatic topic creation off (see the package doc);
@@ -80,10 +91,10 @@ func Start(opts ...Option) (*Cluster, error) {
 		o(&cfg)
 	}
 	if cfg.brokers < 1 {
-		return nil, fmt.Errorf("kafkatest: start: %d brokers, need at least one", cfg.brokers)
+		return nil, fmt.Errorf("broker: start: %d brokers, need at least one", cfg.brokers)
 	}
 	if cfg.partitions < 1 {
-		return nil, fmt.Errorf("kafkatest: start: %d default partitions, need at least one", cfg.partitions)
+		return nil, fmt.Errorf("broker: start: %d default partitions, need at least one", cfg.partitions)
 	}
 
 	kopts := []kfake.Opt{
@@ -95,7 +106,7 @@ func Start(opts ...Option) (*Cluster, error) {
 	kopts = append(kopts, cfg.kfakeOpts...)
 	kf, err := kfake.NewCluster(kopts...)
 	if err != nil {
-		return nil, fmt.Errorf("kafkatest: start: %w", err)
+		return nil, fmt.Errorf("broker: start: %w", err)
 	}
 
 	addrs := kf.ListenAddrs()
@@ -106,13 +117,15 @@ func Start(opts ...Option) (*Cluster, error) {
 		// second rather than kafka-go's default of up to 6 s.
 		MetadataTTL: time.Second,
 		ClientID:    "kafkatest",
+		TLS:         cfg.clientTLS,
+		SASL:        cfg.clientSASL,
 	}
 	c := &Cluster{
 		kf:        kf,
 		addrs:     addrs,
 		transport: transport,
 		client:    &kafka.Client{Addr: kafka.TCP(addrs...), Transport: transport},
-		dialer:    &kafka.Dialer{ClientID: "kafkatest", Timeout: 5 * time.Second},
+		dialer:    &kafka.Dialer{ClientID: "kafkatest", Timeout: 5 * time.Second, TLS: cfg.clientTLS, SASLMechanism: cfg.clientSASL},
 	}
 	return c, nil
 }
@@ -150,16 +163,16 @@ func (c *Cluster) CreateTopic(ctx context.Context, topic string, partitions int,
 		}},
 	})
 	if err != nil {
-		return fmt.Errorf("kafkatest: create topic %s: %w", topic, err)
+		return fmt.Errorf("broker: create topic %s: %w", topic, err)
 	}
 	if err := resp.Errors[topic]; err != nil {
-		return fmt.Errorf("kafkatest: create topic %s: %w", topic, err)
+		return fmt.Errorf("broker: create topic %s: %w", topic, err)
 	}
 	if partitions <= 0 {
 		partitions = 1 // any count will do; we do not know the default here
 	}
 	if err := c.waitPartitions(ctx, topic, partitions); err != nil {
-		return fmt.Errorf("kafkatest: create topic %s: %w", topic, err)
+		return fmt.Errorf("broker: create topic %s: %w", topic, err)
 	}
 	c.refreshMetadata()
 	return nil
@@ -173,13 +186,13 @@ func (c *Cluster) AddPartitions(ctx context.Context, topic string, total int) er
 		Topics: []kafka.TopicPartitionsConfig{{Name: topic, Count: int32(total)}},
 	})
 	if err != nil {
-		return fmt.Errorf("kafkatest: add partitions %s to %d: %w", topic, total, err)
+		return fmt.Errorf("broker: add partitions %s to %d: %w", topic, total, err)
 	}
 	if err := resp.Errors[topic]; err != nil {
-		return fmt.Errorf("kafkatest: add partitions %s to %d: %w", topic, total, err)
+		return fmt.Errorf("broker: add partitions %s to %d: %w", topic, total, err)
 	}
 	if err := c.waitPartitions(ctx, topic, total); err != nil {
-		return fmt.Errorf("kafkatest: add partitions %s to %d: %w", topic, total, err)
+		return fmt.Errorf("broker: add partitions %s to %d: %w", topic, total, err)
 	}
 	// CreateTopics refreshes the transport's metadata cache by itself;
 	// CreatePartitions does not, and Produce to a new partition would fail
@@ -193,7 +206,7 @@ func (c *Cluster) AddPartitions(ctx context.Context, topic string, total int) er
 func (c *Cluster) Partitions(ctx context.Context, topic string) (int, error) {
 	ps, err := c.readPartitions(ctx, topic)
 	if err != nil {
-		return 0, fmt.Errorf("kafkatest: partitions of %s: %w", topic, err)
+		return 0, fmt.Errorf("broker: partitions of %s: %w", topic, err)
 	}
 	return len(ps), nil
 }

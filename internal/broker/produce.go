@@ -1,4 +1,4 @@
-package kafkatest
+package broker
 
 import (
 	"context"
@@ -47,7 +47,7 @@ func (c *Cluster) Produce(ctx context.Context, topic string, recs ...Record) ([]
 	byPartition := make(map[int][]int) // partition -> indexes into recs, in order
 	for i, r := range recs {
 		if r.Partition < 0 {
-			return nil, fmt.Errorf("kafkatest: produce %s: record %d has partition %d", topic, i, r.Partition)
+			return nil, fmt.Errorf("broker: produce %s: record %d has partition %d", topic, i, r.Partition)
 		}
 		byPartition[r.Partition] = append(byPartition[r.Partition], i)
 	}
@@ -72,7 +72,7 @@ func (c *Cluster) Produce(ctx context.Context, topic string, recs ...Record) ([]
 				}
 				base, err := c.produceBatch(gctx, topic, p, recs, idx[:n], now)
 				if err != nil {
-					return fmt.Errorf("kafkatest: produce %s p%d (record %d): %w", topic, p, idx[0], err)
+					return fmt.Errorf("broker: produce %s p%d (record %d): %w", topic, p, idx[0], err)
 				}
 				for i, ri := range idx[:n] {
 					offsets[ri] = base + int64(i)
@@ -147,7 +147,7 @@ func (c *Cluster) ProduceKeyed(ctx context.Context, topic string, msgs ...kafka.
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("kafkatest: produce keyed %s: %w", topic, err)
+		return fmt.Errorf("broker: produce keyed %s: %w", topic, err)
 	}
 	return nil
 }
@@ -171,17 +171,17 @@ func (c *Cluster) HighWatermarks(ctx context.Context, topic string) (map[int]int
 		Topics: map[string][]kafka.OffsetRequest{topic: reqs},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("kafkatest: high watermarks of %s: %w", topic, err)
+		return nil, fmt.Errorf("broker: high watermarks of %s: %w", topic, err)
 	}
 	hw := make(map[int]int64, n)
 	for _, po := range resp.Topics[topic] {
 		if po.Error != nil {
-			return nil, fmt.Errorf("kafkatest: high watermarks of %s p%d: %w", topic, po.Partition, po.Error)
+			return nil, fmt.Errorf("broker: high watermarks of %s p%d: %w", topic, po.Partition, po.Error)
 		}
 		hw[po.Partition] = po.LastOffset
 	}
 	if len(hw) != n {
-		return nil, fmt.Errorf("kafkatest: high watermarks of %s: %d partitions answered, want %d", topic, len(hw), n)
+		return nil, fmt.Errorf("broker: high watermarks of %s: %d partitions answered, want %d", topic, len(hw), n)
 	}
 	return hw, nil
 }

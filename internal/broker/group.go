@@ -1,4 +1,4 @@
-package kafkatest
+package broker
 
 import (
 	"time"

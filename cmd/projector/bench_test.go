@@ -1,0 +1,69 @@
+package main
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestBenchTable runs a small benchmark of snapshots: every writer is
+// reported in a table with its ratio to raw COPY, the projector's line says
+// its read model was checked, and memory is reported apart from the broker.
+func TestBenchTable(t *testing.T) {
+	t.Parallel()
+	r := runBin(t, 3*time.Minute, dbEnv(), "bench", "--events", "1000", "--jobs", "200", "--naive-sample", "20")
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Regexp(t, `(?m)^WRITER\s+EVENTS\s+SECONDS\s+EVENTS/S\s+x RAW COPY\s+NOTE$`, r.stdout, "%s", r)
+	for _, row := range []string{
+		`raw COPY \(no versions, no key: the ceiling\)\s+\d+\s+[\d.]+\s+\d+\s+1\.00`,
+		`naive: group Reader, an upsert and a commit per event\s+20\s`,
+		`pgx.Batch of single upserts, 1000 per tx\s+\d+\s`,
+		`projector \(Kafka to PostgreSQL, end to end\)\s+\d+\s+[\d.]+\s+\d+\s+[\d.]+\s+.*checked exact`,
+	} {
+		require.Regexp(t, `(?m)^`+row, r.stdout, "%s", r)
+	}
+	require.Regexp(t, `(?m)^projector: [\d.]+x raw COPY, [\d.]+x the naive consumer; peak heap [\d.]+ MiB, peak RSS [\d.]+ MiB \(broker: child process`, r.stdout, "%s", r)
+}
+
+// TestBenchJSON runs every part of the benchmark once, small, and checks
+// the JSON object the issue names: the top-level figures, the writers, and
+// with --preload, --rebuild and --live their own.
+func TestBenchJSON(t *testing.T) {
+	t.Parallel()
+	r := runBin(t, 4*time.Minute, dbEnv(), "bench", "--json", "--mix", "deltas", "--events", "3000", "--jobs", "300",
+		"--partitions", "3", "--state-bytes", "1000", "--naive-sample", "30", "--preload", "2000", "--rebuild",
+		"--live", "--rate", "400", "--duration", "2s")
+	require.Equal(t, 0, r.code, "%s", r)
+	var got map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &got), "stdout is one JSON object: %s", r)
+	require.Equal(t, "deltas", got["mix"])
+	for _, k := range []string{"events", "projector_events_per_second", "projector_ratio_to_copy", "projector_ratio_to_naive",
+		"peak_heap_bytes", "peak_rss_bytes", "growth_ratio", "empty_table_events_per_second", "rebuild_seconds",
+		"rebuild_ratio_to_copy", "latency_p50_ms", "latency_p99_ms", "latency_max_ms"} {
+		v, ok := got[k].(float64)
+		require.True(t, ok, "%s is a number: %s", k, r.stdout)
+		require.Greater(t, v, 0.0, "%s", k)
+	}
+	require.LessOrEqual(t, got["latency_p50_ms"], got["latency_p99_ms"])
+	require.LessOrEqual(t, got["latency_p99_ms"], got["latency_max_ms"])
+	require.Greater(t, got["mean_state_bytes"], 900.0, "--state-bytes pads the states")
+	writers, ok := got["writers"].([]any)
+	require.True(t, ok, "writers is an array")
+	var names []string
+	for _, w := range writers {
+		m := w.(map[string]any)
+		for _, k := range []string{"events_per_second", "ratio_to_copy", "seconds", "events"} {
+			require.IsType(t, 0.0, m[k], "writer %v: %s", m["name"], k)
+		}
+		names = append(names, m["name"].(string))
+	}
+	require.Equal(t, []string{
+		"raw COPY (no versions, no key: the ceiling)",
+		"naive: group Reader, an upsert and a commit per event",
+		"projector (Kafka to PostgreSQL, end to end)",
+		"projector, 2000 rows already in the table",
+		"projector rebuild (its own process, start to swap)",
+	}, names)
+}

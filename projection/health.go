@@ -1,0 +1,321 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"github.com/cenkalti/backoff/v4"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Health timings. A PostgreSQL answer (a commit, a claim, or the
+// background ping) older than databaseFresh makes the instance not ready;
+// with a ping every databasePingEvery bounded by databasePingTimeout, a
+// cut-off database turns /readyz non-200 within about 7 s.
+const (
+	databaseFresh       = 5 * time.Second
+	databasePingEvery   = time.Second
+	databasePingTimeout = 2 * time.Second
+	// brokerPollEvery is how often the high watermarks are read, so the lag
+	// is current even when nothing is fetched.
+	brokerPollEvery = 5 * time.Second
+	// progressEvery is how often catch-up progress is logged while the
+	// lag is at least progressMinLag.
+	progressEvery  = 10 * time.Second
+	progressMinLag = 1000
+	// missingTopicLogEvery is the most often a missing topic is logged.
+	missingTopicLogEvery = 30 * time.Second
+)
+
+// topic states
+const (
+	topicUnknown int32 = iota
+	topicExists
+	topicMissing
+)
+
+// health is what /healthz and /readyz answer from.
+type health struct {
+	topic      atomic.Int32
+	inGroup    atomic.Bool
+	partitions atomic.Pointer[[]int]
+	// dbAt is when PostgreSQL last answered (unix nanoseconds); dbErr the
+	// last failure since.
+	dbAt  atomic.Int64
+	dbErr atomic.Pointer[string]
+
+	mu    sync.Mutex
+	loops map[*beat]string
+}
+
+// beat is a loop's sign of life.
+type beat struct{ at atomic.Int64 }
+
+func (b *beat) now() { b.at.Store(time.Now().UnixNano()) }
+
+// loop registers a loop under name; it is alive while it beats at least
+// once per StallTimeout. done removes it.
+func (h *health) loop(name string) (b *beat, done func()) {
+	b = &beat{}
+	b.now()
+	h.mu.Lock()
+	if h.loops == nil {
+		h.loops = map[*beat]string{}
+	}
+	h.loops[b] = name
+	h.mu.Unlock()
+	return b, func() {
+		h.mu.Lock()
+		delete(h.loops, b)
+		h.mu.Unlock()
+	}
+}
+
+func (h *health) databaseAnswered() {
+	h.dbAt.Store(time.Now().UnixNano())
+	h.dbErr.Store(nil)
+}
+
+func (h *health) databaseFailed(err error) {
+	s := err.Error()
+	h.dbErr.Store(&s)
+}
+
+// Check is one condition of readiness or liveness.
+type Check struct {
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+}
+
+// Health is what /healthz and /readyz serve: OK and, check by check, why.
+type Health struct {
+	OK     bool    `json:"ok"`
+	Checks []Check `json:"checks"`
+}
+
+func healthOf(checks []Check) Health {
+	h := Health{OK: true, Checks: checks}
+	for _, c := range checks {
+		h.OK = h.OK && c.OK
+	}
+	return h
+}
+
+// Liveness reports whether every loop of the instance still beats: a
+// partition worker, or a health monitor, silent for longer than
+// StallTimeout is wedged.
+func (p *Projector) Liveness() Health {
+	now := time.Now()
+	p.health.mu.Lock()
+	checks := make([]Check, 0, len(p.health.loops))
+	for b, name := range p.health.loops {
+		ago := now.Sub(time.Unix(0, b.at.Load()))
+		c := Check{Name: name, OK: ago <= p.cfg.StallTimeout, Detail: fmt.Sprintf("last sign of life %s ago", ago.Round(time.Millisecond))}
+		if !c.OK {
+			c.Detail = fmt.Sprintf("wedged: no sign of life for %s (stall timeout %s)", ago.Round(time.Second), p.cfg.StallTimeout)
+		}
+		checks = append(checks, c)
+	}
+	p.health.mu.Unlock()
+	sort.Slice(checks, func(i, j int) bool { return checks[i].Name < checks[j].Name })
+	return healthOf(checks)
+}
+
+// Readiness reports whether the instance does its work: the topic exists,
+// the instance is in a consumer group generation, PostgreSQL answered in
+// the last few seconds, and (with ReadyMaxLag) the lag is small enough.
+func (p *Projector) Readiness() Health {
+	h := &p.health
+	var checks []Check
+	switch h.topic.Load() {
+	case topicExists:
+		checks = append(checks, Check{Name: "topic", OK: true, Detail: fmt.Sprintf("topic %q exists", p.cfg.Topic)})
+	case topicMissing:
+		checks = append(checks, Check{Name: "topic", Detail: fmt.Sprintf("topic %q does not exist; waiting for it", p.cfg.Topic)})
+	default:
+		checks = append(checks, Check{Name: "topic", Detail: fmt.Sprintf("topic %q not checked yet (brokers not reached)", p.cfg.Topic)})
+	}
+	if h.inGroup.Load() {
+		var parts []int
+		if ps := h.partitions.Load(); ps != nil {
+			parts = *ps
+		}
+		checks = append(checks, Check{Name: "group", OK: true,
+			Detail: fmt.Sprintf("member of group %q, generation %d, partitions %v", p.cfg.Group, p.generation.Load(), parts)})
+	} else {
+		checks = append(checks, Check{Name: "group", Detail: fmt.Sprintf("not in a generation of group %q", p.cfg.Group)})
+	}
+	db := Check{Name: "database"}
+	if at := h.dbAt.Load(); at == 0 {
+		db.Detail = "PostgreSQL has not answered yet"
+	} else {
+		ago := time.Since(time.Unix(0, at))
+		db.OK = ago <= databaseFresh
+		db.Detail = fmt.Sprintf("PostgreSQL answered %s ago", ago.Round(time.Millisecond))
+		if !db.OK {
+			db.Detail = fmt.Sprintf("PostgreSQL has not answered for %s", ago.Round(time.Second))
+		}
+	}
+	if e := h.dbErr.Load(); e != nil && !db.OK {
+		db.Detail += ": " + *e
+	}
+	checks = append(checks, db)
+	if p.cfg.ReadyMaxLag > 0 {
+		lag := p.book.totalLag()
+		checks = append(checks, Check{Name: "lag", OK: lag <= p.cfg.ReadyMaxLag,
+			Detail: fmt.Sprintf("total lag %d records (ready at %d or less)", lag, p.cfg.ReadyMaxLag)})
+	}
+	return healthOf(checks)
+}
+
+// Ready reports whether [Projector.Readiness] is all OK.
+func (p *Projector) Ready() bool { return p.Readiness().OK }
+
+// watchDatabase pings PostgreSQL in the background, so readiness follows
+// the database even when no batch is committed.
+func (p *Projector) watchDatabase(ctx context.Context) {
+	b, done := p.health.loop("database monitor")
+	defer done()
+	t := time.NewTicker(databasePingEvery)
+	defer t.Stop()
+	for {
+		b.now()
+		pctx, cancel := context.WithTimeout(ctx, databasePingTimeout)
+		err := p.cfg.Store.Ping(pctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			p.databaseFailed(err, databasePingEvery)
+		default:
+			p.databaseAnswered()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (p *Projector) databaseAnswered() {
+	p.health.databaseAnswered()
+	p.dbOutage.ok()
+}
+
+func (p *Projector) databaseFailed(err error, next time.Duration) {
+	p.counters.dbErrors.Add(1)
+	p.health.databaseFailed(err)
+	p.dbOutage.failed(err, next)
+}
+
+// watchBrokers reads the topic's high watermarks every brokerPollEvery,
+// so the lag (and readiness with ReadyMaxLag) is current even when nothing
+// is fetched, and the topic's existence is known; it logs catch-up progress
+// and the quarantine lines held back.
+func (p *Projector) watchBrokers(ctx context.Context) {
+	b, done := p.health.loop("broker monitor")
+	defer done()
+	poll := time.NewTicker(brokerPollEvery)
+	defer poll.Stop()
+	progress := progressLog{at: time.Now(), consumed: p.counters.consumed.Load()}
+	for {
+		b.now()
+		hctx, cancel := context.WithTimeout(ctx, brokerPollEvery)
+		hwm, err := p.kafka.highWatermarks(hctx, p.cfg.Topic)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, errTopicMissing):
+			p.health.topic.Store(topicMissing)
+			p.kafkaOutage.ok()
+		case err != nil:
+			p.kafkaOutage.failed(err, brokerPollEvery)
+		default:
+			p.health.topic.Store(topicExists)
+			p.kafkaOutage.ok()
+			p.book.setHighWatermarks(hwm)
+		}
+		if now := time.Now(); now.Sub(progress.at) >= progressEvery {
+			progress.log(p, now)
+			if n := p.quarantineLog.flush(now); n > 0 {
+				p.cfg.Logger.Warn("quarantined records not logged (rate limit); projector status lists them", "not_shown", n)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-poll.C:
+		}
+	}
+}
+
+// progressLog logs the catch-up rate, lag and ETA while the lag is large,
+// and once when it is caught up.
+type progressLog struct {
+	at         time.Time
+	consumed   int64
+	catchingUp bool
+}
+
+func (l *progressLog) log(p *Projector, now time.Time) {
+	consumed := p.counters.consumed.Load()
+	rate := float64(consumed-l.consumed) / now.Sub(l.at).Seconds()
+	l.at, l.consumed = now, consumed
+	lag := p.book.totalLag()
+	if lag < progressMinLag {
+		if l.catchingUp {
+			p.cfg.Logger.Info("caught up", "lag", lag)
+		}
+		l.catchingUp = false
+		return
+	}
+	l.catchingUp = true
+	args := []any{"lag", lag, "rate_per_second", int64(rate)}
+	if rate > 0 {
+		args = append(args, "eta", time.Duration(float64(lag)/rate*float64(time.Second)).Round(time.Second))
+	} else {
+		args = append(args, "eta", "unknown (no progress)")
+	}
+	p.cfg.Logger.Info("catching up", args...)
+}
+
+// retryDatabase runs op until it succeeds or ctx ends, beating and
+// reporting each failure to the database outage log.
+func (w *worker) retryDatabase(ctx context.Context, op func() error) error {
+	return backoff.RetryNotify(func() error {
+		w.beat.now()
+		err := op()
+		if err == nil {
+			w.p.databaseAnswered()
+		}
+		return err
+	}, backoff.WithContext(retryPolicy(), ctx), func(err error, next time.Duration) {
+		w.p.databaseFailed(fmt.Errorf("%s/%d: %w", w.topic, w.partition, err), next)
+	})
+}
+
+// logQuarantined logs a quarantined record, at most 10 per 10 s per
+// instance; the count of those not shown goes with the next line shown, or
+// into a line of its own.
+func (w *worker) logQuarantined(partition int, offset int64, reason string) {
+	ok, notShown := w.p.quarantineLog.allow(time.Now())
+	if !ok {
+		return
+	}
+	args := []any{"topic", w.topic, "partition", partition, "offset", offset, "reason", reason}
+	if notShown > 0 {
+		args = append(args, "not_shown_before", notShown)
+	}
+	w.p.cfg.Logger.Warn("record quarantined", args...)
+}
+
+// idleWake is the longest a worker waits for a record before it goes
+// round its loop (and beats) again.
+const idleWake = time.Second

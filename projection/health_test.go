@@ -1,0 +1,261 @@
+package projection
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/projector/projector/internal/kafkatest"
+	"github.com/projector/projector/internal/pgtest"
+)
+
+// logLines keeps a projector's log lines for a test to read, and passes
+// them on to t.Log.
+type logLines struct {
+	t     *testing.T
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logLines) Write(p []byte) (int, error) {
+	line := strings.TrimSuffix(string(p), "\n")
+	l.mu.Lock()
+	l.lines = append(l.lines, line)
+	l.mu.Unlock()
+	l.t.Log(line)
+	return len(p), nil
+}
+
+func (l *logLines) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+// matching returns the lines that contain every one of parts.
+func (l *logLines) matching(parts ...string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+next:
+	for _, line := range l.lines {
+		for _, p := range parts {
+			if !strings.Contains(line, p) {
+				continue next
+			}
+		}
+		out = append(out, line)
+	}
+	return out
+}
+
+// probe GETs path from the projector's handler and decodes its JSON.
+func probe(t *testing.T, srv *httptest.Server, path string) (int, Health) {
+	t.Helper()
+	resp, err := http.Get(srv.URL + path)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var h Health
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&h))
+	return resp.StatusCode, h
+}
+
+func failing(h Health) string {
+	var out []string
+	for _, c := range h.Checks {
+		if !c.OK {
+			out = append(out, c.Name+": "+c.Detail)
+		}
+	}
+	return strings.Join(out, "; ")
+}
+
+// TestReadyzFollowsDatabaseOutage cuts PostgreSQL off (a proxy in front of
+// the shared server drops every connection) while records wait: /readyz
+// turns 503 within 10 s and says the database is why, /healthz stays 200,
+// the outage is logged once at its start (not once per retry) and once at
+// its end, and after the cut is restored /readyz is 200 again and every
+// record lands, without a restart.
+func TestReadyzFollowsDatabaseOutage(t *testing.T) {
+	t.Parallel()
+	proxy := pgtest.NewProxy(t)
+	c := kafkatest.New(t)
+	r := &rig{t: t, kafka: c, topic: kafkatest.Topic(t, c, 2), store: proxy.Store(t), parts: 2}
+	logs := &logLines{t: t}
+	run := r.start(r.config(func(c *Config) { c.Logger = logs.logger() }))
+	srv := httptest.NewServer(run.p.Handler())
+	defer srv.Close()
+
+	s := newStream(2)
+	for _, j := range jobIDs("before", 20) {
+		s.snapshots(j, 1)
+	}
+	s.flush(r)
+	r.caughtUp(20*time.Second, run)
+	r.eventually(10*time.Second, "/readyz 200", func() (bool, string) {
+		code, h := probe(t, srv, "/readyz")
+		return code == http.StatusOK, failing(h)
+	})
+
+	cutAt := time.Now()
+	proxy.Cut()
+	for _, j := range jobIDs("during", 200) {
+		s.snapshots(j, 1)
+	}
+	s.flush(r)
+	var notReadyAt time.Time
+	r.eventually(10*time.Second, "/readyz turns 503 within 10 s of the cut", func() (bool, string) {
+		code, h := probe(t, srv, "/readyz")
+		if code != http.StatusServiceUnavailable {
+			return false, fmt.Sprintf("%d", code)
+		}
+		notReadyAt = time.Now()
+		for _, c := range h.Checks {
+			if c.Name == "database" {
+				return !c.OK && strings.Contains(c.Detail, "PostgreSQL has not answered"), c.Detail
+			}
+		}
+		return false, "no database check"
+	})
+	code, h := probe(t, srv, "/healthz")
+	require.Equal(t, http.StatusOK, code, "an outage is not a wedge: %s", failing(h))
+	r.eventually(10*time.Second, "the outage's start is logged", func() (bool, string) {
+		return len(logs.matching("PostgreSQL is failing; retrying", "attempt=", "next_retry=")) > 0, ""
+	})
+	// Hold the outage a few seconds: retries go on, quietly.
+	time.Sleep(3 * time.Second) // the outage's length, not synchronisation
+	require.Len(t, logs.matching("PostgreSQL is failing; retrying"), 1, "an outage is logged at its start, then at most every 30 s")
+
+	restoredAt := time.Now()
+	proxy.Restore()
+	var readyAt time.Time
+	r.eventually(30*time.Second, "/readyz is 200 again", func() (bool, string) {
+		code, h := probe(t, srv, "/readyz")
+		readyAt = time.Now()
+		return code == http.StatusOK, failing(h)
+	})
+	r.caughtUp(60*time.Second, run)
+	r.requireModel(s)
+	r.eventually(10*time.Second, "the outage's end is logged", func() (bool, string) {
+		return len(logs.matching("PostgreSQL answers again", "failed_for=")) == 1, ""
+	})
+	require.Positive(t, run.p.Status().Counters.DatabaseErrors)
+	t.Logf("outage timeline: cut at 0s, /readyz 503 at %s, restored at %s, /readyz 200 at %s (%s after the restore)",
+		notReadyAt.Sub(cutAt).Round(time.Millisecond), restoredAt.Sub(cutAt).Round(time.Millisecond),
+		readyAt.Sub(cutAt).Round(time.Millisecond), readyAt.Sub(restoredAt).Round(time.Millisecond))
+}
+
+// TestHealthzFailsWhenWorkerWedged: a partition worker stuck inside a
+// batch for longer than StallTimeout fails /healthz, naming the worker;
+// once it moves again /healthz is 200.
+func TestHealthzFailsWhenWorkerWedged(t *testing.T) {
+	// Not parallel: it installs testHookBeforeApply.
+	r := newRig(t, 1)
+	release := make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	setApplyHook(t, func(int) { <-release })
+	run := r.start(r.config(func(c *Config) { c.StallTimeout = 4 * time.Second }))
+	srv := httptest.NewServer(run.p.Handler())
+	defer srv.Close()
+
+	code, h := probe(t, srv, "/healthz")
+	require.Equal(t, http.StatusOK, code, failing(h))
+	r.produce(rec{0, "a", snap("a", 1, `{}`)})
+	r.eventually(20*time.Second, "/healthz fails naming the wedged worker", func() (bool, string) {
+		code, h := probe(t, srv, "/healthz")
+		return code == http.StatusServiceUnavailable && strings.Contains(failing(h), "partition 0 worker: wedged"), failing(h)
+	})
+	unblock()
+	r.caughtUp(20*time.Second, run)
+	r.eventually(10*time.Second, "/healthz is 200 again", func() (bool, string) {
+		code, h := probe(t, srv, "/healthz")
+		return code == http.StatusOK, failing(h)
+	})
+}
+
+// TestMissingTopicIsWaitedFor: a projector started on a topic that does
+// not exist joins no group (no rebalance loop), is not ready and says why,
+// logs the topic's name once (at most every 30 s); once the topic is
+// created it joins and projects.
+func TestMissingTopicIsWaitedFor(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.New(t)
+	r := &rig{t: t, kafka: c, topic: "missing-" + strings.ReplaceAll(t.Name(), "/", "_"), store: pgtest.Store(t), parts: 1}
+	logs := &logLines{t: t}
+	run := r.start(r.config(func(c *Config) { c.Logger = logs.logger() }))
+	srv := httptest.NewServer(run.p.Handler())
+	defer srv.Close()
+
+	r.eventually(10*time.Second, "/readyz says the topic is missing", func() (bool, string) {
+		code, h := probe(t, srv, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(failing(h), "topic: topic \""+r.topic+"\" does not exist"), failing(h)
+	})
+	// A few seconds of waiting: one log line, no generation.
+	time.Sleep(3 * time.Second) // the length of the wait, not synchronisation
+	require.Len(t, logs.matching("topic does not exist", r.topic), 1)
+	require.Empty(t, logs.matching("generation joined"))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, c.CreateTopic(ctx, r.topic, 1))
+	r.produce(rec{0, "a", snap("a", 1, `{"n":1}`)})
+	r.caughtUp(30*time.Second, run)
+	r.eventually(10*time.Second, "/readyz 200", func() (bool, string) {
+		code, h := probe(t, srv, "/readyz")
+		return code == http.StatusOK, failing(h)
+	})
+	require.Len(t, logs.matching("generation joined"), 1)
+}
+
+// TestReadyMaxLag: with ReadyMaxLag, /readyz fails while the lag is above
+// it. The worker is stuck before its commit, so the lag can only come from
+// the broker's high watermark, read in the background: projector_partition_lag
+// shows it too.
+func TestReadyMaxLag(t *testing.T) {
+	// Not parallel: it installs testHookBeforeApply.
+	r := newRig(t, 1)
+	release := make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	blocked := make(chan struct{}, 1)
+	setApplyHook(t, func(int) {
+		select {
+		case blocked <- struct{}{}:
+		default:
+		}
+		<-release
+	})
+	run := r.start(r.config(func(c *Config) { c.ReadyMaxLag = 5 }))
+	srv := httptest.NewServer(run.p.Handler())
+	defer srv.Close()
+	r.eventually(20*time.Second, "/readyz 200 on an empty topic", func() (bool, string) {
+		code, h := probe(t, srv, "/readyz")
+		return code == http.StatusOK, failing(h)
+	})
+	s := newStream(1)
+	for _, j := range jobIDs("j", 50) {
+		s.snapshots(j, 1)
+	}
+	s.flush(r)
+	r.eventually(20*time.Second, "/readyz fails on the lag", func() (bool, string) {
+		code, h := probe(t, srv, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(failing(h), "lag: total lag 50 records (ready at 5 or less)"), failing(h)
+	})
+	require.Equal(t, 50.0, scrape(t, run.p)[`projector_partition_lag{partition="0"}`])
+	unblock()
+	r.caughtUp(20*time.Second, run)
+	r.eventually(20*time.Second, "/readyz 200 once caught up", func() (bool, string) {
+		code, h := probe(t, srv, "/readyz")
+		return code == http.StatusOK, failing(h)
+	})
+}

@@ -1,0 +1,358 @@
+package projection
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/segmentio/kafka-go/sasl/scram"
+)
+
+// Kafka is where the brokers are and how to reach them. Every connection
+// the projector makes (group membership, fetches, the group offset commits,
+// re-reads, offset lookups, status and rebuild) goes through the one
+// dialer and the one transport [Kafka.clients] builds from it.
+type Kafka struct {
+	Brokers []string
+	// TLS, when not nil, encrypts every connection; its RootCAs,
+	// Certificates and ServerName say whom to trust and who we are.
+	TLS *tls.Config
+	// SASL, when not nil, authenticates every connection.
+	SASL *SASL
+}
+
+// SASL mechanisms the projector speaks.
+const (
+	SASLPlain       = "PLAIN"
+	SASLScramSHA256 = "SCRAM-SHA-256"
+	SASLScramSHA512 = "SCRAM-SHA-512"
+)
+
+// SASL is a SASL mechanism and its credentials. Its String and LogValue
+// never show the password.
+type SASL struct {
+	Mechanism string
+	Username  string
+	Password  string
+}
+
+func (s *SASL) String() string {
+	if s == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%s user %q", s.Mechanism, s.Username)
+}
+
+// LogValue keeps the password out of logs.
+func (s *SASL) LogValue() slog.Value { return slog.StringValue(s.String()) }
+
+// Validate says what is wrong with the mechanism or the credentials.
+func (s *SASL) Validate() error {
+	if s == nil {
+		return nil
+	}
+	var errs []error
+	switch s.Mechanism {
+	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
+	default:
+		errs = append(errs, fmt.Errorf("sasl mechanism %q: want %s, %s or %s", s.Mechanism, SASLPlain, SASLScramSHA256, SASLScramSHA512))
+	}
+	if s.Username == "" {
+		errs = append(errs, errors.New("sasl: a username is required"))
+	}
+	if s.Password == "" {
+		errs = append(errs, errors.New("sasl: a password is required"))
+	}
+	return errors.Join(errs...)
+}
+
+func (s *SASL) mechanism() (sasl.Mechanism, error) {
+	if s == nil {
+		return nil, nil
+	}
+	switch s.Mechanism {
+	case SASLPlain:
+		return plain.Mechanism{Username: s.Username, Password: s.Password}, nil
+	case SASLScramSHA256:
+		return scram.Mechanism(scram.SHA256, s.Username, s.Password)
+	case SASLScramSHA512:
+		return scram.Mechanism(scram.SHA512, s.Username, s.Password)
+	}
+	return nil, s.Validate()
+}
+
+// Validate says what is wrong with the brokers or the security settings.
+func (k Kafka) Validate() error {
+	var errs []error
+	if len(k.Brokers) == 0 {
+		errs = append(errs, errors.New("brokers: at least one broker address (host:port) is required"))
+	}
+	for _, b := range k.Brokers {
+		if _, _, err := net.SplitHostPort(b); err != nil || b == "" {
+			errs = append(errs, fmt.Errorf("brokers: %q is not a host:port address", b))
+		}
+	}
+	if err := k.SASL.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// kafkaClients are the dialer (Conn, Reader, ConsumerGroup) and the
+// transport (Client) of one [Kafka], sharing its TLS and SASL settings.
+type kafkaClients struct {
+	k         Kafka
+	dialer    *kafka.Dialer
+	transport *kafka.Transport
+	client    *kafka.Client
+}
+
+// clients builds the dialer and the transport. The transport is the
+// projector's own, never kafka.DefaultTransport, whose metadata cache
+// would read a topic created after it looked as unknown.
+func (k Kafka) clients() (*kafkaClients, error) {
+	mech, err := k.SASL.mechanism()
+	if err != nil {
+		return nil, fmt.Errorf("projection: kafka: %w", err)
+	}
+	d := &kafka.Dialer{ClientID: "projector", Timeout: 10 * time.Second, DualStack: true, TLS: k.TLS, SASLMechanism: mech}
+	t := &kafka.Transport{ClientID: "projector", DialTimeout: 10 * time.Second, TLS: k.TLS, SASL: mech, MetadataTTL: 2 * time.Second}
+	return &kafkaClients{
+		k: k, dialer: d, transport: t,
+		client: &kafka.Client{Addr: kafka.TCP(k.Brokers...), Timeout: 10 * time.Second, Transport: t},
+	}, nil
+}
+
+func (c *kafkaClients) close() { c.transport.CloseIdleConnections() }
+
+// AuthError is a broker refusing our credentials or certificate, or a TLS
+// handshake that cannot succeed: retrying will not help, so the projector
+// stops with it.
+type AuthError struct {
+	// Mechanism and User are the SASL settings in use, empty without SASL.
+	Mechanism, User string
+	TLS             bool
+	Err             error
+}
+
+func (e *AuthError) Error() string {
+	what := "kafka: authentication failed"
+	switch {
+	case e.Mechanism != "":
+		what += fmt.Sprintf(" (SASL %s as user %q", e.Mechanism, e.User)
+		if e.TLS {
+			what += ", over TLS"
+		}
+		what += ")"
+	case e.TLS:
+		what += " (TLS)"
+	}
+	return what + ": " + e.Err.Error()
+}
+
+func (e *AuthError) Unwrap() error { return e.Err }
+
+// authError returns err as an *AuthError when it says the broker refused
+// our credentials or certificate, or the TLS handshake failed for a reason
+// a retry cannot fix; otherwise nil.
+func (k Kafka) authError(err error) *AuthError {
+	if err == nil {
+		return nil
+	}
+	var ae *AuthError
+	if errors.As(err, &ae) {
+		return ae
+	}
+	var (
+		kerr      kafka.Error
+		alert     tls.AlertError
+		unknownCA x509.UnknownAuthorityError
+		hostname  x509.HostnameError
+		invalid   x509.CertificateInvalidError
+		verify    *tls.CertificateVerificationError
+		header    tls.RecordHeaderError
+	)
+	auth := false
+	switch {
+	case errors.As(err, &kerr):
+		switch kerr {
+		case kafka.SASLAuthenticationFailed, kafka.UnsupportedSASLMechanism, kafka.IllegalSASLState,
+			kafka.TopicAuthorizationFailed, kafka.GroupAuthorizationFailed, kafka.ClusterAuthorizationFailed:
+			auth = true
+		}
+	case errors.As(err, &alert), errors.As(err, &unknownCA), errors.As(err, &hostname),
+		errors.As(err, &invalid), errors.As(err, &verify):
+		auth = true
+	case errors.As(err, &header):
+		// A plain-text broker answering a TLS hello, or the reverse.
+		auth = k.TLS != nil
+	case k.TLS != nil && isRemoteTLSAlert(err):
+		// The broker refused our certificate (or its absence) after the
+		// handshake, as TLS 1.3 does: "remote error: tls: certificate
+		// required".
+		auth = true
+	}
+	if !auth {
+		return nil
+	}
+	ae = &AuthError{TLS: k.TLS != nil, Err: err}
+	if k.SASL != nil {
+		ae.Mechanism, ae.User = k.SASL.Mechanism, k.SASL.Username
+	}
+	return ae
+}
+
+// HighWatermarks asks the brokers for the end offset of every partition of
+// topic, for lag reporting.
+func HighWatermarks(ctx context.Context, k Kafka, topic string) (map[int]int64, error) {
+	c, err := k.clients()
+	if err != nil {
+		return nil, err
+	}
+	defer c.close()
+	return c.highWatermarks(ctx, topic)
+}
+
+// errTopicMissing is a topic the brokers do not know.
+var errTopicMissing = errors.New("topic does not exist")
+
+// partitions lists topic's partitions from fresh metadata; a topic the
+// brokers do not know is errTopicMissing.
+func (c *kafkaClients) partitions(ctx context.Context, topic string) ([]int, error) {
+	meta, err := c.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		if ae := c.k.authError(err); ae != nil {
+			return nil, ae
+		}
+		if ae := c.diagnose(ctx); ae != nil {
+			return nil, ae
+		}
+		return nil, fmt.Errorf("projection: metadata of %s: %w", topic, err)
+	}
+	for _, t := range meta.Topics {
+		if t.Name != topic {
+			continue
+		}
+		if t.Error != nil {
+			if errors.Is(t.Error, kafka.UnknownTopicOrPartition) {
+				return nil, fmt.Errorf("projection: topic %q: %w", topic, errTopicMissing)
+			}
+			if ae := c.k.authError(t.Error); ae != nil {
+				return nil, ae
+			}
+			return nil, fmt.Errorf("projection: topic %s: %w", topic, t.Error)
+		}
+		ids := make([]int, 0, len(t.Partitions))
+		for _, p := range t.Partitions {
+			ids = append(ids, p.ID)
+		}
+		if len(ids) == 0 {
+			return nil, fmt.Errorf("projection: topic %q: %w", topic, errTopicMissing)
+		}
+		return ids, nil
+	}
+	return nil, fmt.Errorf("projection: topic %q: %w", topic, errTopicMissing)
+}
+
+func (c *kafkaClients) highWatermarks(ctx context.Context, topic string) (map[int]int64, error) {
+	ids, err := c.partitions(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	reqs := make([]kafka.OffsetRequest, len(ids))
+	for i, id := range ids {
+		reqs[i] = kafka.LastOffsetOf(id)
+	}
+	res, err := c.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
+	if err != nil {
+		if ae := c.k.authError(err); ae != nil {
+			return nil, ae
+		}
+		return nil, fmt.Errorf("projection: list offsets of %s: %w", topic, err)
+	}
+	out := map[int]int64{}
+	for _, po := range res.Topics[topic] {
+		if po.Error != nil {
+			return nil, fmt.Errorf("projection: offsets of %s/%d: %w", topic, po.Partition, po.Error)
+		}
+		out[po.Partition] = po.LastOffset
+	}
+	return out, nil
+}
+
+func isRemoteTLSAlert(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "remote error"
+}
+
+// diagnose tells a refused authentication from a broker that is down: a
+// broker that fails SASL closes the connection, which kafka-go's transport
+// reports as a bare unexpected EOF. It dials each broker once with a
+// mechanism that records how far the exchange got: a connection lost after
+// the exchange started and before it completed is a refusal.
+func (c *kafkaClients) diagnose(ctx context.Context) *AuthError {
+	if c.k.SASL == nil && c.k.TLS == nil {
+		return nil
+	}
+	for _, addr := range c.k.Brokers {
+		d := *c.dialer
+		var probe *probeMechanism
+		if d.SASLMechanism != nil {
+			probe = &probeMechanism{Mechanism: d.SASLMechanism}
+			d.SASLMechanism = probe
+		}
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		conn, err := d.DialContext(dctx, "tcp", addr)
+		cancel()
+		if err == nil {
+			conn.Close()
+			return nil
+		}
+		if ae := c.k.authError(err); ae != nil {
+			return ae
+		}
+		if probe != nil && probe.started.Load() && !probe.done.Load() && ctx.Err() == nil {
+			ae := &AuthError{TLS: c.k.TLS != nil, Mechanism: c.k.SASL.Mechanism, User: c.k.SASL.Username,
+				Err: fmt.Errorf("%s closed the connection during the SASL exchange (credentials refused): %w", addr, err)}
+			return ae
+		}
+	}
+	return nil
+}
+
+// probeMechanism records whether a SASL exchange started and completed.
+type probeMechanism struct {
+	sasl.Mechanism
+	started, done atomic.Bool
+}
+
+func (m *probeMechanism) Start(ctx context.Context) (sasl.StateMachine, []byte, error) {
+	m.started.Store(true)
+	sm, ir, err := m.Mechanism.Start(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return probeState{sm, m}, ir, nil
+}
+
+type probeState struct {
+	sasl.StateMachine
+	m *probeMechanism
+}
+
+func (s probeState) Next(ctx context.Context, challenge []byte) (bool, []byte, error) {
+	done, resp, err := s.StateMachine.Next(ctx, challenge)
+	if done && err == nil {
+		s.m.done.Store(true)
+	}
+	return done, resp, err
+}
