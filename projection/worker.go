@@ -246,7 +246,8 @@ const claimRetryPause = 500 * time.Millisecond
 
 // stallWarning is how long a batch transaction runs before the worker
 // says so, and then again each time as long again: well before
-// applyTimeout, so a stalled database is visible while it lasts.
+// applyTimeout, so a stalled database is visible while it lasts. Tests
+// shorten it per instance ([Projector] testStallWarning).
 const stallWarning = 10 * time.Second
 
 // watchStall logs while a batch transaction runs past stallWarning, until
@@ -256,7 +257,11 @@ func (w *worker) watchStall(records int) (stop func()) {
 	var wg sync.WaitGroup
 	start := time.Now()
 	wg.Go(func() {
-		t := time.NewTicker(stallWarning)
+		every := stallWarning
+		if w.p.testStallWarning > 0 {
+			every = w.p.testStallWarning
+		}
+		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {
@@ -495,7 +500,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 		}
 		d := bo.NextBackOff()
 		w.p.databaseFailed(fmt.Errorf("batch %s/%d@%d: %w", w.topic, w.partition, firstOffset(msgs), err), d)
-		sleep(ctx, d)
+		w.p.dbOutage.wait(ctx, d)
 		if ctx.Err() != nil {
 			w.log.Warn("batch abandoned: the partition's generation ended before a retry; it will be read again", "first_offset", firstOffset(msgs))
 			return nil
