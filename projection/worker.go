@@ -14,6 +14,7 @@ import (
 	"github.com/projector/projector/delta"
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
+	"github.com/projector/projector/internal/failpoint"
 	"github.com/projector/projector/store"
 )
 
@@ -88,6 +89,7 @@ func (w *worker) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	failpoint.Hit(failpoint.Claimed)
 	w.epoch = claim.Epoch
 	w.position = claim.NextOffset
 	w.log = w.log.With("epoch", w.epoch)
@@ -244,7 +246,8 @@ const claimRetryPause = 500 * time.Millisecond
 
 // stallWarning is how long a batch transaction runs before the worker
 // says so, and then again each time as long again: well before
-// applyTimeout, so a stalled database is visible while it lasts.
+// applyTimeout, so a stalled database is visible while it lasts. Tests
+// shorten it per instance ([Projector] testStallWarning).
 const stallWarning = 10 * time.Second
 
 // watchStall logs while a batch transaction runs past stallWarning, until
@@ -254,7 +257,11 @@ func (w *worker) watchStall(records int) (stop func()) {
 	var wg sync.WaitGroup
 	start := time.Now()
 	wg.Go(func() {
-		t := time.NewTicker(stallWarning)
+		every := stallWarning
+		if w.p.testStallWarning > 0 {
+			every = w.p.testStallWarning
+		}
+		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {
@@ -449,6 +456,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 		}
 		cancel()
 		if err == nil {
+			failpoint.Hit(failpoint.AfterCommit)
 			w.p.databaseAnswered()
 			w.p.metrics.batch(time.Since(now), len(msgs))
 			w.settle(pl, result, now)
@@ -492,7 +500,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 		}
 		d := bo.NextBackOff()
 		w.p.databaseFailed(fmt.Errorf("batch %s/%d@%d: %w", w.topic, w.partition, firstOffset(msgs), err), d)
-		sleep(ctx, d)
+		w.p.dbOutage.wait(ctx, d)
 		if ctx.Err() != nil {
 			w.log.Warn("batch abandoned: the partition's generation ended before a retry; it will be read again", "first_offset", firstOffset(msgs))
 			return nil

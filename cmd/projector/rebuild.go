@@ -20,6 +20,7 @@ type rebuildOpts struct {
 	dryRun   bool
 	heldWait time.Duration
 	timeout  time.Duration
+	progress *progress
 }
 
 // driftSample is how many job ids --dry-run shows per kind of drift.
@@ -43,7 +44,8 @@ the old model (it claims again and continues from the rebuilt positions).
 Before reading anything it checks the topic and what is attached to the
 table; what a swap could not keep (rules, a column added NOT NULL without a
 default, forced row-level security) is refused, naming it, and nothing is
-changed.
+changed. CHECK constraints users added to the table are put on the shadow, so
+a record that breaks one is quarantined in the replay, as 'projector run' does.
 
 A rebuild stopped or killed part way leaves the live model untouched; run it
 again and it continues from the shadow's stored positions (--restart starts
@@ -128,7 +130,9 @@ Example:
 		rctx, cancelRun := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- p.Run(rctx) }()
+		o.progress = newProgress(env.stderr, logger, "rebuild", sum(target))
 		waitErr := waitRebuilt(ctx, shadow, target, o)
+		o.progress.finish()
 		cancelRun()
 		if err := <-done; err != nil {
 			return err
@@ -259,11 +263,14 @@ func waitRebuilt(ctx context.Context, shadow *store.Store, target map[int]int64,
 				return err
 			}
 			done := true
+			var read int64
 			for part, h := range target {
 				if h > 0 && prog.Positions[part] < h {
 					done = false
 				}
+				read += min(max(prog.Positions[part], 0), h)
 			}
+			o.progress.update(read)
 			if done {
 				caughtUp = time.Now()
 			} else if o.timeout > 0 && time.Since(start) > o.timeout {
