@@ -298,27 +298,19 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 	// The fence waits for the partition's row at most as long as a claim
 	// does: only a claim (brief) or a rebuild's swap (long) holds it, and a
 	// batch waiting for a swap says so (*[SwapWaitError]) rather than
-	// failing as an outage at the statement bound. Its own statements
-	// after the fence wait as before: the lock bound is lifted in the same
-	// round trip.
+	// failing as an outage at the statement bound. The statements after
+	// the fence wait as before: the bound is lifted once it holds the row.
 	var lockTimeout string
 	if err := tx.QueryRow(ctx, `SELECT current_setting('lock_timeout'), set_config('idle_in_transaction_session_timeout', $1, true),
 		set_config('statement_timeout', $2, true), set_config('lock_timeout', $3, true)`,
 		millis(s.idleTimeout), millis(s.statementTimeout), millis(s.claimLockTimeout)).Scan(&lockTimeout, nil, nil, nil); err != nil {
 		return res, fmt.Errorf("store: apply %s/%d@%d: bounds: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
-	fence := &pgx.Batch{}
-	fence.Queue(`UPDATE `+s.partitions+` SET next_offset = $5, updated_at = now()
+	tag, err := tx.Exec(ctx, `UPDATE `+s.partitions+` SET next_offset = $5, updated_at = now()
 		WHERE projection = $1 AND topic = $2 AND partition = $3 AND epoch = $4`,
 		s.projection, b.Topic, b.Partition, b.Epoch, b.NextOffset)
-	fence.Queue(`SELECT set_config('lock_timeout', $1, true)`, lockTimeout)
-	br := tx.SendBatch(ctx, fence)
-	tag, err := br.Exec()
 	if err == nil {
-		_, err = br.Exec()
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
+		_, err = tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, lockTimeout)
 	}
 	if err != nil {
 		var pgErr *pgconn.PgError
