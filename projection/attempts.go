@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/projector/projector/gapfill"
+	"github.com/projector/projector/internal/failpoint"
 )
 
 // attemptPoll is how often a worker with attempts in flight looks for
@@ -19,13 +20,13 @@ const rereadRound = 1000
 
 // attempts runs a partition's gap attempts in the background, each job on
 // its own: the jobs due in a round are re-read together (the store once,
-// the log in one pass), then each one left open goes to a fixed pool of
-// fetchers that ask the authority, oldest due first. Every result is
-// handed back to the worker as soon as it is ready, to join its next
-// batch, so a slow or failing answer for one job holds up no other beyond
-// the concurrency limit. The goroutines are fixed (one re-reader and
-// --snapshot-concurrency fetchers per partition) and the work queued or in
-// flight is bounded, however many jobs are held.
+// the log in one pass), then each one left open goes to the instance's
+// fixed pool of fetchers that ask the authority, oldest due first. Every
+// result is handed back to the worker as soon as it is ready, to join its
+// next batch, so a slow or failing answer for one job holds up no other
+// beyond the concurrency limit. The goroutines are fixed (one re-reader
+// per partition, --snapshot-concurrency fetchers per instance) and the
+// work queued or in flight is bounded, however many jobs are held.
 //
 // Only the worker's goroutine calls its methods; the goroutines it starts
 // talk to it through channels.
@@ -38,7 +39,8 @@ type attempts struct {
 
 	rereadIn  chan []gapfill.Attempt
 	rereading bool
-	fetchIn   chan gapfill.Attempt
+	pool      *fetchPool
+	ctx       context.Context
 	fetching  int
 	// pending are re-read attempts waiting for a free fetcher, oldest due
 	// first.
@@ -56,7 +58,7 @@ type finished struct {
 // startAttempts starts the partition's attempt goroutines; they stop when
 // ctx ends, and wg waits for them.
 func (w *worker) startAttempts(ctx context.Context, wg *sync.WaitGroup) *attempts {
-	a := &attempts{resolver: w.p.resolver, steps: w.detector.Steps()}
+	a := &attempts{resolver: w.p.resolver, steps: w.detector.Steps(), pool: w.p.fetchers, ctx: ctx}
 	if a.resolver == nil {
 		return a
 	}
@@ -65,8 +67,8 @@ func (w *worker) startAttempts(ctx context.Context, wg *sync.WaitGroup) *attempt
 		a.snapshot = a.snapshot || s == gapfill.StepSnapshot
 	}
 	a.fetchers = max(w.p.cfg.SnapshotConcurrency, 1)
-	// Every goroutine sends at most one message before it takes new work,
-	// so out never blocks them for long.
+	// At most one re-read round and a.fetchers answers are outstanding,
+	// so out never blocks the goroutines that send on it.
 	a.out = make(chan finished, a.fetchers+1)
 	if a.reread {
 		a.rereadIn = make(chan []gapfill.Attempt, 1) // one round at a time: never blocks
@@ -76,7 +78,10 @@ func (w *worker) startAttempts(ctx context.Context, wg *sync.WaitGroup) *attempt
 				case <-ctx.Done():
 					return
 				case round := <-a.rereadIn:
-					a.resolver.Reread(ctx, round, time.Now())
+					failpoint.Hit(failpoint.GapAttempt)
+					start := time.Now()
+					a.resolver.Reread(ctx, round, start)
+					w.log.Debug("re-read round", "jobs", len(round), "took", time.Since(start))
 					select {
 					case a.out <- finished{atts: round}:
 					case <-ctx.Done():
@@ -85,27 +90,6 @@ func (w *worker) startAttempts(ctx context.Context, wg *sync.WaitGroup) *attempt
 				}
 			}
 		})
-	}
-	if a.snapshot {
-		a.fetchIn = make(chan gapfill.Attempt, a.fetchers)
-		for range a.fetchers {
-			wg.Go(func() {
-				for {
-					select {
-					case <-ctx.Done():
-						return
-					case att := <-a.fetchIn:
-						a.resolver.Authority(ctx, &att, time.Now())
-						att.Res.Inputs = append([]gapfill.Input(nil), att.Res.Inputs...)
-						select {
-						case a.out <- finished{fetched: true, atts: []gapfill.Attempt{att}}:
-						case <-ctx.Done():
-							return
-						}
-					}
-				}
-			})
-		}
 	}
 	return a
 }
@@ -151,7 +135,9 @@ func (a *attempts) schedule(w *worker) {
 		return
 	}
 	now := time.Now()
-	if !a.rereading && len(a.pending) < a.fetchers {
+	// The next round is re-read while the fetchers still have work, so
+	// they do not wait for it.
+	if !a.rereading && len(a.pending) < max(a.fetchers, rereadRound/4) {
 		if ids := w.detector.Take(now, rereadRound); len(ids) > 0 {
 			round := make([]gapfill.Attempt, 0, len(ids))
 			for _, id := range ids {
@@ -176,13 +162,15 @@ func (a *attempts) schedule(w *worker) {
 	}
 	for len(a.pending) > 0 && a.fetching < a.fetchers {
 		att := a.pending[0]
+		if _, held := w.detector.Gap(att.Job.ID); held {
+			if !a.pool.offer(fetchJob{ctx: a.ctx, att: att, out: a.out}) {
+				break // every fetcher is busy: the rest wait, in order
+			}
+			a.fetching++
+		}
+		// else: it closed while it waited.
 		a.pending[0] = gapfill.Attempt{}
 		a.pending = a.pending[1:]
-		if _, held := w.detector.Gap(att.Job.ID); !held {
-			continue // closed while it waited
-		}
-		a.fetching++
-		a.fetchIn <- att
 	}
 	if len(a.pending) == 0 {
 		a.pending = nil
@@ -193,4 +181,58 @@ func (a *attempts) schedule(w *worker) {
 // reset. Attempts in flight still report, harmlessly.
 func (a *attempts) reset() {
 	a.pending = nil
+}
+
+// fetchPool is the instance's fetchers: twice --snapshot-concurrency, so
+// that fetches waiting out a retry backoff (which hold no request slot)
+// do not leave the authority's slots idle; the snapshot client's own
+// semaphore keeps the requests in flight to --snapshot-concurrency.
+// Workers offer attempts without blocking; each answer goes back to the
+// worker that offered it, unless that worker has stopped.
+type fetchPool struct {
+	resolver *gapfill.Resolver
+	in       chan fetchJob
+}
+
+type fetchJob struct {
+	ctx context.Context
+	att gapfill.Attempt
+	out chan<- finished
+}
+
+// startFetchPool starts n fetchers that run until ctx ends; wg waits for
+// them.
+func startFetchPool(ctx context.Context, wg *sync.WaitGroup, r *gapfill.Resolver, n int) *fetchPool {
+	p := &fetchPool{resolver: r, in: make(chan fetchJob)}
+	for range n {
+		wg.Go(func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case job := <-p.in:
+					failpoint.Hit(failpoint.GapAttempt)
+					p.resolver.Authority(job.ctx, &job.att, time.Now())
+					select {
+					case job.out <- finished{fetched: true, atts: []gapfill.Attempt{job.att}}:
+					case <-job.ctx.Done():
+					}
+				}
+			}
+		})
+	}
+	return p
+}
+
+// offer hands job to an idle fetcher, or reports that none is idle.
+func (p *fetchPool) offer(job fetchJob) bool {
+	if p == nil {
+		return false
+	}
+	select {
+	case p.in <- job:
+		return true
+	default:
+		return false
+	}
 }

@@ -22,7 +22,9 @@ type Projector struct {
 	dialer   *kafka.Dialer
 	resolver *gapfill.Resolver
 	// budget is the memory every partition's job cache shares.
-	budget   *cacheBudget
+	budget *cacheBudget
+	// fetchers ask the authority for every partition's held jobs.
+	fetchers *fetchPool
 	counters counters
 	book     partitionBook
 	metrics  *metrics
@@ -37,6 +39,9 @@ type Projector struct {
 	// not track one started on a generation that has already ended, so Run
 	// waits on this too.
 	running sync.WaitGroup
+	// testStallWarning, when set by a test before Run, replaces
+	// stallWarning.
+	testStallWarning time.Duration
 }
 
 // New checks cfg and returns a Projector ready to [Projector.Run].
@@ -104,6 +109,15 @@ func (p *Projector) Run(ctx context.Context) error {
 	monitors.Go(func() { p.pruneTombstones(mctx) })
 	defer monitors.Wait()
 	defer stopMonitors()
+	// Held jobs' attempts ask the authority through one pool of fetchers
+	// for the whole instance; it stops after every worker has.
+	fctx, stopFetchers := context.WithCancel(context.Background())
+	var fetchers sync.WaitGroup
+	if p.resolver != nil && p.resolver.Snapshots != nil {
+		p.fetchers = startFetchPool(fctx, &fetchers, p.resolver, 2*cfg.SnapshotConcurrency)
+	}
+	defer fetchers.Wait()
+	defer stopFetchers()
 
 	cfg.Logger.Info("projector started", "topic", cfg.Topic, "group", cfg.Group, "owner", cfg.Owner,
 		"brokers", cfg.Brokers, "tls", cfg.TLS != nil, "sasl", cfg.SASL, "projection", cfg.Store.Projection())
@@ -137,7 +151,7 @@ func (p *Projector) waitTopic(ctx context.Context) error {
 	var logged time.Time
 	for {
 		lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		_, err := p.kafka.partitions(lctx, p.cfg.Topic)
+		_, err := p.kafka.partitionsFresh(lctx, p.cfg.Topic)
 		cancel()
 		var ae *AuthError
 		switch {
@@ -218,7 +232,7 @@ func (p *Projector) runGroup(ctx context.Context) error {
 		// find the topic, and joins again at once: check the topic at
 		// every generation, and wait for it outside the group.
 		lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		_, err = p.kafka.partitions(lctx, cfg.Topic)
+		_, err = p.kafka.partitionsFresh(lctx, cfg.Topic)
 		cancel()
 		if errors.Is(err, errTopicMissing) {
 			p.health.topic.Store(topicMissing)

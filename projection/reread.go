@@ -170,35 +170,55 @@ func dialLeader(ctx context.Context, d *kafka.Dialer, brokers []string, topic st
 }
 
 // scan reads partition from start up to last (exclusive) or until budget
-// bytes were read; complete reports that it reached last.
+// bytes were read, straight from the leader's connection in fetches of up
+// to 8 MiB; complete reports that it reached last.
 func (l *logReader) scan(ctx context.Context, partition int, start, last int64, want map[string]bool, budget int64) (out []gapfill.Input, used int64, complete bool, err error) {
 	cfg := l.p.cfg
 	if budget <= 0 {
 		return nil, 0, false, nil
 	}
-	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers: cfg.Brokers, Topic: cfg.Topic, Partition: partition,
-		MinBytes: 1, MaxBytes: int(max(min(budget, 8<<20), 1<<20)), MaxWait: 500 * time.Millisecond, Dialer: l.p.dialer,
-	})
-	defer r.Close()
-	if err := r.SetOffset(start); err != nil {
+	conn, err := dialLeader(ctx, l.p.dialer, cfg.Brokers, cfg.Topic, partition)
+	if err != nil {
 		return nil, 0, false, err
 	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
 	now := time.Now()
-	for used < budget {
-		m, err := r.FetchMessage(ctx)
-		if err != nil {
+	next := start
+	for next < last && used < budget {
+		if _, err := conn.Seek(next, kafka.SeekAbsolute|kafka.SeekDontCheck); err != nil {
 			return out, used, false, err
 		}
-		used += int64(len(m.Key) + len(m.Value))
-		if len(m.Key) == 0 || want[string(m.Key)] {
-			if ev, err := event.Decode(m.Key, m.Value); err == nil && want[ev.JobID] {
-				out = append(out, gapfill.Input{Event: ev, Partition: partition, Offset: m.Offset, Source: gapfill.FromReread, At: now, LogTime: m.Time})
+		batch := conn.ReadBatchWith(kafka.ReadBatchConfig{
+			MinBytes: 1, MaxBytes: int(max(min(budget-used, 8<<20), 1<<20)), MaxWait: 500 * time.Millisecond,
+		})
+		read := 0
+		for next < last && used < budget {
+			m, err := batch.ReadMessage()
+			if err != nil {
+				break
+			}
+			read++
+			next = m.Offset + 1
+			used += int64(len(m.Key) + len(m.Value))
+			if len(m.Key) == 0 || want[string(m.Key)] {
+				if ev, err := event.Decode(m.Key, m.Value); err == nil && want[ev.JobID] {
+					out = append(out, gapfill.Input{Event: ev, Partition: partition, Offset: m.Offset, Source: gapfill.FromReread, At: now, LogTime: m.Time})
+				}
 			}
 		}
-		if m.Offset >= last-1 {
-			return out, used, true, nil
+		cerr := batch.Close()
+		if read == 0 {
+			if cerr == nil {
+				cerr = ctx.Err()
+			}
+			if cerr == nil {
+				cerr = fmt.Errorf("no record at offset %d although the log ends at %d", next, last)
+			}
+			return out, used, false, cerr
 		}
 	}
-	return out, used, false, nil
+	return out, used, next >= last, nil
 }

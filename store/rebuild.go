@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/jackc/pgx/v5/pgconn"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // ShadowPrefix names a projection's rebuild table: jobs →
@@ -22,13 +22,14 @@ const ShadowPrefix = "projector_rebuild_"
 func ShadowName(table string) string { return ShadowPrefix + table }
 
 // Shadow returns the store of s's rebuild table in the same schema, on the
-// same pool.
+// same pool, with the same bounds on its transactions.
 func (s *Store) Shadow() (*Store, error) {
 	name := ShadowName(s.projection)
 	if len(name) > maxIdent {
 		return nil, fmt.Errorf("store: table %q is too long for its rebuild table %q (PostgreSQL names have at most %d bytes)", s.projection, name, maxIdent)
 	}
-	return newStore(s.pool, Config{Schema: s.schema, Table: name}), nil
+	return newStore(s.pool, Config{Schema: s.schema, Table: name, ClaimLockTimeout: s.claimLockTimeout,
+		IdleInTransactionTimeout: s.idleTimeout, StatementTimeout: s.statementTimeout}), nil
 }
 
 // maxIdent is PostgreSQL's longest identifier, in bytes.
@@ -68,6 +69,48 @@ func (s *Store) Reset(ctx context.Context) error {
 		}
 		return nil
 	})
+}
+
+// CopyChecks puts on the shadow the CHECK constraints users added to the
+// live table, so the replay quarantines the records that break them, as
+// `projector run` does, instead of the swap failing at the end. A check on
+// a column the shadow does not have is left out (the swap never writes
+// such columns). It returns the names of the checks the shadow has from
+// the live table.
+func (s *Store) CopyChecks(ctx context.Context, shadow *Store) ([]string, error) {
+	rows, err := s.pool.Query(ctx, `SELECT c.conname::text, pg_get_constraintdef(c.oid)
+		FROM pg_constraint c WHERE c.conrelid = to_regclass($1) AND c.contype = 'c'
+			AND NOT EXISTS (SELECT 1 FROM pg_constraint m WHERE m.conrelid = to_regclass($2) AND m.contype = 'c'
+				AND pg_get_constraintdef(m.oid) = pg_get_constraintdef(c.oid) AND m.conname <> c.conname)
+			AND NOT EXISTS (SELECT 1 FROM unnest(c.conkey) k JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k
+				WHERE NOT EXISTS (SELECT 1 FROM pg_attribute b WHERE b.attrelid = to_regclass($2) AND b.attname = a.attname AND NOT b.attisdropped))
+		ORDER BY 1`, s.jobs, shadow.jobs)
+	if err != nil {
+		return nil, fmt.Errorf("store: checks of %s: %w", s.projection, err)
+	}
+	type check struct{ name, def string }
+	checks, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (check, error) {
+		var c check
+		return c, r.Scan(&c.name, &c.def)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: checks of %s: %w", s.projection, err)
+	}
+	var names []string
+	for _, c := range checks {
+		var has bool
+		if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = to_regclass($1) AND conname = $2)`,
+			shadow.jobs, c.name).Scan(&has); err != nil {
+			return nil, fmt.Errorf("store: checks of %s: %w", shadow.projection, err)
+		}
+		if !has {
+			if _, err := s.pool.Exec(ctx, `ALTER TABLE `+shadow.jobs+` ADD CONSTRAINT `+pgx.Identifier{c.name}.Sanitize()+` `+c.def); err != nil {
+				return nil, fmt.Errorf("store: check %s of %s on the shadow %s (rows it already holds may break it: start the rebuild over): %w", c.name, s.projection, shadow.projection, err)
+			}
+		}
+		names = append(names, c.name)
+	}
+	return names, nil
 }
 
 // Progress is what a shadow holds of an earlier rebuild that did not swap.

@@ -130,6 +130,7 @@ func TestBadUsageExits2(t *testing.T) {
 		{"bad --start", []string{db}, []string{"run", "--brokers", brokers, "--start", "middle"}, []string{"--start", "middle"}},
 		{"negative --gap-wait", []string{db}, []string{"run", "--brokers", brokers, "--gap-wait", "-1s"}, []string{"--gap-wait"}},
 		{"bad --gap-wait", []string{db}, []string{"run", "--brokers", brokers, "--gap-wait", "soon"}, []string{"gap-wait"}},
+		{"negative --tombstone-retention", []string{db}, []string{"run", "--brokers", brokers, "--tombstone-retention", "-1h"}, []string{"--tombstone-retention", "0 keeps tombstones for ever"}},
 		{"relative --snapshot-url", []string{db}, []string{"run", "--brokers", brokers, "--snapshot-url", "authority:8080/x"}, []string{"--snapshot-url"}},
 		{"ftp --snapshot-url", []string{db}, []string{"run", "--brokers", brokers, "--snapshot-url", "ftp://authority"}, []string{"--snapshot-url"}},
 		{"--batch-size 0", []string{db}, []string{"run", "--brokers", brokers, "--batch-size", "0"}, []string{"--batch-size"}},
@@ -256,4 +257,38 @@ func TestRunHTTPAddrInUse(t *testing.T) {
 	require.Equal(t, 1, r.code, "%s", r)
 	require.Contains(t, r.stderr, "--http-addr "+addr, "%s", r)
 	p.stop(stopWithin)
+}
+
+// TestEveryTableTakingCommandChecksNames: the name rules of run, rebuild
+// and status hold for every other command that takes --schema and
+// --table, before anything connects.
+func TestEveryTableTakingCommandChecksNames(t *testing.T) {
+	t.Parallel()
+	db := "DATABASE_URL=postgres://postgres@127.0.0.1:1/x?connect_timeout=2"
+	for _, cmd := range []struct{ before, after []string }{
+		{[]string{"explain"}, []string{"job-1"}},
+		{[]string{"verify", "--snapshot-url", "http://127.0.0.1:9", "--all"}, nil},
+		{[]string{"quarantine", "list"}, nil},
+	} {
+		for _, tc := range []struct {
+			name string
+			env  []string
+			args []string
+			want string
+		}{
+			{"empty --table", nil, []string{"--table", ""}, "--table is empty"},
+			{"empty PROJECTOR_SCHEMA", []string{"PROJECTOR_SCHEMA="}, nil, "--schema is empty"},
+			{"41-byte --table", nil, []string{"--table", strings.Repeat("t", 41)}, "at most 40"},
+			{"reserved --table", nil, []string{"--table", "projector_held"}, "reserved"},
+			{"mixed-case --table", nil, []string{"--table", "Jobs"}, "lower-case"},
+		} {
+			t.Run(cmd.before[0]+" "+tc.name, func(t *testing.T) {
+				t.Parallel()
+				args := append(append(append([]string{}, cmd.before...), tc.args...), cmd.after...)
+				r := runBin(t, 20*time.Second, baseEnv(append([]string{db}, tc.env...)...), args...)
+				require.Equal(t, 2, r.code, "%s", r)
+				require.Contains(t, r.stderr, tc.want, "%s", r)
+			})
+		}
+	}
 }

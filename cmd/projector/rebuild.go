@@ -20,6 +20,7 @@ type rebuildOpts struct {
 	dryRun   bool
 	heldWait time.Duration
 	timeout  time.Duration
+	progress *progress
 }
 
 // driftSample is how many job ids --dry-run shows per kind of drift.
@@ -43,7 +44,8 @@ the old model (it claims again and continues from the rebuilt positions).
 Before reading anything it checks the topic and what is attached to the
 table; what a swap could not keep (rules, a column added NOT NULL without a
 default, forced row-level security) is refused, naming it, and nothing is
-changed.
+changed. CHECK constraints users added to the table are put on the shadow, so
+a record that breaks one is quarantined in the replay, as 'projector run' does.
 
 A rebuild stopped or killed part way leaves the live model untouched; run it
 again and it continues from the shadow's stored positions (--restart starts
@@ -112,7 +114,7 @@ Example:
 		if err != nil {
 			return usagef("--table: %v", err)
 		}
-		if err := prepareShadow(ctx, env.stdout, shadow, o, target); err != nil {
+		if err := prepareShadow(ctx, env.stdout, live, shadow, o, target); err != nil {
 			return err
 		}
 
@@ -128,7 +130,9 @@ Example:
 		rctx, cancelRun := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- p.Run(rctx) }()
+		o.progress = newProgress(env.stderr, logger, "rebuild", sum(target))
 		waitErr := waitRebuilt(ctx, shadow, target, o)
+		o.progress.finish()
 		cancelRun()
 		if err := <-done; err != nil {
 			return err
@@ -161,7 +165,7 @@ Example:
 // prepareShadow continues from what an earlier rebuild stored in the
 // shadow, or starts it over (--restart, or nothing to continue from), and
 // says which.
-func prepareShadow(ctx context.Context, stdout io.Writer, shadow *store.Store, o *rebuildOpts, target map[int]int64) error {
+func prepareShadow(ctx context.Context, stdout io.Writer, live, shadow *store.Store, o *rebuildOpts, target map[int]int64) error {
 	prog, err := shadow.Progress(ctx, o.topic)
 	if err != nil {
 		return err
@@ -176,7 +180,7 @@ func prepareShadow(ctx context.Context, stdout io.Writer, shadow *store.Store, o
 		}
 		fmt.Fprintf(stdout, "resuming the rebuild of %s.%s from the shadow's stored positions: %d of %d records already read (--restart starts over)\n",
 			o.schema, o.table, prog.Read(), sum(target))
-		return nil
+		return copyChecks(ctx, stdout, live, shadow, o)
 	}
 	if err := shadow.Reset(ctx); err != nil {
 		return err
@@ -190,6 +194,19 @@ func prepareShadow(ctx context.Context, stdout io.Writer, shadow *store.Store, o
 	}
 	fmt.Fprintf(stdout, "%s the rebuild of %s.%s from the start of %s into %s (%d partitions, %d records to read)\n",
 		how, o.schema, o.table, o.topic, shadowName(o), len(target), sum(target))
+	return copyChecks(ctx, stdout, live, shadow, o)
+}
+
+// copyChecks gives the shadow the checks users put on the live table, so
+// records that break them are quarantined in the replay, as live.
+func copyChecks(ctx context.Context, stdout io.Writer, live, shadow *store.Store, o *rebuildOpts) error {
+	names, err := live.CopyChecks(ctx, shadow)
+	if err != nil {
+		return err
+	}
+	if len(names) > 0 {
+		fmt.Fprintf(stdout, "the shadow checks rows as %s.%s does: %s\n", o.schema, o.table, strings.Join(names, ", "))
+	}
 	return nil
 }
 
@@ -246,11 +263,14 @@ func waitRebuilt(ctx context.Context, shadow *store.Store, target map[int]int64,
 				return err
 			}
 			done := true
+			var read int64
 			for part, h := range target {
 				if h > 0 && prog.Positions[part] < h {
 					done = false
 				}
+				read += min(max(prog.Positions[part], 0), h)
 			}
+			o.progress.update(read)
 			if done {
 				caughtUp = time.Now()
 			} else if o.timeout > 0 && time.Since(start) > o.timeout {

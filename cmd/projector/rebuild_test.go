@@ -65,6 +65,13 @@ func TestRebuild(t *testing.T) {
 	require.Equal(t, int(s.quarantined), s.quarantineCount(), "the quarantine is merged: one row per record")
 	require.Empty(t, s.tablesLike("projector_rebuild_%"), "no shadow table left")
 	require.Empty(t, s.tablesLike("projector_old_jobs_%"), "the old model is dropped without --keep-old")
+	// The rebuild replayed the deletes, and their tombstones moved with the
+	// rebuilt model: late records below them stay out.
+	var liveTombs, shadowTombs int64
+	require.NoError(t, pgtest.Pool(t).QueryRow(t.Context(), `SELECT count(*) FILTER (WHERE projection = 'jobs'),
+		count(*) FILTER (WHERE projection <> 'jobs') FROM `+s.table("projector_tombstones")).Scan(&liveTombs, &shadowTombs))
+	require.Equal(t, s.deleted, liveTombs, "every deleted job's tombstone is the live projection's")
+	require.Zero(t, shadowTombs, "no tombstone is left under the shadow's name")
 
 	// Again with --keep-old: the damaged model survives under its own name.
 	require.EqualValues(t, 1, s.exec(`UPDATE `+jobs+` SET state = '{"corrupt":true}' WHERE job_id = 'job-42'`))
@@ -537,4 +544,29 @@ func TestBenchSwap(t *testing.T) {
 	require.Contains(t, r.stdout, "200 rows updated, 0 inserted, 0 deleted", "%s", r)
 	require.Regexp(t, `readers during the swap: (\d+ reads, .*|no reads); 0 errors`, r.stdout)
 	require.Regexp(t, `readers waiting on a lock during the swap: 0 in \d+ samples`, r.stdout)
+}
+
+// TestRebuildKeepsAUsersCheck: a CHECK a user put on jobs holds in the
+// replay too: the record that breaks it is quarantined there as it was
+// live, the swap succeeds and the quarantine keeps one row for it.
+func TestRebuildKeepsAUsersCheck(t *testing.T) {
+	t.Parallel()
+	s := newStory(t, 2)
+	s.fullStory()
+	ctx, cancel := s.ctx()
+	defer cancel()
+	require.NoError(t, s.st.Migrate(ctx))
+	s.exec(`ALTER TABLE ` + s.table("jobs") + ` ADD CONSTRAINT no_banned CHECK (state->>'status' IS DISTINCT FROM 'banned')`)
+	s.produce(rec(1, "job-banned", snapshotValue("job-banned", 1, map[string]any{"status": "banned"})))
+	s.quarantined++
+	s.runToEnd("g-check")
+
+	r := runBin(t, 90*time.Second, dbEnv(), s.rebuildArgs()...)
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Contains(t, r.stdout, "the shadow checks rows as "+s.schema+".jobs does: no_banned", "%s", r)
+	require.Contains(t, r.stdout, "swapped:", "%s", r)
+	s.requireModel()
+	s.requirePositionsAtEnd()
+	require.Equal(t, int(s.quarantined), s.quarantineCount(), "one quarantine row per record")
+	require.Contains(t, s.queryString(`SELECT error FROM `+s.table("projector_quarantine")+` WHERE key = 'job-banned'`), "no_banned")
 }
