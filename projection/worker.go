@@ -91,12 +91,6 @@ func (w *worker) run(ctx context.Context) error {
 	w.epoch = claim.Epoch
 	w.position = claim.NextOffset
 	w.log = w.log.With("epoch", w.epoch)
-	if claim.NextOffset < 0 && cfg.Start == "latest" {
-		if claim.NextOffset, err = w.storeLatest(ctx); err != nil {
-			return err
-		}
-		w.position = claim.NextOffset
-	}
 	if err := w.restore(ctx); err != nil {
 		return err
 	}
@@ -213,11 +207,18 @@ func (w *worker) restore(ctx context.Context) error {
 }
 
 func (w *worker) claim(ctx context.Context) (store.Claim, error) {
+	start := int64(-1)
+	if w.p.cfg.Start == "latest" {
+		var err error
+		if start, err = w.latestStart(ctx); err != nil {
+			return store.Claim{}, err
+		}
+	}
 	var claim store.Claim
 	var waited time.Duration
 	op := func() error {
 		var err error
-		claim, err = w.p.cfg.Store.Claim(ctx, w.topic, w.partition, w.p.cfg.Owner)
+		claim, err = w.p.cfg.Store.ClaimFrom(ctx, w.topic, w.partition, w.p.cfg.Owner, start)
 		var wait *store.ClaimWaitError
 		for errors.As(err, &wait) && ctx.Err() == nil {
 			// Not an outage: PostgreSQL answered, another owner's open
@@ -227,13 +228,16 @@ func (w *worker) claim(ctx context.Context) (store.Claim, error) {
 				"previous_owner", wait.Owner, "waited", waited.String())
 			w.beat.now()
 			sleep(ctx, claimRetryPause)
-			claim, err = w.p.cfg.Store.Claim(ctx, w.topic, w.partition, w.p.cfg.Owner)
+			claim, err = w.p.cfg.Store.ClaimFrom(ctx, w.topic, w.partition, w.p.cfg.Owner, start)
 		}
 		return err
 	}
 	err := w.retryDatabase(ctx, op)
 	if err == nil && waited > 0 {
 		w.log.Info("claimed after waiting for the previous owner's transaction", "waited", waited.String())
+	}
+	if err == nil && start >= 0 && claim.NextOffset == start {
+		w.log.Info("start latest: the partition's end was stored as its position by the claim", "next_offset", start)
 	}
 	return claim, err
 }
@@ -277,12 +281,25 @@ func (w *worker) watchStall(records int) (stop func()) {
 	}
 }
 
-// storeLatest resolves "latest" for a partition never projected before
-// and stores it under the fence at once: were it resolved again after a
-// crash or a rebalance before the first batch, what was produced in
-// between would be skipped. It returns the stored position, or
-// [errFenced].
-func (w *worker) storeLatest(ctx context.Context) (int64, error) {
+// latestStart is where a partition starts under --start latest: its end,
+// read from the broker before the claim, when no position is stored yet;
+// -1 when one is (the stored position wins). The claim stores the end in
+// the statement that takes the partition: were "latest" stored later, a
+// crash or a rebalance in between would resolve it again and skip what
+// was produced meanwhile. Records produced between this read and the
+// claim are projected, not skipped.
+func (w *worker) latestStart(ctx context.Context) (int64, error) {
+	next := int64(-1)
+	if err := w.retryDatabase(ctx, func() error {
+		var err error
+		next, err = w.p.cfg.Store.NextOffset(ctx, w.topic, w.partition)
+		return err
+	}); err != nil {
+		return -1, err
+	}
+	if next >= 0 {
+		return -1, nil
+	}
 	var end int64
 	op := func() error {
 		_, last, err := w.logBounds(ctx)
@@ -291,21 +308,11 @@ func (w *worker) storeLatest(ctx context.Context) (int64, error) {
 			return err
 		}
 		end = last
-		actx, cancel := applyContext(ctx)
-		defer cancel()
-		_, err = w.p.cfg.Store.Apply(actx, &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: end})
-		if errors.Is(err, store.ErrFenced) {
-			return backoff.Permanent(errFenced)
-		}
-		if err != nil {
-			w.log.Warn("storing the start position failed; retrying", "err", err)
-		}
-		return err
+		return nil
 	}
 	if err := backoff.Retry(op, backoff.WithContext(retryPolicy(), ctx)); err != nil {
 		return -1, err
 	}
-	w.log.Info("start latest: the partition's end is stored as its position", "next_offset", end)
 	return end, nil
 }
 
