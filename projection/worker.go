@@ -48,18 +48,27 @@ type worker struct {
 	heldViewSeen bool
 }
 
-// applyTimeout bounds one batch transaction; shutdownGrace bounds the one
-// in flight when the worker is stopped.
+// minApplyTimeout is the least a batch transaction is given (see
+// [batchTimeout]); shutdownGrace bounds the one in flight when the worker
+// is stopped.
 const (
-	applyTimeout  = 2 * time.Minute
-	shutdownGrace = 15 * time.Second
+	minApplyTimeout = 2 * time.Minute
+	shutdownGrace   = 15 * time.Second
 )
+
+// batchTimeout bounds one batch transaction: twice the store's statement
+// timeout, and at least minApplyTimeout, so an operator who raises the
+// statement timeout for batches that legitimately run long is not undone
+// by a shorter bound on the whole transaction.
+func batchTimeout(st *store.Store) time.Duration {
+	return max(minApplyTimeout, 2*st.StatementTimeout())
+}
 
 // applyContext is the context of one batch transaction: it outlives ctx,
 // because a batch in flight at shutdown is finished rather than thrown away,
 // but by no more than shutdownGrace.
-func applyContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), applyTimeout)
+func (w *worker) applyContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), batchTimeout(w.p.cfg.Store))
 	stop := context.AfterFunc(ctx, func() {
 		t := time.NewTimer(shutdownGrace)
 		defer t.Stop()
@@ -248,7 +257,7 @@ const claimRetryPause = 500 * time.Millisecond
 
 // stallWarning is how long a batch transaction runs before the worker
 // says so, and then again each time as long again: well before
-// applyTimeout, so a stalled database is visible while it lasts. Tests
+// the batch timeout, so a stalled database is visible while it lasts. Tests
 // shorten it per instance ([Projector] testStallWarning).
 const stallWarning = 10 * time.Second
 
@@ -271,7 +280,7 @@ func (w *worker) watchStall(records int) (stop func()) {
 				return
 			case <-t.C:
 				w.log.Warn("batch transaction still running: PostgreSQL is slow, stalled or unreachable",
-					"running_for", time.Since(start).Round(time.Second).String(), "records", records, "gives_up_after", applyTimeout.String())
+					"running_for", time.Since(start).Round(time.Second).String(), "records", records, "gives_up_after", batchTimeout(w.p.cfg.Store).String())
 			}
 		}
 	})
@@ -447,7 +456,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 	staleRetries := 0
 	for {
 		w.beat.now()
-		actx, cancel := applyContext(ctx)
+		actx, cancel := w.applyContext(ctx)
 		now := time.Now()
 		pl, err := w.plan(actx, msgs, res, now)
 		var result store.Result
@@ -503,6 +512,10 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 			return nil
 		}
 		d := bo.NextBackOff()
+		if store.IsStatementTimeout(err) {
+			w.log.Warn("a statement of the batch ran past the statement timeout and was cancelled; if batches legitimately take this long, raise --statement-timeout (or lower --batch-size)",
+				"statement_timeout", w.p.cfg.Store.StatementTimeout().String(), "records", len(msgs), "first_offset", firstOffset(msgs))
+		}
 		w.p.databaseFailed(fmt.Errorf("batch %s/%d@%d: %w", w.topic, w.partition, firstOffset(msgs), err), d)
 		w.p.dbOutage.wait(ctx, d)
 		if ctx.Err() != nil {
@@ -519,10 +532,12 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 
 // unrestored ends the worker when its memory of the partition could not
 // be rebuilt from the store: the batch in flight is not committed, so the
-// next owner reads it again. Only a stop is quiet; anything else is an
-// error that ends the partition's generation, loudly.
+// next owner reads it again. A stop is a warning (the batch is
+// abandoned); anything else is an error that ends the partition's worker,
+// loudly.
 func (w *worker) unrestored(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
+		w.log.Warn("batch abandoned: the partition's generation ended while its memory was reloaded; it will be read again", "err", err)
 		return nil
 	}
 	return fmt.Errorf("projection: %s/%d: reload after a failed batch: %w", w.topic, w.partition, err)

@@ -28,7 +28,8 @@ func (s *Store) Shadow() (*Store, error) {
 	if len(name) > maxIdent {
 		return nil, fmt.Errorf("store: table %q is too long for its rebuild table %q (PostgreSQL names have at most %d bytes)", s.projection, name, maxIdent)
 	}
-	return newStore(s.pool, Config{Schema: s.schema, Table: name}), nil
+	return newStore(s.pool, Config{Schema: s.schema, Table: name, ClaimLockTimeout: s.claimLockTimeout,
+		IdleInTransactionTimeout: s.idleTimeout, StatementTimeout: s.statementTimeout}), nil
 }
 
 // maxIdent is PostgreSQL's longest identifier, in bytes.
