@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/jackc/pgx/v5/pgconn"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // ShadowPrefix names a projection's rebuild table: jobs →
@@ -22,7 +22,7 @@ const ShadowPrefix = "projector_rebuild_"
 func ShadowName(table string) string { return ShadowPrefix + table }
 
 // Shadow returns the store of s's rebuild table in the same schema, on the
-// same pool.
+// same pool, with the same bounds on its transactions.
 func (s *Store) Shadow() (*Store, error) {
 	name := ShadowName(s.projection)
 	if len(name) > maxIdent {
