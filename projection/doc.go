@@ -9,4 +9,14 @@
 // without the fencing epoch it claimed, and never commit a Kafka group
 // offset ahead of the position stored in PostgreSQL: the stored position is
 // the truth, the group offset only feeds lag tooling.
+//
+// It also owns how the engine is watched and reached: every connection to
+// the brokers goes through one dialer and one transport built from
+// [Config.TLS] and [Config.SASL] ([Kafka]); [Projector.Liveness] and
+// [Projector.Readiness] say, check by check, whether its loops are alive and
+// whether it does its work (topic, group generation, a recent PostgreSQL
+// answer, lag); [Projector.Metrics] is a Prometheus registry of its own per
+// Projector, read from the same counters as [Projector.Status]; outages are
+// logged when they start, at most every 30 s while they last, and when they
+// end. It never logs or returns a SASL password.
 package projection

@@ -29,6 +29,7 @@ type Projector struct {
 	book     partitionBook
 	metrics  *metrics
 	health   health
+	stall    stallState
 
 	dbOutage, kafkaOutage outage
 	// quarantineLog rate-limits the log line of each quarantined record.
@@ -98,7 +99,14 @@ func (p *Projector) Config() Config { return p.cfg }
 // before joining the group and at every generation, so a topic deleted
 // under a running group sends the instance back to waiting rather than
 // into a rebalance loop.
+//
+// A partition with lag whose position has not moved for StallTimeout ends
+// Run with an error wrapping [ErrStalled] (see [Projector.runWatched]).
 func (p *Projector) Run(ctx context.Context) error {
+	return p.runWatched(ctx, p.run)
+}
+
+func (p *Projector) run(ctx context.Context) error {
 	cfg := p.cfg
 	defer p.kafka.close()
 	mctx, stopMonitors := context.WithCancel(ctx)
@@ -151,7 +159,7 @@ func (p *Projector) waitTopic(ctx context.Context) error {
 	var logged time.Time
 	for {
 		lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		_, err := p.kafka.partitions(lctx, p.cfg.Topic)
+		_, err := p.kafka.partitionsFresh(lctx, p.cfg.Topic)
 		cancel()
 		var ae *AuthError
 		switch {
@@ -232,7 +240,7 @@ func (p *Projector) runGroup(ctx context.Context) error {
 		// find the topic, and joins again at once: check the topic at
 		// every generation, and wait for it outside the group.
 		lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		_, err = p.kafka.partitions(lctx, cfg.Topic)
+		_, err = p.kafka.partitionsFresh(lctx, cfg.Topic)
 		cancel()
 		if errors.Is(err, errTopicMissing) {
 			p.health.topic.Store(topicMissing)

@@ -136,9 +136,34 @@ type Store struct {
 // Open connects to databaseURL and returns a Store that closes the pool on
 // [Store.Close].
 func Open(ctx context.Context, databaseURL string, cfg Config) (*Store, error) {
+	pool, err := OpenPool(ctx, databaseURL)
+	if err != nil {
+		return nil, err
+	}
+	s, err := New(pool, cfg)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	s.ownPool = true
+	return s, nil
+}
+
+// DefaultMaxConns is the pool size [OpenPool] uses unless the URL sets
+// pool_max_conns. Every partition an instance owns writes its batches on a
+// connection of its own, beside the gap attempts and the monitors;
+// pgxpool's default (4, or the CPU count) left partition workers waiting
+// for a connection while others committed.
+const DefaultMaxConns = 16
+
+// OpenPool connects to databaseURL with the projector's pool settings.
+func OpenPool(ctx context.Context, databaseURL string) (*pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("store: DATABASE_URL is not a valid PostgreSQL connection string: %w", err)
+	}
+	if !strings.Contains(databaseURL, "pool_max_conns") {
+		pcfg.MaxConns = max(pcfg.MaxConns, DefaultMaxConns)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
@@ -148,13 +173,7 @@ func Open(ctx context.Context, databaseURL string, cfg Config) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("store: connect to %s: %w", redact(pcfg.ConnConfig), err)
 	}
-	s, err := New(pool, cfg)
-	if err != nil {
-		pool.Close()
-		return nil, err
-	}
-	s.ownPool = true
-	return s, nil
+	return pool, nil
 }
 
 // New wraps an existing pool; [Store.Close] leaves it open.
@@ -197,6 +216,10 @@ func (s *Store) Close() {
 
 // Pool is the underlying pool, for tools that read the model directly.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// StatementTimeout bounds each statement of a batch transaction (see
+// [Config]); a caller bounding the whole transaction leaves room for it.
+func (s *Store) StatementTimeout() time.Duration { return s.statementTimeout }
 
 // Projection is the name positions, held rows and quarantine are kept under.
 func (s *Store) Projection() string { return s.projection }
@@ -294,6 +317,14 @@ func IsBadData(err error) bool {
 		return !strings.HasPrefix(pgErr.TableName, "projector_") || strings.HasPrefix(pgErr.TableName, ShadowPrefix)
 	}
 	return false
+}
+
+// IsStatementTimeout reports whether PostgreSQL cancelled a statement for
+// running past the statement timeout (SQLSTATE 57014, as the server words
+// it): not an outage, and a retry of the same batch may meet it again.
+func IsStatementTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "57014" && strings.Contains(pgErr.Message, "statement timeout")
 }
 
 // Refusal is the quarantine reason of a record PostgreSQL refused: the
