@@ -25,7 +25,7 @@ var runFlags = map[string]string{
 	"log-level": "PROJECTOR_LOG_LEVEL", "log-format": "PROJECTOR_LOG_FORMAT",
 	"group-session-timeout": "PROJECTOR_GROUP_SESSION_TIMEOUT", "group-heartbeat-interval": "PROJECTOR_GROUP_HEARTBEAT_INTERVAL",
 	"group-rebalance-timeout": "PROJECTOR_GROUP_REBALANCE_TIMEOUT", "group-join-backoff": "PROJECTOR_GROUP_JOIN_BACKOFF",
-	"ready-max-lag": "PROJECTOR_READY_MAX_LAG", "kafka-tls": "PROJECTOR_KAFKA_TLS", "kafka-tls-ca": "PROJECTOR_KAFKA_TLS_CA",
+	"ready-max-lag": "PROJECTOR_READY_MAX_LAG", "stall-timeout": "PROJECTOR_STALL_TIMEOUT", "kafka-tls": "PROJECTOR_KAFKA_TLS", "kafka-tls-ca": "PROJECTOR_KAFKA_TLS_CA",
 	"kafka-tls-cert": "PROJECTOR_KAFKA_TLS_CERT", "kafka-tls-key": "PROJECTOR_KAFKA_TLS_KEY",
 	"kafka-tls-server-name": "PROJECTOR_KAFKA_TLS_SERVER_NAME", "kafka-sasl-mechanism": "PROJECTOR_KAFKA_SASL_MECHANISM",
 	"kafka-sasl-username": "PROJECTOR_KAFKA_SASL_USERNAME", "kafka-sasl-password-file": "PROJECTOR_KAFKA_SASL_PASSWORD_FILE",

@@ -19,22 +19,23 @@ import (
 )
 
 type runOpts struct {
-	databaseURL string
-	brokers     listFlag
-	topic       string
-	group       string
-	start       string
-	schema      string
-	table       string
-	batchSize   int
-	batchLinger time.Duration
-	httpAddr    string
-	owner       string
-	readyMaxLag int64
-	kafka       kafkaFlags
-	cacheBytes  byteSize
-	log         logFlags
-	gap         gapFlags
+	databaseURL  string
+	brokers      listFlag
+	topic        string
+	group        string
+	start        string
+	schema       string
+	table        string
+	batchSize    int
+	batchLinger  time.Duration
+	httpAddr     string
+	owner        string
+	readyMaxLag  int64
+	stallTimeout time.Duration
+	kafka        kafkaFlags
+	cacheBytes   byteSize
+	log          logFlags
+	gap          gapFlags
 	// tombstoneRetention is how long a deleted job's tombstone is kept;
 	// 0 keeps them for ever.
 	tombstoneRetention time.Duration
@@ -188,7 +189,11 @@ projects every job event into the read model in DATABASE_URL. Positions are
 stored in PostgreSQL in the same transaction as the writes; each partition's
 owner is fenced so a consumer that lost its partition cannot write.
 
-It serves /healthz, /readyz, /status (JSON) and /metrics on --http-addr.
+It serves /healthz (its loops are alive), /readyz (the topic exists, it is in
+a group generation, PostgreSQL answered in the last 5s), /status (JSON) and
+Prometheus /metrics on --http-addr. A missing topic is waited for, not ready.
+With --kafka-tls* and --kafka-sasl-* every connection to Kafka is secured;
+brokers that refuse the credentials or certificate stop it with exit 1.
 SIGINT or SIGTERM finishes the batch in flight, commits and exits 0.
 
 Example:
@@ -245,6 +250,8 @@ func (o *runOpts) register(fs *flag.FlagSet, group, httpAddr string) {
 	fs.StringVar(&o.httpAddr, "http-addr", httpAddr, usage)
 	fs.StringVar(&o.owner, "owner", "", "this instance's name in the partitions table (default host/pid)")
 	fs.Int64Var(&o.readyMaxLag, "ready-max-lag", 0, "with a positive value, /readyz fails while this instance's total lag\nis above it; 0 leaves lag out of readiness")
+	fs.DurationVar(&o.stallTimeout, "stall-timeout", projection.DefaultStallTimeout,
+		"a partition with lag whose position has not moved for this long is stalled:\n/healthz fails, projector_stalls_total counts it, and run exits 1 so a\nsupervisor starts it again; a loop silent this long fails /healthz too")
 	o.kafka.register(fs)
 	o.cacheBytes = projection.DefaultCacheBytes
 	fs.Var(&o.cacheBytes, "cache-bytes", "memory budget of the cache of job rows and held deltas, one `size` for the whole\ninstance (64MiB, 512KiB, 1GiB or a number of bytes); least recently used\nrows are evicted, held jobs are kept and past half of it their deltas stay\nin PostgreSQL")
@@ -281,6 +288,9 @@ func (o *runOpts) validate() error {
 	if err := positive("batch-linger", o.batchLinger); err != nil {
 		return err
 	}
+	if o.stallTimeout <= 0 {
+		return usagef("--stall-timeout %s: must be positive, e.g. --stall-timeout 2m", o.stallTimeout)
+	}
 	if o.readyMaxLag < 0 {
 		return usagef("--ready-max-lag %d: must not be negative (0 turns it off)", o.readyMaxLag)
 	}
@@ -310,7 +320,7 @@ func (o *runOpts) config(st *store.Store, logger *slog.Logger) projection.Config
 	k := o.kafkaConfig()
 	cfg := projection.Config{
 		Brokers: o.brokers, TLS: k.TLS, SASL: k.SASL, Topic: o.topic, Group: o.group, Start: o.start,
-		BatchSize: o.batchSize, BatchLinger: o.batchLinger, Owner: o.owner, ReadyMaxLag: o.readyMaxLag,
+		BatchSize: o.batchSize, BatchLinger: o.batchLinger, Owner: o.owner, ReadyMaxLag: o.readyMaxLag, StallTimeout: o.stallTimeout,
 		Store: st, Logger: logger, CacheBytes: int64(o.cacheBytes),
 	}
 	o.gap.apply(&cfg)
