@@ -39,6 +39,9 @@ type Projector struct {
 	// not track one started on a generation that has already ended, so Run
 	// waits on this too.
 	running sync.WaitGroup
+	// testStallWarning, when set by a test before Run, replaces
+	// stallWarning.
+	testStallWarning time.Duration
 }
 
 // New checks cfg and returns a Projector ready to [Projector.Run].

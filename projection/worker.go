@@ -214,13 +214,67 @@ func (w *worker) restore(ctx context.Context) error {
 
 func (w *worker) claim(ctx context.Context) (store.Claim, error) {
 	var claim store.Claim
+	var waited time.Duration
 	op := func() error {
 		var err error
 		claim, err = w.p.cfg.Store.Claim(ctx, w.topic, w.partition, w.p.cfg.Owner)
+		var wait *store.ClaimWaitError
+		for errors.As(err, &wait) && ctx.Err() == nil {
+			// Not an outage: PostgreSQL answered, another owner's open
+			// transaction holds the row. Say so, and ask again.
+			waited += wait.Waited
+			w.log.Warn("claim waits for the previous owner's open batch transaction on this partition (a slow, stalled or frozen owner); PostgreSQL ends it once its client is idle past the bound; retrying",
+				"previous_owner", wait.Owner, "waited", waited.String())
+			w.beat.now()
+			sleep(ctx, claimRetryPause)
+			claim, err = w.p.cfg.Store.Claim(ctx, w.topic, w.partition, w.p.cfg.Owner)
+		}
 		return err
 	}
 	err := w.retryDatabase(ctx, op)
+	if err == nil && waited > 0 {
+		w.log.Info("claimed after waiting for the previous owner's transaction", "waited", waited.String())
+	}
 	return claim, err
+}
+
+// claimRetryPause separates claims that gave up waiting for the partition
+// row; each of them already waited the store's ClaimLockTimeout.
+const claimRetryPause = 500 * time.Millisecond
+
+// stallWarning is how long a batch transaction runs before the worker
+// says so, and then again each time as long again: well before
+// applyTimeout, so a stalled database is visible while it lasts. Tests
+// shorten it per instance ([Projector] testStallWarning).
+const stallWarning = 10 * time.Second
+
+// watchStall logs while a batch transaction runs past stallWarning, until
+// the returned stop is called; stop waits for the watcher to end.
+func (w *worker) watchStall(records int) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	start := time.Now()
+	wg.Go(func() {
+		every := stallWarning
+		if w.p.testStallWarning > 0 {
+			every = w.p.testStallWarning
+		}
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				w.log.Warn("batch transaction still running: PostgreSQL is slow, stalled or unreachable",
+					"running_for", time.Since(start).Round(time.Second).String(), "records", records, "gives_up_after", applyTimeout.String())
+			}
+		}
+	})
+	return func() {
+		close(done)
+		wg.Wait()
+	}
 }
 
 // storeLatest resolves "latest" for a partition never projected before
@@ -394,7 +448,9 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 			if testHookBeforeApply != nil {
 				testHookBeforeApply(w.partition)
 			}
+			stop := w.watchStall(len(msgs))
 			result, err = w.p.cfg.Store.Apply(actx, pl.batch)
+			stop()
 		}
 		cancel()
 		if err == nil {
@@ -442,6 +498,10 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 		d := bo.NextBackOff()
 		w.p.databaseFailed(fmt.Errorf("batch %s/%d@%d: %w", w.topic, w.partition, firstOffset(msgs), err), d)
 		sleep(ctx, d)
+		if ctx.Err() != nil {
+			w.log.Warn("batch abandoned: the partition's generation ended before a retry; it will be read again", "first_offset", firstOffset(msgs))
+			return nil
+		}
 		// The cache may hold what the failed transaction would have
 		// written: start again from what is stored.
 		if err := w.restore(ctx); err != nil {

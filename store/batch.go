@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // ErrFenced means another owner claimed the partition after this one: the
@@ -34,18 +36,58 @@ type Claim struct {
 
 // Claim takes partition p of topic for owner: it bumps the epoch, which
 // fences any previous owner's next batch, and returns the stored position.
+// A previous owner's open batch transaction holds the partition row: the
+// claim waits for it at most the ClaimLockTimeout, then returns a
+// *[ClaimWaitError] naming that owner, for the caller to log and retry.
 func (s *Store) Claim(ctx context.Context, topic string, p int, owner string) (Claim, error) {
 	var c Claim
-	err := s.pool.QueryRow(ctx, `INSERT INTO `+s.partitions+` AS t (projection, topic, partition, epoch, owner)
-		VALUES ($1, $2, $3, 1, $4)
-		ON CONFLICT (projection, topic, partition)
-		DO UPDATE SET epoch = t.epoch + 1, owner = excluded.owner, updated_at = now()
-		RETURNING epoch, next_offset`, s.projection, topic, p, owner).Scan(&c.Epoch, &c.NextOffset)
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, millis(s.claimLockTimeout)); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `INSERT INTO `+s.partitions+` AS t (projection, topic, partition, epoch, owner)
+			VALUES ($1, $2, $3, 1, $4)
+			ON CONFLICT (projection, topic, partition)
+			DO UPDATE SET epoch = t.epoch + 1, owner = excluded.owner, updated_at = now()
+			RETURNING epoch, next_offset`, s.projection, topic, p, owner).Scan(&c.Epoch, &c.NextOffset)
+	})
 	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+			w := &ClaimWaitError{Topic: topic, Partition: p, Waited: s.claimLockTimeout, Err: err}
+			// A plain read does not wait for the row lock: it sees the
+			// owner as last committed, the one whose transaction is open.
+			_ = s.pool.QueryRow(ctx, `SELECT owner FROM `+s.partitions+` WHERE projection = $1 AND topic = $2 AND partition = $3`,
+				s.projection, topic, p).Scan(&w.Owner)
+			return Claim{}, w
+		}
 		return Claim{}, fmt.Errorf("store: claim %s/%d: %w", topic, p, err)
 	}
 	return c, nil
 }
+
+// ClaimWaitError means a claim gave up waiting for the partition's row: a
+// previous owner's batch transaction is still open (a slow, stalled or
+// frozen owner). PostgreSQL ends such a transaction once its client has
+// been idle for the IdleInTransactionTimeout, so retrying succeeds.
+type ClaimWaitError struct {
+	Topic     string
+	Partition int
+	// Owner is the partition's owner as last committed, whose transaction
+	// is open; empty if it could not be read.
+	Owner  string
+	Waited time.Duration
+	Err    error
+}
+
+func (e *ClaimWaitError) Error() string {
+	return fmt.Sprintf("store: claim %s/%d: waited %s for the open transaction of the previous owner %q: %v", e.Topic, e.Partition, e.Waited, e.Owner, e.Err)
+}
+
+func (e *ClaimWaitError) Unwrap() error { return e.Err }
+
+// millis is d as a PostgreSQL time setting in milliseconds.
+func millis(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) }
 
 // Job is one read-model row, or a deleted job's tombstone.
 type Job struct {
@@ -246,6 +288,12 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 		return res, fmt.Errorf("store: apply %s/%d@%d: begin: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	// The fence below locks the partition row until commit: bound how long
+	// a frozen client may keep the transaction open, and each statement.
+	if _, err := tx.Exec(ctx, `SELECT set_config('idle_in_transaction_session_timeout', $1, true), set_config('statement_timeout', $2, true)`,
+		millis(s.idleTimeout), millis(s.statementTimeout)); err != nil {
+		return res, fmt.Errorf("store: apply %s/%d@%d: bounds: %w", b.Topic, b.Partition, b.NextOffset, err)
+	}
 
 	tag, err := tx.Exec(ctx, `UPDATE `+s.partitions+` SET next_offset = $5, updated_at = now()
 		WHERE projection = $1 AND topic = $2 AND partition = $3 AND epoch = $4`,

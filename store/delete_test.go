@@ -267,3 +267,20 @@ func TestPruneTombstones(t *testing.T) {
 	require.Equal(t, int64(2), v)
 	require.JSONEq(t, `{"old":true}`, state)
 }
+
+// A held job that was deleted waits from its tombstone's version, and
+// status says so.
+func TestHeldJobsOfADeletedJob(t *testing.T) {
+	t.Parallel()
+	s := pgtest.Store(t)
+	b := newBatcher(t, s, 0)
+	b.must(store.Batch{
+		Deletes: []store.Write{deleteW("a", 3)},
+		Hold:    []store.Held{{JobID: "a", Version: 6, Ops: json.RawMessage(`[{"op":"set","path":"/n","value":6}]`), Since: time.Now()}},
+	})
+	held, total, err := s.HeldJobs(context.Background(), 10)
+	require.NoError(t, err)
+	require.Equal(t, 1, total)
+	require.Equal(t, int64(3), held[0].RowVersion)
+	require.Equal(t, []int64{4, 5}, held[0].Missing)
+}

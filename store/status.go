@@ -42,7 +42,8 @@ type HeldSummary struct {
 	JobID     string `json:"job_id"`
 	Topic     string `json:"topic"`
 	Partition int    `json:"partition"`
-	// RowVersion is the job's version in the read model (0: no row).
+	// RowVersion is the job's version in the read model, or its tombstone's
+	// when it was deleted (0: neither).
 	RowVersion int64 `json:"row_version"`
 	// Missing are the first versions the held ones wait for.
 	Missing  []int64   `json:"missing_versions"`
@@ -56,11 +57,22 @@ func (s *Store) HeldJobs(ctx context.Context, limit int) ([]HeldSummary, int, er
 	if err := s.pool.QueryRow(ctx, `SELECT count(DISTINCT job_id) FROM `+s.held+` WHERE projection = $1`, s.projection).Scan(&total); err != nil {
 		return nil, 0, fmt.Errorf("store: held: %w", err)
 	}
-	rows, err := s.pool.Query(ctx, `SELECT h.job_id, h.topic, h.partition, coalesce(j.version, 0), h.versions, h.since
+	// A deleted job's version is its tombstone's (a schema not migrated to
+	// tombstones yet has none: status only reads).
+	var hasTombstones bool
+	if err := s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.tombstones).Scan(&hasTombstones); err != nil {
+		return nil, 0, fmt.Errorf("store: held: %w", err)
+	}
+	version, tombJoin := `coalesce(j.version, 0)`, ``
+	if hasTombstones {
+		version = `coalesce(j.version, t.version, 0)`
+		tombJoin = ` LEFT JOIN ` + s.tombstones + ` t ON t.projection = $1 AND t.job_id = h.job_id`
+	}
+	rows, err := s.pool.Query(ctx, `SELECT h.job_id, h.topic, h.partition, `+version+`, h.versions, h.since
 		FROM (SELECT job_id, min(topic) AS topic, min(partition) AS partition,
 				array_agg(version ORDER BY version) AS versions, min(held_since) AS since
 			FROM `+s.held+` WHERE projection = $1 GROUP BY job_id) h
-		LEFT JOIN `+s.jobs+` j ON j.job_id = h.job_id
+		LEFT JOIN `+s.jobs+` j ON j.job_id = h.job_id`+tombJoin+`
 		ORDER BY h.since, h.job_id LIMIT $2`, s.projection, limit)
 	if err != nil {
 		return nil, 0, fmt.Errorf("store: held: %w", err)

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -27,6 +28,23 @@ type Config struct {
 	// projection in the positions, held and quarantine tables, so two
 	// projections may share a schema.
 	Table string
+
+	// Bounds on the transactions that hold a partition's row lock, so a
+	// frozen or cut-off owner cannot hold its partition for ever (see
+	// docs/operations.md, "Bounds on a stuck owner").
+	//
+	// ClaimLockTimeout bounds one claim's wait for the partition row
+	// (lock_timeout); the claim fails with a *[ClaimWaitError] and the
+	// caller retries. Default 2s.
+	ClaimLockTimeout time.Duration
+	// IdleInTransactionTimeout makes PostgreSQL end a batch transaction
+	// whose client sent nothing for this long
+	// (idle_in_transaction_session_timeout): a frozen owner's locks are
+	// released. Default 10s.
+	IdleInTransactionTimeout time.Duration
+	// StatementTimeout bounds each statement of a batch transaction
+	// (statement_timeout). Default 1m.
+	StatementTimeout time.Duration
 }
 
 // Name rules. Tables and schemas are lower-case identifiers, so the name
@@ -54,6 +72,15 @@ func (c Config) WithDefaults() Config {
 	if c.Table == "" {
 		c.Table = "jobs"
 	}
+	if c.ClaimLockTimeout == 0 {
+		c.ClaimLockTimeout = 2 * time.Second
+	}
+	if c.IdleInTransactionTimeout == 0 {
+		c.IdleInTransactionTimeout = 10 * time.Second
+	}
+	if c.StatementTimeout == 0 {
+		c.StatementTimeout = time.Minute
+	}
 	return c
 }
 
@@ -69,6 +96,14 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	} else if strings.HasPrefix(c.Table, ReservedPrefix) {
 		errs = append(errs, fmt.Errorf("table %q: the prefix %q is reserved for the projector's own tables; choose another name", c.Table, ReservedPrefix))
+	}
+	for _, d := range []struct {
+		name string
+		d    time.Duration
+	}{{"ClaimLockTimeout", c.ClaimLockTimeout}, {"IdleInTransactionTimeout", c.IdleInTransactionTimeout}, {"StatementTimeout", c.StatementTimeout}} {
+		if d.d < time.Millisecond {
+			errs = append(errs, fmt.Errorf("%s %s: must be at least 1ms", d.name, d.d))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -94,6 +129,8 @@ type Store struct {
 	jobs, partitions, quarantine, held, tombstones, gapLog string
 	// lockClass keys the projection's job lock stripes (see lockJobs).
 	lockClass int32
+	// bounds of the transactions that lock a partition row
+	claimLockTimeout, idleTimeout, statementTimeout time.Duration
 }
 
 // Open connects to databaseURL and returns a Store that closes the pool on
@@ -132,18 +169,22 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 // [Config.Validate]: the rebuild's shadow lives under the reserved
 // projector_ prefix that users may not name.
 func newStore(pool *pgxpool.Pool, cfg Config) *Store {
+	cfg = cfg.WithDefaults()
 	q := func(name string) string { return pgx.Identifier{cfg.Schema, name}.Sanitize() }
 	return &Store{
-		pool:       pool,
-		schema:     cfg.Schema,
-		projection: cfg.Table,
-		jobs:       q(cfg.Table),
-		partitions: q("projector_partitions"),
-		quarantine: q("projector_quarantine"),
-		held:       q("projector_held"),
-		tombstones: q("projector_tombstones"),
-		lockClass:  lockClassOf(cfg.Schema, cfg.Table),
-		gapLog:     q("projector_gap_log"),
+		claimLockTimeout: cfg.ClaimLockTimeout,
+		idleTimeout:      cfg.IdleInTransactionTimeout,
+		statementTimeout: cfg.StatementTimeout,
+		pool:             pool,
+		schema:           cfg.Schema,
+		projection:       cfg.Table,
+		jobs:             q(cfg.Table),
+		partitions:       q("projector_partitions"),
+		quarantine:       q("projector_quarantine"),
+		held:             q("projector_held"),
+		tombstones:       q("projector_tombstones"),
+		lockClass:        lockClassOf(cfg.Schema, cfg.Table),
+		gapLog:           q("projector_gap_log"),
 	}
 }
 
@@ -167,7 +208,7 @@ func (s *Store) JobsTable() string { return s.jobs }
 // starting at once are serialised by an advisory lock held for the
 // migration transaction.
 func (s *Store) Migrate(ctx context.Context) error {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return fmt.Errorf("store: migrate: %w", err)
 	}

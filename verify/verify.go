@@ -93,8 +93,8 @@ type Config struct {
 // the authority, at most Rate requests a second, repairing when asked.
 // It stops at the first store error or when ctx ends.
 func Run(ctx context.Context, cfg Config, ids func(ctx context.Context) ([]string, error)) (*Report, error) {
-	if cfg.Rate <= 0 {
-		return nil, errors.New("verify: rate must be positive")
+	if cfg.Rate <= 0 || cfg.Rate > int(time.Second) {
+		return nil, fmt.Errorf("verify: rate %d: must be from 1 to 1e9 requests per second", cfg.Rate)
 	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = 4

@@ -225,7 +225,7 @@ func find(name string) *command {
 func commandList() string {
 	var b strings.Builder
 	for _, c := range commands {
-		fmt.Fprintf(&b, "  %-9s %s\n", c.name, c.summary)
+		fmt.Fprintf(&b, "  %-11s %s\n", c.name, c.summary)
 	}
 	return b.String()
 }

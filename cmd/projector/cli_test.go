@@ -257,3 +257,37 @@ func TestRunHTTPAddrInUse(t *testing.T) {
 	require.Contains(t, r.stderr, "--http-addr "+addr, "%s", r)
 	p.stop(stopWithin)
 }
+
+// TestEveryTableTakingCommandChecksNames: the name rules of run, rebuild
+// and status hold for every other command that takes --schema and
+// --table, before anything connects.
+func TestEveryTableTakingCommandChecksNames(t *testing.T) {
+	t.Parallel()
+	db := "DATABASE_URL=postgres://postgres@127.0.0.1:1/x?connect_timeout=2"
+	for _, cmd := range []struct{ before, after []string }{
+		{[]string{"explain"}, []string{"job-1"}},
+		{[]string{"verify", "--snapshot-url", "http://127.0.0.1:9", "--all"}, nil},
+		{[]string{"quarantine", "list"}, nil},
+	} {
+		for _, tc := range []struct {
+			name string
+			env  []string
+			args []string
+			want string
+		}{
+			{"empty --table", nil, []string{"--table", ""}, "--table is empty"},
+			{"empty PROJECTOR_SCHEMA", []string{"PROJECTOR_SCHEMA="}, nil, "--schema is empty"},
+			{"41-byte --table", nil, []string{"--table", strings.Repeat("t", 41)}, "at most 40"},
+			{"reserved --table", nil, []string{"--table", "projector_held"}, "reserved"},
+			{"mixed-case --table", nil, []string{"--table", "Jobs"}, "lower-case"},
+		} {
+			t.Run(cmd.before[0]+" "+tc.name, func(t *testing.T) {
+				t.Parallel()
+				args := append(append(append([]string{}, cmd.before...), tc.args...), cmd.after...)
+				r := runBin(t, 20*time.Second, baseEnv(append([]string{db}, tc.env...)...), args...)
+				require.Equal(t, 2, r.code, "%s", r)
+				require.Contains(t, r.stderr, tc.want, "%s", r)
+			})
+		}
+	}
+}

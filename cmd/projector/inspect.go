@@ -39,10 +39,10 @@ func openExisting(ctx context.Context, f storeFlags) (*store.Store, error) {
 	if _, err := pgxpool.ParseConfig(f.databaseURL); err != nil {
 		return nil, usagef("DATABASE_URL is not a valid PostgreSQL connection string (want postgres://user:pass@host:port/db or key=value pairs): %v", err)
 	}
-	cfg := store.Config{Schema: f.schema, Table: f.table}
-	if err := cfg.Validate(); err != nil {
-		return nil, usagef("%v", err)
+	if err := checkStoreNames(f.schema, f.table); err != nil {
+		return nil, err
 	}
+	cfg := store.Config{Schema: f.schema, Table: f.table}
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	st, err := store.Open(cctx, f.databaseURL, cfg)

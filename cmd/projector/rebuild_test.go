@@ -65,6 +65,13 @@ func TestRebuild(t *testing.T) {
 	require.Equal(t, int(s.quarantined), s.quarantineCount(), "the quarantine is merged: one row per record")
 	require.Empty(t, s.tablesLike("projector_rebuild_%"), "no shadow table left")
 	require.Empty(t, s.tablesLike("projector_old_jobs_%"), "the old model is dropped without --keep-old")
+	// The rebuild replayed the deletes, and their tombstones moved with the
+	// rebuilt model: late records below them stay out.
+	var liveTombs, shadowTombs int64
+	require.NoError(t, pgtest.Pool(t).QueryRow(t.Context(), `SELECT count(*) FILTER (WHERE projection = 'jobs'),
+		count(*) FILTER (WHERE projection <> 'jobs') FROM `+s.table("projector_tombstones")).Scan(&liveTombs, &shadowTombs))
+	require.Equal(t, s.deleted, liveTombs, "every deleted job's tombstone is the live projection's")
+	require.Zero(t, shadowTombs, "no tombstone is left under the shadow's name")
 
 	// Again with --keep-old: the damaged model survives under its own name.
 	require.EqualValues(t, 1, s.exec(`UPDATE `+jobs+` SET state = '{"corrupt":true}' WHERE job_id = 'job-42'`))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/projector/projector/snapshot"
@@ -16,7 +17,7 @@ type verifyOpts struct {
 	snapshotURL string
 	all         bool
 	sample      int
-	jobs        listFlag
+	jobs        jobsFlag
 	repair      bool
 	rate        int
 	json        bool
@@ -59,14 +60,19 @@ Example:
 		fs.StringVar(&o.snapshotURL, "snapshot-url", "", "the trusted snapshot authority, e.g. http://authority:8080 (required)")
 		fs.BoolVar(&o.all, "all", false, "check every row of the read model and every job held without a row")
 		fs.IntVar(&o.sample, "sample", 0, "check this many rows picked at random")
-		fs.Var(&o.jobs, "job", "check these jobs, comma-separated (repeat or list)")
+		fs.Var(&o.jobs, "job", "check these jobs: --job a,b, --job a --job b, or --job a followed by more ids")
 		fs.BoolVar(&o.repair, "repair", false, "heal missing, behind and differs with the authority's snapshot")
 		fs.IntVar(&o.rate, "rate", 50, "most requests to the authority per second")
 		fs.BoolVar(&o.json, "json", false, "print one JSON object instead of text")
 		return o
 	},
+	args: "[JOB_ID...]",
 	run: func(ctx context.Context, env *cmdEnv, opts any) error {
 		o := opts.(*verifyOpts)
+		if len(env.args) > 0 && len(o.jobs) == 0 {
+			return usagef("job ids %q without --job: name the jobs to check with --job, e.g. --job %s", env.args, env.args[0])
+		}
+		o.jobs = append(o.jobs, env.args...)
 		if err := o.validate(); err != nil {
 			return err
 		}
@@ -100,6 +106,20 @@ Example:
 	},
 }
 
+// jobsFlag collects job ids from every --job, each a comma-separated list.
+type jobsFlag []string
+
+func (j *jobsFlag) String() string { return strings.Join(*j, ",") }
+
+func (j *jobsFlag) Set(s string) error {
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			*j = append(*j, part)
+		}
+	}
+	return nil
+}
+
 func (o *verifyOpts) validate() error {
 	chosen := 0
 	if o.all {
@@ -118,8 +138,8 @@ func (o *verifyOpts) validate() error {
 		return usagef("say which jobs to check with exactly one of --all, --sample N or --job ID[,ID...]")
 	case o.sample < 0:
 		return usagef("--sample %d: must be positive", o.sample)
-	case o.rate <= 0:
-		return usagef("--rate %d: must be positive (requests per second)", o.rate)
+	case o.rate <= 0 || o.rate > 100_000:
+		return usagef("--rate %d: must be from 1 to 100000 (requests per second)", o.rate)
 	}
 	return nil
 }

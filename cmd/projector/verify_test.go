@@ -115,7 +115,7 @@ func TestVerify(t *testing.T) {
 		return v, r
 	}
 
-	v, r := verifyRun("--job", "ok,missing,behind,ahead,differs,nobody")
+	v, r := verifyRun("--job", "ok,missing", "--job", "behind", "--job", "ahead", "differs", "nobody")
 	require.Equal(t, 3, r.code, "drift remains: exit 3\n%s", r)
 	require.Equal(t, 6, v.Checked)
 	require.Equal(t, map[string]string{"missing": "missing", "behind": "behind", "ahead": "ahead", "differs": "differs"}, v.kinds())
@@ -212,7 +212,9 @@ func TestVerifyUsage(t *testing.T) {
 		{[]string{"verify", "--snapshot-url", "http://a:1"}, "exactly one of --all, --sample N or --job"},
 		{[]string{"verify", "--snapshot-url", "http://a:1", "--all", "--sample", "3"}, "exactly one of"},
 		{[]string{"verify", "--snapshot-url", "http://a:1", "--all", "--rate", "0"}, "--rate 0"},
+		{[]string{"verify", "--snapshot-url", "http://a:1", "--all", "--rate", "2000000000"}, "--rate 2000000000"},
 		{[]string{"verify", "--snapshot-url", "ftp://a", "--all"}, "--snapshot-url"},
+		{[]string{"verify", "--snapshot-url", "http://a:1", "--all", "job-1"}, "without --job"},
 	} {
 		r := runBin(t, 30*time.Second, dbEnv(), tc.args...)
 		require.Equal(t, 2, r.code, "%v\n%s", tc.args, r)

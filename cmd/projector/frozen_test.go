@@ -1,0 +1,108 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/projector/projector/internal/pgtest"
+)
+
+// groupTiming are consumer group timings short enough for a test: a
+// stopped process loses its partitions after 2s.
+var groupTiming = []string{"--group-session-timeout", "2s", "--group-heartbeat-interval", "200ms",
+	"--group-rebalance-timeout", "2s", "--group-join-backoff", "100ms"}
+
+// logged reports whether p logged a JSON line with msg containing the
+// text and every attribute given.
+func (p *proc) logged(msg string, attrs map[string]string) bool {
+	for _, line := range p.logs.lines() {
+		var l map[string]any
+		if json.Unmarshal([]byte(line), &l) != nil {
+			continue
+		}
+		m, _ := l["msg"].(string)
+		if !strings.Contains(m, msg) {
+			continue
+		}
+		ok := true
+		for k, v := range attrs {
+			if fmt.Sprint(l[k]) != v {
+				ok = false
+			}
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+// TestRunFrozenOwnerIsTakenOver: an instance frozen (SIGSTOP) inside an
+// open batch transaction, after its fence locked the partition's row. The
+// group moves the partition to another instance after the session
+// timeout; its claim waits for the frozen transaction, saying so, until
+// PostgreSQL ends that transaction (idle in transaction for 10s); then it
+// projects the partition. The frozen instance, thawed, writes nothing:
+// its batch is fenced or abandoned.
+func TestRunFrozenOwnerIsTakenOver(t *testing.T) {
+	t.Parallel()
+	s := newStory(t, 1)
+	s.produce(rec(0, "frozen", snapshotValue("frozen", 1, map[string]any{"status": "queued"})))
+	a := startBin(t, "run a", dbEnv(), s.runArgs("g-frozen", "inst-a", groupTiming...)...)
+	s.waitRow(joinWithin, "frozen", 1, `{"status":"queued"}`, a)
+
+	// Hold the job's row so a's next batch stops inside its transaction,
+	// after the fence, waiting for this lock.
+	ctx := t.Context()
+	tx, err := pgtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM `+s.table("jobs")+` WHERE job_id = 'frozen' FOR UPDATE`)
+	require.NoError(t, err)
+	s.produce(rec(0, "frozen", snapshotValue("frozen", 2, map[string]any{"status": "running"})))
+	eventually(t, joinWithin, "a's batch waits inside its transaction", func() (bool, string) {
+		a.requireAlive()
+		var n int
+		err := pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND state = 'active' AND strpos(query, $1) > 0`, s.table("jobs")).Scan(&n)
+		if err != nil {
+			return false, err.Error()
+		}
+		return n > 0, fmt.Sprintf("%d backends waiting", n)
+	})
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
+	t.Cleanup(func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) }) // so the cleanup's kill ends it
+	require.NoError(t, tx.Rollback(ctx))
+	frozenAt := time.Now()
+
+	b := startBin(t, "run b", dbEnv(), s.runArgs("g-frozen", "inst-b", groupTiming...)...)
+	s.waitRow(40*time.Second, "frozen", 2, `{"status":"running"}`, b)
+	t.Logf("b projected the partition %s after a froze", time.Since(frozenAt).Round(100*time.Millisecond))
+	require.True(t, b.logged("claim waits for the previous owner's open batch transaction", map[string]string{"previous_owner": "inst-a"}),
+		"b says why its claim waited, naming the frozen owner\n%s", b.logs.String())
+	ctxPos, cancel := s.ctx()
+	defer cancel()
+	pos, err := s.st.Positions(ctxPos)
+	require.NoError(t, err)
+	require.Len(t, pos, 1)
+	require.Equal(t, "inst-b", pos[0].Owner)
+	require.Equal(t, int64(2), pos[0].NextOffset)
+
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
+	eventually(t, joinWithin, "the thawed instance drops its batch", func() (bool, string) {
+		a.requireAlive()
+		return a.logged("fenced", nil) || a.logged("batch abandoned", nil), "no fenced or abandoned line yet"
+	})
+	require.Contains(t, a.logs.String(), "idle-in-transaction timeout", "PostgreSQL ended the frozen transaction")
+	s.produce(rec(0, "frozen", snapshotValue("frozen", 3, map[string]any{"status": "completed"})))
+	s.waitRow(joinWithin, "frozen", 3, `{"status":"completed"}`, a, b)
+	a.stop(stopWithin)
+	b.stop(stopWithin)
+	require.Zero(t, s.quarantineCount())
+}
