@@ -242,7 +242,9 @@ func (p *Projector) watchBrokers(ctx context.Context) {
 			p.kafkaOutage.ok()
 			p.book.setHighWatermarks(hwm)
 		}
-		if now := time.Now(); now.Sub(progress.at) >= progressEvery {
+		// Within half a poll of the interval: polls drift by a few
+		// milliseconds, and a strict test would log every 15 s instead.
+		if now := time.Now(); now.Sub(progress.at) >= progressEvery-brokerPollEvery/2 {
 			progress.log(p, now)
 			if n := p.quarantineLog.flush(now); n > 0 {
 				p.cfg.Logger.Warn("quarantined records not logged (rate limit); projector status lists them", "not_shown", n)
@@ -287,18 +289,28 @@ func (l *progressLog) log(p *Projector, now time.Time) {
 }
 
 // retryDatabase runs op until it succeeds or ctx ends, beating and
-// reporting each failure to the database outage log.
+// reporting each failure to the database outage log; a retry waiting out
+// its backoff goes at once when PostgreSQL answers again.
 func (w *worker) retryDatabase(ctx context.Context, op func() error) error {
-	return backoff.RetryNotify(func() error {
+	bo := retryPolicy()
+	for {
 		w.beat.now()
 		err := op()
 		if err == nil {
 			w.p.databaseAnswered()
+			return nil
 		}
-		return err
-	}, backoff.WithContext(retryPolicy(), ctx), func(err error, next time.Duration) {
-		w.p.databaseFailed(fmt.Errorf("%s/%d: %w", w.topic, w.partition, err), next)
-	})
+		var perm *backoff.PermanentError
+		if errors.As(err, &perm) {
+			return perm.Err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		d := bo.NextBackOff()
+		w.p.databaseFailed(fmt.Errorf("%s/%d: %w", w.topic, w.partition, err), d)
+		w.p.dbOutage.wait(ctx, d)
+	}
 }
 
 // logQuarantined logs a quarantined record, at most 10 per 10 s per

@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"context"
 	"log/slog"
 	"sync"
 	"time"
@@ -22,6 +23,9 @@ type outage struct {
 	logged   time.Time
 	attempts int
 	lastErr  string
+	// over is closed when the outage in progress ends, so retries
+	// sleeping through their backoff go at once.
+	over chan struct{}
 }
 
 // failed records a failed attempt; next is when the caller retries.
@@ -33,6 +37,7 @@ func (o *outage) failed(err error, next time.Duration) {
 	o.lastErr = err.Error()
 	if o.since.IsZero() {
 		o.since, o.logged = now, now
+		o.over = make(chan struct{})
 		o.log.Error(o.service+" is failing; retrying", "err", err, "attempt", o.attempts, "next_retry", next)
 		return
 	}
@@ -53,6 +58,23 @@ func (o *outage) ok() {
 	o.log.Info(o.service+" answers again", "failed_for", time.Since(o.since).Round(time.Millisecond),
 		"failed_attempts", o.attempts, "last_err", o.lastErr)
 	o.since, o.attempts, o.lastErr = time.Time{}, 0, ""
+	close(o.over)
+	o.over = nil
+}
+
+// wait sleeps for d, or less if ctx ends or the outage in progress ends
+// (another caller succeeded: the service answers again).
+func (o *outage) wait(ctx context.Context, d time.Duration) {
+	o.mu.Lock()
+	over := o.over
+	o.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	case <-over: // nil when no outage: never ready
+	}
 }
 
 // sampler rate-limits a kind of log line: at most burst lines per window;

@@ -497,7 +497,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 		}
 		d := bo.NextBackOff()
 		w.p.databaseFailed(fmt.Errorf("batch %s/%d@%d: %w", w.topic, w.partition, firstOffset(msgs), err), d)
-		sleep(ctx, d)
+		w.p.dbOutage.wait(ctx, d)
 		if ctx.Err() != nil {
 			w.log.Warn("batch abandoned: the partition's generation ended before a retry; it will be read again", "first_offset", firstOffset(msgs))
 			return nil

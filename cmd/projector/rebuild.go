@@ -20,6 +20,7 @@ type rebuildOpts struct {
 	dryRun   bool
 	heldWait time.Duration
 	timeout  time.Duration
+	progress *progress
 }
 
 // driftSample is how many job ids --dry-run shows per kind of drift.
@@ -128,7 +129,9 @@ Example:
 		rctx, cancelRun := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- p.Run(rctx) }()
+		o.progress = newProgress(env.stderr, logger, "rebuild", sum(target))
 		waitErr := waitRebuilt(ctx, shadow, target, o)
+		o.progress.finish()
 		cancelRun()
 		if err := <-done; err != nil {
 			return err
@@ -259,11 +262,14 @@ func waitRebuilt(ctx context.Context, shadow *store.Store, target map[int]int64,
 				return err
 			}
 			done := true
+			var read int64
 			for part, h := range target {
 				if h > 0 && prog.Positions[part] < h {
 					done = false
 				}
+				read += min(max(prog.Positions[part], 0), h)
 			}
+			o.progress.update(read)
 			if done {
 				caughtUp = time.Now()
 			} else if o.timeout > 0 && time.Since(start) > o.timeout {

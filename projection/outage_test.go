@@ -1,0 +1,57 @@
+package projection
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestSamplerShowsBurstThenCounts(t *testing.T) {
+	t.Parallel()
+	s := sampler{window: 10 * time.Second, burst: 2}
+	t0 := time.Unix(1000, 0)
+	ok, held := s.allow(t0)
+	require.True(t, ok)
+	require.Zero(t, held)
+	ok, _ = s.allow(t0)
+	require.True(t, ok)
+	for range 5 {
+		ok, _ = s.allow(t0.Add(time.Second))
+		require.False(t, ok)
+	}
+	require.Zero(t, s.flush(t0.Add(5*time.Second)), "the window has not ended")
+	// The next line shown after the window carries the count.
+	ok, held = s.allow(t0.Add(11 * time.Second))
+	require.True(t, ok)
+	require.Equal(t, 5, held)
+	ok, _ = s.allow(t0.Add(11 * time.Second))
+	require.True(t, ok)
+	ok, _ = s.allow(t0.Add(12 * time.Second))
+	require.False(t, ok)
+	require.Equal(t, 1, s.flush(t0.Add(22*time.Second)))
+	require.Zero(t, s.flush(t0.Add(23*time.Second)))
+}
+
+// TestQuarantineLogged: each quarantined record is logged with its
+// partition, offset and reason, at most 10 per 10 s.
+func TestQuarantineLogged(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, 1)
+	logs := &logLines{t: t}
+	run := r.start(r.config(func(c *Config) { c.Logger = logs.logger() }))
+	var recs []rec
+	for i := range 25 {
+		recs = append(recs, rec{0, fmt.Sprintf("k%d", i), "not json"})
+	}
+	r.produce(recs...)
+	r.caughtUp(20*time.Second, run)
+	lines := logs.matching("record quarantined")
+	require.NotEmpty(t, lines)
+	require.LessOrEqual(t, len(lines), 10, "rate-limited")
+	require.Contains(t, lines[0], "partition=0")
+	require.Contains(t, lines[0], "offset=0")
+	require.Contains(t, lines[0], "reason=")
+	require.Equal(t, int64(25), run.p.Status().Counters.Quarantined)
+}
