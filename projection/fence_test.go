@@ -142,7 +142,11 @@ func TestFencedBatchWritesNothingAndThePartitionIsReclaimed(t *testing.T) {
 func TestClaimDuringAnOpenBatchSeesItsPositionAndFencesTheNext(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s := pgtest.Store(t)
+	// A claim gives up waiting after ClaimLockTimeout (2s by default);
+	// this test wants it to wait for the commit, however slow the machine.
+	s, err := store.New(pgtest.Pool(t), store.Config{Schema: pgtest.Schema(t), ClaimLockTimeout: time.Minute})
+	require.NoError(t, err)
+	require.NoError(t, s.Migrate(ctx))
 	first, err := s.Claim(ctx, "t", 0, "first")
 	require.NoError(t, err)
 

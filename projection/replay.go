@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/projector/projector/event"
@@ -122,7 +123,13 @@ func replayOne(ctx context.Context, st *store.Store, q store.QuarantineRecord, r
 			continue // the row moved: read it again and decide again
 		case store.IsBadData(err):
 			rep.Refused++
-			return st.Requarantine(ctx, q.ID, store.Refusal(err))
+			reason := store.Refusal(err)
+			if strings.HasSuffix(q.Error, reason) {
+				// The same refusal, quarantined with the version before
+				// it (a held delta's): keep the row as it is.
+				reason = q.Error
+			}
+			return st.Requarantine(ctx, q.ID, reason)
 		default:
 			return fmt.Errorf("projection: replay quarantined record %d: %w", q.ID, err)
 		}
