@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/projector/projector/gapfill"
+	"github.com/projector/projector/internal/failpoint"
 )
 
 // attemptPoll is how often a worker with attempts in flight looks for
@@ -77,6 +78,7 @@ func (w *worker) startAttempts(ctx context.Context, wg *sync.WaitGroup) *attempt
 				case <-ctx.Done():
 					return
 				case round := <-a.rereadIn:
+					failpoint.Hit(failpoint.GapAttempt)
 					start := time.Now()
 					a.resolver.Reread(ctx, round, start)
 					w.log.Debug("re-read round", "jobs", len(round), "took", time.Since(start))
@@ -209,6 +211,7 @@ func startFetchPool(ctx context.Context, wg *sync.WaitGroup, r *gapfill.Resolver
 				case <-ctx.Done():
 					return
 				case job := <-p.in:
+					failpoint.Hit(failpoint.GapAttempt)
 					p.resolver.Authority(job.ctx, &job.att, time.Now())
 					select {
 					case job.out <- finished{fetched: true, atts: []gapfill.Attempt{job.att}}:

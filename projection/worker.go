@@ -14,6 +14,7 @@ import (
 	"github.com/projector/projector/delta"
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
+	"github.com/projector/projector/internal/failpoint"
 	"github.com/projector/projector/store"
 )
 
@@ -88,6 +89,7 @@ func (w *worker) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	failpoint.Hit(failpoint.Claimed)
 	w.epoch = claim.Epoch
 	w.position = claim.NextOffset
 	w.log = w.log.With("epoch", w.epoch)
@@ -454,6 +456,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 		}
 		cancel()
 		if err == nil {
+			failpoint.Hit(failpoint.AfterCommit)
 			w.p.databaseAnswered()
 			w.p.metrics.batch(time.Since(now), len(msgs))
 			w.settle(pl, result, now)

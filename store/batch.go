@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/projector/projector/internal/failpoint"
 )
 
 // ErrFenced means another owner claimed the partition after this one: the
@@ -434,6 +436,7 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 		}
 	}
 
+	failpoint.Hit(failpoint.BeforeCommit)
 	if err := tx.Commit(ctx); err != nil {
 		return res, fmt.Errorf("store: apply %s/%d@%d: commit: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}

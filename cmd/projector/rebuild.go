@@ -44,7 +44,8 @@ the old model (it claims again and continues from the rebuilt positions).
 Before reading anything it checks the topic and what is attached to the
 table; what a swap could not keep (rules, a column added NOT NULL without a
 default, forced row-level security) is refused, naming it, and nothing is
-changed.
+changed. CHECK constraints users added to the table are put on the shadow, so
+a record that breaks one is quarantined in the replay, as 'projector run' does.
 
 A rebuild stopped or killed part way leaves the live model untouched; run it
 again and it continues from the shadow's stored positions (--restart starts

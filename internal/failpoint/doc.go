@@ -1,0 +1,23 @@
+// Package failpoint marks the points of the engine where the fault suite
+// kills the process: before a batch transaction commits, between the
+// PostgreSQL commit and the Kafka group commit, during a gap attempt, and
+// right after a partition is claimed.
+//
+// In a normal build [Hit] does nothing and compiles away: the product
+// binary carries no failpoint. Built with `-tags failpoints`, [Hit] reads
+// PROJECTOR_FAILPOINTS once, a comma-separated list of name=N, and kills
+// the process with SIGKILL at the Nth hit of a named point, after writing
+// "failpoint NAME: SIGKILL" to standard error, so a test can tell the
+// failpoint from any other death.
+//
+// It must never do anything but count and kill: no sleeps, no errors
+// returned, no state a test could depend on other than the process dying.
+package failpoint
+
+// The points, by name.
+const (
+	BeforeCommit = "batch-before-commit" // the batch's writes are sent, its transaction not committed
+	AfterCommit  = "batch-after-commit"  // committed in PostgreSQL, not yet offered to the group commit
+	GapAttempt   = "gap-attempt"         // a re-read or an authority fetch is running
+	Claimed      = "claimed"             // the epoch is bumped, nothing read yet
+)
