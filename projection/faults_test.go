@@ -65,6 +65,8 @@ type faultOpts struct {
 	params map[string]string
 	// authority wraps the truthful authority with a fault.
 	authority func(truth http.Handler) http.Handler
+	// statementTimeout bounds each statement of a batch transaction.
+	statementTimeout time.Duration
 }
 
 func newFaultRig(t *testing.T, o faultOpts) *faultRig {
@@ -101,7 +103,7 @@ func newFaultRig(t *testing.T, o faultOpts) *faultRig {
 	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	st, err := store.New(pool, store.Config{Schema: schema})
+	st, err := store.New(pool, store.Config{Schema: schema, StatementTimeout: o.statementTimeout})
 	require.NoError(t, err)
 
 	stream := jobgen.Generate(jobgen.Config{
@@ -340,7 +342,7 @@ func pgUpstream(t *testing.T) string {
 // the lock is released.
 func TestFaultStatementTimeout(t *testing.T) {
 	t.Parallel()
-	f := newFaultRig(t, faultOpts{seed: 31, params: map[string]string{"statement_timeout": "300"}})
+	f := newFaultRig(t, faultOpts{seed: 31, statementTimeout: 300 * time.Millisecond})
 	wait := f.flow(100, 20*time.Millisecond)
 	lc, logs := f.countLines("SQLSTATE 57014")
 	f.start(f.config(logs))
@@ -349,6 +351,7 @@ func TestFaultStatementTimeout(t *testing.T) {
 	ctx := context.Background()
 	tx, err := pgtest.Pool(t).Begin(ctx)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) }) // before the schema is dropped
 	_, err = tx.Exec(ctx, `LOCK TABLE `+f.store.JobsTable()+` IN EXCLUSIVE MODE`)
 	require.NoError(t, err)
 	f.eventually(20*time.Second, "a statement times out", func() (bool, string) {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/projector/projector/internal/kafkatest"
@@ -258,4 +259,44 @@ func TestReadyMaxLag(t *testing.T) {
 		code, h := probe(t, srv, "/readyz")
 		return code == http.StatusOK, failing(h)
 	})
+}
+
+// TestDeletedTopicWaitsWithoutRebalanceLoop: a topic deleted under a
+// running instance sends it out of the group to wait (not ready, the topic
+// named once in the log), not into a loop of generations; recreated, it is
+// projected again.
+func TestDeletedTopicWaitsWithoutRebalanceLoop(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, 1)
+	logs := &logLines{t: t}
+	run := r.start(r.config(func(c *Config) { c.Logger = logs.logger() }))
+	r.produce(rec{0, "a", snap("a", 1, `{}`)})
+	r.caughtUp(20*time.Second, run)
+	r.eventually(10*time.Second, "ready", func() (bool, string) { return run.p.Ready(), failing(run.p.Readiness()) })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	admin := &kafka.Client{Addr: kafka.TCP(r.kafka.Addrs()...), Transport: tr}
+	res, err := admin.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{r.topic}})
+	require.NoError(t, err)
+	require.NoError(t, res.Errors[r.topic])
+	r.eventually(20*time.Second, "not ready: the topic is missing", func() (bool, string) {
+		f := failing(run.p.Readiness())
+		return strings.Contains(f, "topic: topic \""+r.topic+"\" does not exist"), f
+	})
+	time.Sleep(3 * time.Second) // the length of the wait, not synchronisation
+	require.LessOrEqual(t, len(logs.matching("generation joined")), 3, "no rebalance loop")
+	require.LessOrEqual(t, len(logs.matching("does not exist", r.topic)), 2, "the missing topic is logged once (and once on leaving the group)")
+
+	require.NoError(t, r.kafka.CreateTopic(ctx, r.topic, 1))
+	// The projection stored next offset 1 for the old topic: offset 0 of the
+	// new one counts as read (a recreated topic calls for a rebuild).
+	r.produce(rec{0, "a", snap("a", 2, `{}`)}, rec{0, "b", snap("b", 1, `{}`)})
+	r.eventually(30*time.Second, "b is projected after the topic came back", func() (bool, string) {
+		_, ok := r.rows()["b"]
+		return ok, failing(run.p.Readiness())
+	})
+	r.eventually(10*time.Second, "ready again", func() (bool, string) { return run.p.Ready(), failing(run.p.Readiness()) })
 }

@@ -356,3 +356,47 @@ func (s probeState) Next(ctx context.Context, challenge []byte) (bool, []byte, e
 	}
 	return done, resp, err
 }
+
+// partitionsFresh lists topic's partitions over a new connection: the
+// transport caches metadata for a while, and a topic deleted a moment ago
+// would still look present there. A topic the brokers do not know is
+// errTopicMissing.
+func (c *kafkaClients) partitionsFresh(ctx context.Context, topic string) ([]int, error) {
+	var last error
+	for _, addr := range c.k.Brokers {
+		conn, err := c.dialer.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			if ae := c.k.authError(err); ae != nil {
+				return nil, ae
+			}
+			last = err
+			continue
+		}
+		deadline, ok := ctx.Deadline()
+		if !ok {
+			deadline = time.Now().Add(10 * time.Second)
+		}
+		_ = conn.SetDeadline(deadline)
+		ps, err := conn.ReadPartitions(topic)
+		conn.Close()
+		switch {
+		case errors.Is(err, kafka.UnknownTopicOrPartition), err == nil && len(ps) == 0:
+			return nil, fmt.Errorf("projection: topic %q: %w", topic, errTopicMissing)
+		case err != nil:
+			if ae := c.k.authError(err); ae != nil {
+				return nil, ae
+			}
+			last = err
+			continue
+		}
+		ids := make([]int, len(ps))
+		for i, p := range ps {
+			ids[i] = p.ID
+		}
+		return ids, nil
+	}
+	if ae := c.diagnose(ctx); ae != nil {
+		return nil, ae
+	}
+	return nil, fmt.Errorf("projection: metadata of %s: %w", topic, last)
+}

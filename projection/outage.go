@@ -119,3 +119,10 @@ func (s *sampler) flush(now time.Time) int {
 	s.hidden = 0
 	return n
 }
+
+// attemptsSoFar is the failed attempts of the outage in progress.
+func (o *outage) attemptsSoFar() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.attempts
+}

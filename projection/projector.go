@@ -151,7 +151,7 @@ func (p *Projector) waitTopic(ctx context.Context) error {
 	var logged time.Time
 	for {
 		lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		_, err := p.kafka.partitions(lctx, p.cfg.Topic)
+		_, err := p.kafka.partitionsFresh(lctx, p.cfg.Topic)
 		cancel()
 		var ae *AuthError
 		switch {
@@ -232,7 +232,7 @@ func (p *Projector) runGroup(ctx context.Context) error {
 		// find the topic, and joins again at once: check the topic at
 		// every generation, and wait for it outside the group.
 		lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		_, err = p.kafka.partitions(lctx, cfg.Topic)
+		_, err = p.kafka.partitionsFresh(lctx, cfg.Topic)
 		cancel()
 		if errors.Is(err, errTopicMissing) {
 			p.health.topic.Store(topicMissing)

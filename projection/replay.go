@@ -16,6 +16,8 @@ import (
 
 // ReplayReport counts what a replay did with each quarantined record.
 type ReplayReport struct {
+	// Replayed counts the records replayed, each once.
+	Replayed int `json:"replayed"`
 	// Applied records changed their job's row; Stale and Duplicates were
 	// already covered by it, Conflicts met the row at their version with
 	// other content (the row wins, as for live records). All four left the
@@ -39,29 +41,46 @@ func (r ReplayReport) Left() int { return r.Applied + r.Stale + r.Duplicates + r
 // moves under it (the live projection writing the same job).
 const replayRetries = 5
 
-// Replay runs quarantined records again through today's decoder and version
-// rules and writes them with the same version-conditional statements as live
-// records. It never touches a partition's position or epoch and never holds
-// a delta (a held delta belongs to the partition's owner): a delta that is
-// not next in line stays in the quarantine, its reason saying which versions
-// it waits for. It is safe while the projection runs.
-func Replay(ctx context.Context, st *store.Store, recs []store.QuarantineRecord) (ReplayReport, error) {
+// replayChunk bounds the quarantined records (values included) held in
+// memory at once.
+const replayChunk = 200
+
+// Replay runs the quarantined records ids again, oldest first, through
+// today's decoder and version rules and writes them with the same
+// version-conditional statements as live records. It never touches a
+// partition's position or epoch and never holds a delta (a held delta
+// belongs to the partition's owner): a delta that is not next in line stays
+// in the quarantine, its reason saying which versions it waits for. It is
+// safe while the projection runs. An id no longer in the quarantine (another
+// replay took it) is skipped.
+func Replay(ctx context.Context, st *store.Store, ids []int64) (ReplayReport, error) {
 	var rep ReplayReport
-	todo := slices.Clone(recs)
-	slices.SortFunc(todo, func(a, b store.QuarantineRecord) int { return cmp.Compare(a.ID, b.ID) })
-	// A delta may wait for one quarantined after it: go round again while
-	// a round applies something.
+	todo := slices.Clone(ids)
+	slices.Sort(todo)
+	todo = slices.Compact(todo)
+	// A delta may wait for one quarantined after it: go round again with
+	// the waiting ones while a round applies something.
 	for len(todo) > 0 {
-		var waiting []store.QuarantineRecord
+		var waiting []int64
 		applied := rep.Applied
 		rep.Waiting = 0
-		for _, q := range todo {
-			if err := replayOne(ctx, st, q, &rep); err != nil {
+		for chunk := range slices.Chunk(todo, replayChunk) {
+			recs, err := st.QuarantineRecords(ctx, store.QuarantineFilter{IDs: chunk})
+			if err != nil {
 				return rep, err
 			}
-			if rep.Waiting > len(waiting) {
-				waiting = append(waiting, q)
+			slices.SortFunc(recs, func(a, b store.QuarantineRecord) int { return cmp.Compare(a.ID, b.ID) })
+			for _, q := range recs {
+				if err := replayOne(ctx, st, q, &rep); err != nil {
+					return rep, err
+				}
+				if rep.Waiting > len(waiting) {
+					waiting = append(waiting, q.ID)
+				}
 			}
+		}
+		if rep.Replayed == 0 {
+			rep.Replayed = rep.Left() + rep.Refused + rep.Waiting
 		}
 		if rep.Applied == applied {
 			break

@@ -113,14 +113,19 @@ func (w *worker) run(ctx context.Context) error {
 	}
 	w.log.Info("partition claimed", "next_offset", claim.NextOffset, "held_jobs", w.detector.Len())
 	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers:     cfg.Brokers,
-		Topic:       w.topic,
-		Partition:   w.partition,
-		MinBytes:    1,
-		MaxBytes:    16 << 20,
-		MaxWait:     cfg.MaxWait,
-		Dialer:      w.p.dialer,
-		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) { w.log.Debug("kafka: " + fmt.Sprintf(msg, args...)) }),
+		Brokers:   cfg.Brokers,
+		Topic:     w.topic,
+		Partition: w.partition,
+		MinBytes:  1,
+		MaxBytes:  16 << 20,
+		MaxWait:   cfg.MaxWait,
+		// The reader fetches in the background while a batch is written:
+		// a queue of a whole batch lets the next one be ready when the
+		// write ends (kafka-go's default of 100 made batches of ~100
+		// records once the log was behind).
+		QueueCapacity: cfg.BatchSize,
+		Dialer:        w.p.dialer,
+		ErrorLogger:   kafka.LoggerFunc(func(msg string, args ...any) { w.log.Debug("kafka: " + fmt.Sprintf(msg, args...)) }),
 		// Return an out-of-range position instead of retrying it for ever
 		// in silence: see [worker.outOfRange].
 		OffsetOutOfRangeError: true,

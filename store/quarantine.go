@@ -85,6 +85,20 @@ func (s *Store) QuarantineRecords(ctx context.Context, f QuarantineFilter) ([]Qu
 	return out, nil
 }
 
+// QuarantineIDs lists the ids of every quarantined record of the
+// projection, oldest first.
+func (s *Store) QuarantineIDs(ctx context.Context) ([]int64, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id FROM `+s.quarantine+` WHERE projection = $1 ORDER BY id`, s.projection)
+	if err != nil {
+		return nil, fmt.Errorf("store: quarantine ids: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("store: quarantine ids: %w", err)
+	}
+	return ids, nil
+}
+
 // PurgeQuarantine deletes the quarantined records older than before, or
 // all of them when before is zero, and returns how many it deleted.
 func (s *Store) PurgeQuarantine(ctx context.Context, before time.Time) (int64, error) {

@@ -22,13 +22,14 @@ const ShadowPrefix = "projector_rebuild_"
 func ShadowName(table string) string { return ShadowPrefix + table }
 
 // Shadow returns the store of s's rebuild table in the same schema, on the
-// same pool.
+// same pool, with the same bounds on its transactions.
 func (s *Store) Shadow() (*Store, error) {
 	name := ShadowName(s.projection)
 	if len(name) > maxIdent {
 		return nil, fmt.Errorf("store: table %q is too long for its rebuild table %q (PostgreSQL names have at most %d bytes)", s.projection, name, maxIdent)
 	}
-	return newStore(s.pool, Config{Schema: s.schema, Table: name}), nil
+	return newStore(s.pool, Config{Schema: s.schema, Table: name, ClaimLockTimeout: s.claimLockTimeout,
+		IdleInTransactionTimeout: s.idleTimeout, StatementTimeout: s.statementTimeout}), nil
 }
 
 // maxIdent is PostgreSQL's longest identifier, in bytes.

@@ -136,9 +136,34 @@ type Store struct {
 // Open connects to databaseURL and returns a Store that closes the pool on
 // [Store.Close].
 func Open(ctx context.Context, databaseURL string, cfg Config) (*Store, error) {
+	pool, err := OpenPool(ctx, databaseURL)
+	if err != nil {
+		return nil, err
+	}
+	s, err := New(pool, cfg)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	s.ownPool = true
+	return s, nil
+}
+
+// DefaultMaxConns is the pool size [OpenPool] uses unless the URL sets
+// pool_max_conns. Every partition an instance owns writes its batches on a
+// connection of its own, beside the gap attempts and the monitors;
+// pgxpool's default (4, or the CPU count) left partition workers waiting
+// for a connection while others committed.
+const DefaultMaxConns = 16
+
+// OpenPool connects to databaseURL with the projector's pool settings.
+func OpenPool(ctx context.Context, databaseURL string) (*pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("store: DATABASE_URL is not a valid PostgreSQL connection string: %w", err)
+	}
+	if !strings.Contains(databaseURL, "pool_max_conns") {
+		pcfg.MaxConns = max(pcfg.MaxConns, DefaultMaxConns)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
@@ -148,13 +173,7 @@ func Open(ctx context.Context, databaseURL string, cfg Config) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("store: connect to %s: %w", redact(pcfg.ConnConfig), err)
 	}
-	s, err := New(pool, cfg)
-	if err != nil {
-		pool.Close()
-		return nil, err
-	}
-	s.ownPool = true
-	return s, nil
+	return pool, nil
 }
 
 // New wraps an existing pool; [Store.Close] leaves it open.

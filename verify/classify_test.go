@@ -16,7 +16,9 @@ func TestClassify(t *testing.T) {
 		return event.Event{JobID: "j", Version: v, Kind: event.Snapshot, State: json.RawMessage(state)}
 	}
 	del := func(v int64) event.Event { return event.Event{JobID: "j", Version: v, Kind: event.Delete} }
-	row := func(v int64, state string) store.Job { return store.Job{ID: "j", Version: v, State: json.RawMessage(state)} }
+	row := func(v int64, state string) store.Job {
+		return store.Job{ID: "j", Version: v, State: json.RawMessage(state)}
+	}
 	tomb := func(v int64) store.Job { return store.Job{ID: "j", Version: v, Deleted: true} }
 	for _, tc := range []struct {
 		name   string

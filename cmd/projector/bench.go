@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
@@ -29,6 +30,8 @@ type benchOpts struct {
 	duration    time.Duration
 	rebuild     bool
 	json        bool
+	cpuProfile  string
+	memProfile  string
 	swapRows    int
 	swapDiffer  int
 	swapKeepOld bool
@@ -89,6 +92,8 @@ Examples:
 		fs.DurationVar(&o.duration, "duration", 60*time.Second, "how long --live produces, e.g. 60s")
 		fs.BoolVar(&o.rebuild, "rebuild", false, "also time 'projector rebuild' of the same stream")
 		fs.BoolVar(&o.json, "json", false, "print the report as one JSON object (progress goes to stderr)")
+		fs.StringVar(&o.cpuProfile, "cpu-profile", "", "write a pprof CPU profile of the projector's run (empty table) to this file")
+		fs.StringVar(&o.memProfile, "alloc-profile", "", "write a pprof allocation profile, taken after the projector's run, to this file")
 		fs.IntVar(&o.swapRows, "swap-rows", 0, "measure a rebuild's swap with this many rows instead of the throughput (0: the throughput)")
 		fs.IntVar(&o.swapDiffer, "swap-differ-percent", 1, "with --swap-rows, the percentage of rows the rebuilt model changes")
 		fs.BoolVar(&o.swapKeepOld, "swap-keep-old", false, "with --swap-rows, swap as 'projector rebuild --keep-old' does")
@@ -148,12 +153,27 @@ Examples:
 		if o.json {
 			progress = env.stderr
 		}
-		rep, err := bench.Run(ctx, bench.Config{
+		cfg := bench.Config{
 			DatabaseURL: url, Mix: o.mix, Events: o.events, Jobs: o.jobs, Partitions: o.partitions, StateBytes: o.stateBytes,
 			Seed: o.seed, NaiveSample: o.naive, BatchSize: o.batchSize, Preload: o.preload,
 			Live: o.live, LiveRate: o.rate, LiveDuration: o.duration, Rebuild: o.rebuild,
 			Executable: self, Progress: progress, Logger: logger,
-		})
+		}
+		for _, pf := range []struct {
+			path string
+			to   *io.Writer
+		}{{o.cpuProfile, &cfg.CPUProfile}, {o.memProfile, &cfg.AllocProfile}} {
+			if pf.path == "" {
+				continue
+			}
+			f, err := os.Create(pf.path)
+			if err != nil {
+				return usagef("profile file: %v", err)
+			}
+			defer f.Close()
+			*pf.to = f
+		}
+		rep, err := bench.Run(ctx, cfg)
 		var wrong *bench.MismatchError
 		if errors.As(err, &wrong) {
 			return fmt.Errorf("%w: the run is a failure, however fast", err)

@@ -130,6 +130,7 @@ func TestBadUsageExits2(t *testing.T) {
 		{"bad --start", []string{db}, []string{"run", "--brokers", brokers, "--start", "middle"}, []string{"--start", "middle"}},
 		{"negative --gap-wait", []string{db}, []string{"run", "--brokers", brokers, "--gap-wait", "-1s"}, []string{"--gap-wait"}},
 		{"bad --gap-wait", []string{db}, []string{"run", "--brokers", brokers, "--gap-wait", "soon"}, []string{"gap-wait"}},
+		{"negative --tombstone-retention", []string{db}, []string{"run", "--brokers", brokers, "--tombstone-retention", "-1h"}, []string{"--tombstone-retention", "0 keeps tombstones for ever"}},
 		{"relative --snapshot-url", []string{db}, []string{"run", "--brokers", brokers, "--snapshot-url", "authority:8080/x"}, []string{"--snapshot-url"}},
 		{"ftp --snapshot-url", []string{db}, []string{"run", "--brokers", brokers, "--snapshot-url", "ftp://authority"}, []string{"--snapshot-url"}},
 		{"--batch-size 0", []string{db}, []string{"run", "--brokers", brokers, "--batch-size", "0"}, []string{"--batch-size"}},

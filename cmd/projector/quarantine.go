@@ -209,12 +209,15 @@ Example, after dropping a constraint that refused records:
 			return err
 		}
 		defer st.Close()
-		filter := store.QuarantineFilter{IDs: ids}
-		recs, err := st.QuarantineRecords(ctx, filter)
-		if err != nil {
-			return err
-		}
-		if !o.all && len(recs) < len(ids) {
+		if o.all {
+			if ids, err = st.QuarantineIDs(ctx); err != nil {
+				return err
+			}
+		} else {
+			recs, err := st.QuarantineRecords(ctx, store.QuarantineFilter{IDs: ids})
+			if err != nil {
+				return err
+			}
 			found := map[int64]bool{}
 			for _, q := range recs {
 				found[q.ID] = true
@@ -225,19 +228,18 @@ Example, after dropping a constraint that refused records:
 				}
 			}
 		}
-		rep, err := projection.Replay(ctx, st, recs)
+		rep, err := projection.Replay(ctx, st, ids)
 		if err != nil {
 			return fmt.Errorf("%w (counts so far: %s)", err, replaySummary(rep))
 		}
 		if o.json {
 			return printJSON(env, struct {
-				Replayed int `json:"replayed"`
 				projection.ReplayReport
 				Left   int `json:"left_quarantine"`
 				Stayed int `json:"stayed"`
-			}{len(recs), rep, rep.Left(), rep.Refused + rep.Waiting})
+			}{rep, rep.Left(), rep.Refused + rep.Waiting})
 		}
-		fmt.Fprintf(env.stdout, "replayed %d quarantined records: %s\n", len(recs), replaySummary(rep))
+		fmt.Fprintf(env.stdout, "replayed %d quarantined records: %s\n", rep.Replayed, replaySummary(rep))
 		return nil
 	},
 }

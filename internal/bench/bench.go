@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"text/tabwriter"
 	"time"
@@ -63,6 +64,9 @@ type Config struct {
 	// process (so the projector's memory is measured alone) and the
 	// rebuild. Empty runs the broker in this process (tests).
 	Executable string
+	// CPUProfile and AllocProfile, when set, receive pprof profiles of
+	// this process during the projector's run on the empty table.
+	CPUProfile, AllocProfile io.Writer
 	// Progress receives one line per measured writer as it finishes.
 	Progress io.Writer
 	Logger   *slog.Logger
@@ -209,14 +213,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+	// The pool `projector run` would have.
+	pool, err := store.OpenPool(ctx, cfg.DatabaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("bench: connect: %w", err)
+		return nil, fmt.Errorf("bench: %w", err)
 	}
 	defer pool.Close()
-	if err := pool.Ping(ctx); err != nil {
-		return nil, fmt.Errorf("bench: connect: %w", err)
-	}
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
 	r := &run{cfg: cfg, pool: pool, schema: "projector_bench_" + hex.EncodeToString(rnd[:])}
@@ -423,10 +425,11 @@ type projected struct {
 func (r *run) engine(st *store.Store, topic, group string) (*projection.Projector, error) {
 	return projection.New(projection.Config{
 		Brokers: r.broker.addrs, Topic: topic, Group: group, Store: st, Logger: r.cfg.Logger,
-		BatchSize: r.cfg.BatchSize, BatchLinger: 10 * time.Millisecond, MaxWait: 250 * time.Millisecond,
+		// The batch linger, fetch wait and gap wait of `projector run`.
+		BatchSize:         r.cfg.BatchSize,
 		HeartbeatInterval: broker.GroupHeartbeatInterval, SessionTimeout: broker.GroupSessionTimeout,
 		RebalanceTimeout: broker.GroupRebalanceTimeout, JoinGroupBackoff: broker.GroupJoinBackoff,
-		PartitionWatchInterval: broker.GroupPartitionWatchInterval, GapWait: time.Second,
+		PartitionWatchInterval: broker.GroupPartitionWatchInterval,
 	})
 }
 
@@ -459,10 +462,23 @@ func (r *run) projector(ctx context.Context, topic string, hwm map[int]int64, tr
 	var mem *memSampler
 	if measureMemory {
 		mem = startMemSampler()
+		if r.cfg.CPUProfile != nil {
+			if err := pprof.StartCPUProfile(r.cfg.CPUProfile); err != nil {
+				return projected{}, fmt.Errorf("bench: cpu profile: %w", err)
+			}
+		}
 	}
 	elapsed, err := r.runUntil(ctx, p, st, hwm)
 	if mem != nil {
+		if r.cfg.CPUProfile != nil {
+			pprof.StopCPUProfile()
+		}
 		r.rep.PeakHeapBytes, r.rep.PeakRSSBytes, r.rep.HeapBeforeBytes = mem.finish()
+		if r.cfg.AllocProfile != nil {
+			if err := pprof.Lookup("allocs").WriteTo(r.cfg.AllocProfile, 0); err != nil {
+				return projected{}, fmt.Errorf("bench: alloc profile: %w", err)
+			}
+		}
 	}
 	if err != nil {
 		return projected{}, fmt.Errorf("bench: %s: %w", name, err)
