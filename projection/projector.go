@@ -29,6 +29,7 @@ type Projector struct {
 	book     partitionBook
 	metrics  *metrics
 	health   health
+	stall    stallState
 
 	dbOutage, kafkaOutage outage
 	// quarantineLog rate-limits the log line of each quarantined record.
@@ -98,7 +99,14 @@ func (p *Projector) Config() Config { return p.cfg }
 // before joining the group and at every generation, so a topic deleted
 // under a running group sends the instance back to waiting rather than
 // into a rebalance loop.
+//
+// A partition with lag whose position has not moved for StallTimeout ends
+// Run with an error wrapping [ErrStalled] (see [Projector.runWatched]).
 func (p *Projector) Run(ctx context.Context) error {
+	return p.runWatched(ctx, p.run)
+}
+
+func (p *Projector) run(ctx context.Context) error {
 	cfg := p.cfg
 	defer p.kafka.close()
 	mctx, stopMonitors := context.WithCancel(ctx)

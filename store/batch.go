@@ -42,16 +42,30 @@ type Claim struct {
 // claim waits for it at most the ClaimLockTimeout, then returns a
 // *[ClaimWaitError] naming that owner, for the caller to log and retry.
 func (s *Store) Claim(ctx context.Context, topic string, p int, owner string) (Claim, error) {
+	return s.ClaimFrom(ctx, topic, p, owner, -1)
+}
+
+// ClaimFrom is [Store.Claim] for a partition that starts at start when no
+// position is stored yet (never processed, NextOffset -1): the statement
+// that takes the partition stores start as its position, so there is no
+// moment, however short, when the partition is claimed and its start not
+// stored. A stored position always wins over start; start -1 stores
+// nothing.
+func (s *Store) ClaimFrom(ctx context.Context, topic string, p int, owner string, start int64) (Claim, error) {
+	if start < -1 {
+		return Claim{}, fmt.Errorf("store: claim %s/%d: start %d is not an offset", topic, p, start)
+	}
 	var c Claim
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, millis(s.claimLockTimeout)); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, `INSERT INTO `+s.partitions+` AS t (projection, topic, partition, epoch, owner)
-			VALUES ($1, $2, $3, 1, $4)
+		return tx.QueryRow(ctx, `INSERT INTO `+s.partitions+` AS t (projection, topic, partition, epoch, owner, next_offset)
+			VALUES ($1, $2, $3, 1, $4, $5)
 			ON CONFLICT (projection, topic, partition)
-			DO UPDATE SET epoch = t.epoch + 1, owner = excluded.owner, updated_at = now()
-			RETURNING epoch, next_offset`, s.projection, topic, p, owner).Scan(&c.Epoch, &c.NextOffset)
+			DO UPDATE SET epoch = t.epoch + 1, owner = excluded.owner, updated_at = now(),
+				next_offset = CASE WHEN t.next_offset < 0 THEN excluded.next_offset ELSE t.next_offset END
+			RETURNING epoch, next_offset`, s.projection, topic, p, owner, start).Scan(&c.Epoch, &c.NextOffset)
 	})
 	if err != nil {
 		var pgErr *pgconn.PgError
@@ -66,6 +80,18 @@ func (s *Store) Claim(ctx context.Context, topic string, p int, owner string) (C
 		return Claim{}, fmt.Errorf("store: claim %s/%d: %w", topic, p, err)
 	}
 	return c, nil
+}
+
+// NextOffset is partition p's stored position as last committed, without
+// waiting for any lock: -1 when the partition was never processed.
+func (s *Store) NextOffset(ctx context.Context, topic string, p int) (int64, error) {
+	next := int64(-1)
+	err := s.pool.QueryRow(ctx, `SELECT next_offset FROM `+s.partitions+` WHERE projection = $1 AND topic = $2 AND partition = $3`,
+		s.projection, topic, p).Scan(&next)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return -1, fmt.Errorf("store: position %s/%d: %w", topic, p, err)
+	}
+	return next, nil
 }
 
 // ClaimWaitError means a claim gave up waiting for the partition's row: a

@@ -25,12 +25,13 @@ var runFlags = map[string]string{
 	"log-level": "PROJECTOR_LOG_LEVEL", "log-format": "PROJECTOR_LOG_FORMAT",
 	"group-session-timeout": "PROJECTOR_GROUP_SESSION_TIMEOUT", "group-heartbeat-interval": "PROJECTOR_GROUP_HEARTBEAT_INTERVAL",
 	"group-rebalance-timeout": "PROJECTOR_GROUP_REBALANCE_TIMEOUT", "group-join-backoff": "PROJECTOR_GROUP_JOIN_BACKOFF",
-	"ready-max-lag": "PROJECTOR_READY_MAX_LAG", "kafka-tls": "PROJECTOR_KAFKA_TLS", "kafka-tls-ca": "PROJECTOR_KAFKA_TLS_CA",
+	"ready-max-lag": "PROJECTOR_READY_MAX_LAG", "stall-timeout": "PROJECTOR_STALL_TIMEOUT", "kafka-tls": "PROJECTOR_KAFKA_TLS", "kafka-tls-ca": "PROJECTOR_KAFKA_TLS_CA",
 	"kafka-tls-cert": "PROJECTOR_KAFKA_TLS_CERT", "kafka-tls-key": "PROJECTOR_KAFKA_TLS_KEY",
 	"kafka-tls-server-name": "PROJECTOR_KAFKA_TLS_SERVER_NAME", "kafka-sasl-mechanism": "PROJECTOR_KAFKA_SASL_MECHANISM",
 	"kafka-sasl-username": "PROJECTOR_KAFKA_SASL_USERNAME", "kafka-sasl-password-file": "PROJECTOR_KAFKA_SASL_PASSWORD_FILE",
 	"gap-log-retention": "PROJECTOR_GAP_LOG_RETENTION", "gap-log-max-rows": "PROJECTOR_GAP_LOG_MAX_ROWS",
-	"cache-bytes": "PROJECTOR_CACHE_BYTES",
+	"cache-bytes": "PROJECTOR_CACHE_BYTES", "claim-lock-timeout": "PROJECTOR_CLAIM_LOCK_TIMEOUT",
+	"idle-in-transaction-timeout": "PROJECTOR_IDLE_IN_TRANSACTION_TIMEOUT", "statement-timeout": "PROJECTOR_STATEMENT_TIMEOUT",
 }
 
 // flagLine is one flag of a command's help: "  --name type  [VARIABLE]".
@@ -177,6 +178,10 @@ func TestBadUsageExits2(t *testing.T) {
 			[]string{"--group-heartbeat-interval", "--group-session-timeout"}},
 		{"zero --group-rebalance-timeout", []string{db}, []string{"rebuild", "--brokers", brokers, "--group-rebalance-timeout", "0s"}, []string{"--group-rebalance-timeout"}},
 		{"bad --group-join-backoff", []string{db}, []string{"run", "--brokers", brokers, "--group-join-backoff", "x"}, []string{"--group-join-backoff", "10s"}},
+		{"zero --statement-timeout", []string{db}, []string{"run", "--brokers", brokers, "--statement-timeout", "0s"}, []string{"--statement-timeout", "at least 1ms", "5m"}},
+		{"rebuild negative --claim-lock-timeout", []string{db}, []string{"rebuild", "--brokers", brokers, "--claim-lock-timeout", "-1s"}, []string{"--claim-lock-timeout", "2s"}},
+		{"idle timeout variable below 1ms", []string{db, "PROJECTOR_IDLE_IN_TRANSACTION_TIMEOUT=500us"}, []string{"run", "--brokers", brokers}, []string{"--idle-in-transaction-timeout", "at least 1ms"}},
+		{"bad --statement-timeout", []string{db}, []string{"run", "--brokers", brokers, "--statement-timeout", "long"}, []string{"--statement-timeout", "10s"}},
 		{"rebuild negative --held-wait", []string{db}, []string{"rebuild", "--brokers", brokers, "--held-wait", "-1s"}, []string{"--held-wait"}},
 		{"rebuild no brokers", []string{db}, []string{"rebuild"}, []string{"brokers"}},
 		{"status --limit -1", []string{db}, []string{"status", "--limit", "-1"}, []string{"--limit"}},

@@ -81,11 +81,11 @@ func TestRunFrozenOwnerIsTakenOver(t *testing.T) {
 	require.NoError(t, tx.Rollback(ctx))
 	frozenAt := time.Now()
 
-	b := startBin(t, "run b", dbEnv(), s.runArgs("g-frozen", "inst-b", groupTiming...)...)
+	b := startBin(t, "run b", dbEnv("PROJECTOR_CLAIM_LOCK_TIMEOUT=300ms"), s.runArgs("g-frozen", "inst-b", groupTiming...)...)
 	s.waitRow(40*time.Second, "frozen", 2, `{"status":"running"}`, b)
 	t.Logf("b projected the partition %s after a froze", time.Since(frozenAt).Round(100*time.Millisecond))
-	require.True(t, b.logged("claim waits for the previous owner's open batch transaction", map[string]string{"previous_owner": "inst-a"}),
-		"b says why its claim waited, naming the frozen owner\n%s", b.logs.String())
+	require.True(t, b.logged("claim waits for the previous owner's open batch transaction", map[string]string{"previous_owner": "inst-a", "waited": "300ms"}),
+		"b says why its claim waited, naming the frozen owner, after one claim lock timeout (PROJECTOR_CLAIM_LOCK_TIMEOUT)\n%s", b.logs.String())
 	ctxPos, cancel := s.ctx()
 	defer cancel()
 	pos, err := s.st.Positions(ctxPos)

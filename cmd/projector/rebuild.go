@@ -92,7 +92,7 @@ Example:
 		}
 		// Every precondition before anything is reset: the database (whose
 		// live tables are only created if missing), then the topic.
-		live, err := openStore(ctx, o.databaseURL, o.schema, o.table)
+		live, err := openStore(ctx, o.databaseURL, o.storeConfig())
 		if err != nil {
 			return err
 		}
