@@ -332,3 +332,30 @@ func TestDeletedTopicWaitsWithoutRebalanceLoop(t *testing.T) {
 	})
 	r.eventually(10*time.Second, "ready again", func() (bool, string) { return run.p.Ready(), failing(run.p.Readiness()) })
 }
+
+// TestCatchUpProgressLogged: while the lag is large, run logs the lag, the
+// rate and the time left every 10 s; once it falls, "caught up" once.
+func TestCatchUpProgressLogged(t *testing.T) {
+	// Not parallel: it installs testHookBeforeApply.
+	r := newRig(t, 1)
+	release := make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	setApplyHook(t, func(int) { <-release })
+	logs := &logLines{t: t}
+	run := r.start(r.config(func(c *Config) { c.Logger = logs.logger() }))
+	s := newStream(1)
+	for _, j := range jobIDs("p", 1500) {
+		s.snapshots(j, 1)
+	}
+	s.flush(r)
+	r.eventually(25*time.Second, "catch-up progress is logged", func() (bool, string) {
+		return len(logs.matching("catching up", "lag=1500", "rate_per_second=", "eta=")) > 0, ""
+	})
+	unblock()
+	r.caughtUp(30*time.Second, run)
+	r.eventually(25*time.Second, "caught up is logged", func() (bool, string) {
+		return len(logs.matching("caught up", "lag=0")) == 1, ""
+	})
+}

@@ -47,6 +47,9 @@ type worker struct {
 	heldVersion  uint64
 	heldBuiltAt  time.Time
 	heldViewSeen bool
+
+	// swapLogged is when the worker last said it waits for a swap.
+	swapLogged time.Time
 }
 
 // minApplyTimeout is the least a batch transaction is given (see
@@ -236,12 +239,18 @@ func (w *worker) claim(ctx context.Context) (store.Claim, error) {
 		var err error
 		claim, err = w.p.cfg.Store.ClaimFrom(ctx, w.topic, w.partition, w.p.cfg.Owner, start)
 		var wait *store.ClaimWaitError
-		for errors.As(err, &wait) && ctx.Err() == nil {
+		var swap *store.SwapWaitError
+		for (errors.As(err, &wait) || errors.As(err, &swap)) && ctx.Err() == nil {
 			// Not an outage: PostgreSQL answered, another owner's open
 			// transaction holds the row. Say so, and ask again.
-			waited += wait.Waited
-			w.log.Warn("claim waits for the previous owner's open batch transaction on this partition (a slow, stalled or frozen owner); PostgreSQL ends it once its client is idle past the bound; retrying",
-				"previous_owner", wait.Owner, "waited", waited.String())
+			if swap != nil {
+				w.swapWait(swap)
+				swap = nil
+			} else {
+				waited += wait.Waited
+				w.log.Warn("claim waits for the previous owner's open batch transaction on this partition (a slow, stalled or frozen owner); PostgreSQL ends it once its client is idle past the bound; retrying",
+					"previous_owner", wait.Owner, "waited", waited.String())
+			}
 			w.beat.now()
 			sleep(ctx, claimRetryPause)
 			claim, err = w.p.cfg.Store.ClaimFrom(ctx, w.topic, w.partition, w.p.cfg.Owner, start)
@@ -257,6 +266,25 @@ func (w *worker) claim(ctx context.Context) (store.Claim, error) {
 	}
 	return claim, err
 }
+
+// swapWait logs, at most every swapWaitLogEvery per partition, that the
+// partition waits for a rebuild's swap.
+func (w *worker) swapWait(e *store.SwapWaitError) {
+	if !w.swapLogged.IsZero() && time.Since(w.swapLogged) < swapWaitLogEvery {
+		return
+	}
+	w.swapLogged = time.Now()
+	attrs := []any{"table", e.Table}
+	if e.Running > 0 {
+		attrs = append(attrs, "swap_running_for", e.Running.Round(time.Second).String())
+	}
+	w.log.Warn("waiting for a rebuild's swap into the read model: this partition's writes pause until it commits, then it is claimed again from the rebuilt positions",
+		attrs...)
+}
+
+// swapWaitLogEvery is the most often a partition logs that it still waits
+// for a rebuild's swap.
+const swapWaitLogEvery = 15 * time.Second
 
 // claimRetryPause separates claims that gave up waiting for the partition
 // row; each of them already waited the store's ClaimLockTimeout.
@@ -489,7 +517,19 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 			return nil
 		}
 		var stale *store.StaleError
+		var swap *store.SwapWaitError
 		switch {
+		case errors.As(err, &swap) && ctx.Err() == nil:
+			// Not an outage: the swap holds the partition's row. The
+			// batch wrote nothing; it is tried again until the swap
+			// commits and fences it.
+			w.swapWait(swap)
+			w.beat.now()
+			if err := w.restore(ctx); err != nil {
+				return w.unrestored(ctx, err)
+			}
+			sleep(ctx, claimRetryPause)
+			continue
 		case errors.Is(err, store.ErrFenced):
 			w.p.counters.fenced.Add(1)
 			w.log.Warn("fenced: another owner claimed this partition; the batch was rolled back and the partition stopped",

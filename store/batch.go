@@ -70,6 +70,9 @@ func (s *Store) ClaimFrom(ctx context.Context, topic string, p int, owner string
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+			if running, ok := s.swapping(ctx); ok {
+				return Claim{}, fmt.Errorf("store: claim %s/%d: %w", topic, p, &SwapWaitError{Table: s.schema + "." + s.projection, Running: running, Err: err})
+			}
 			w := &ClaimWaitError{Topic: topic, Partition: p, Waited: s.claimLockTimeout, Err: err}
 			// A plain read does not wait for the row lock: it sees the
 			// owner as last committed, the one whose transaction is open.
@@ -318,15 +321,30 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	// The fence below locks the partition row until commit: bound how long
 	// a frozen client may keep the transaction open, and each statement.
-	if _, err := tx.Exec(ctx, `SELECT set_config('idle_in_transaction_session_timeout', $1, true), set_config('statement_timeout', $2, true)`,
-		millis(s.idleTimeout), millis(s.statementTimeout)); err != nil {
+	// The fence waits for the partition's row at most as long as a claim
+	// does: only a claim (brief) or a rebuild's swap (long) holds it, and a
+	// batch waiting for a swap says so (*[SwapWaitError]) rather than
+	// failing as an outage at the statement bound. The statements after
+	// the fence wait as before: the bound is lifted once it holds the row.
+	var lockTimeout string
+	if err := tx.QueryRow(ctx, `SELECT current_setting('lock_timeout'), set_config('idle_in_transaction_session_timeout', $1, true),
+		set_config('statement_timeout', $2, true), set_config('lock_timeout', $3, true)`,
+		millis(s.idleTimeout), millis(s.statementTimeout), millis(s.claimLockTimeout)).Scan(&lockTimeout, nil, nil, nil); err != nil {
 		return res, fmt.Errorf("store: apply %s/%d@%d: bounds: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
-
 	tag, err := tx.Exec(ctx, `UPDATE `+s.partitions+` SET next_offset = $5, updated_at = now()
 		WHERE projection = $1 AND topic = $2 AND partition = $3 AND epoch = $4`,
 		s.projection, b.Topic, b.Partition, b.Epoch, b.NextOffset)
+	if err == nil {
+		_, err = tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, lockTimeout)
+	}
 	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+			if running, ok := s.swapping(ctx); ok {
+				err = &SwapWaitError{Table: s.schema + "." + s.projection, Running: running, Err: err}
+			}
+		}
 		return res, fmt.Errorf("store: apply %s/%d@%d: fence: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
 	if tag.RowsAffected() == 0 {

@@ -153,6 +153,8 @@ func TestBadUsageExits2(t *testing.T) {
 		{"empty PROJECTOR_TABLE", []string{db, "PROJECTOR_TABLE="}, []string{"run", "--brokers", brokers}, []string{"--table", "PROJECTOR_TABLE", "empty"}},
 		{"rebuild empty --table", []string{db}, []string{"rebuild", "--brokers", brokers, "--table", ""}, []string{"--table", "empty"}},
 		{"rebuild empty PROJECTOR_SCHEMA", []string{db, "PROJECTOR_SCHEMA="}, []string{"rebuild", "--brokers", brokers}, []string{"--schema", "empty"}},
+		{"rebuild empty --group", []string{db}, []string{"rebuild", "--brokers", brokers, "--group", ""}, []string{"--group", "empty"}},
+		{"rebuild empty PROJECTOR_GROUP", []string{db, "PROJECTOR_GROUP="}, []string{"rebuild", "--brokers", brokers}, []string{"--group", "PROJECTOR_GROUP", "empty"}},
 		{"status empty --schema", []string{db}, []string{"status", "--schema", ""}, []string{"--schema", "empty"}},
 		{"status empty PROJECTOR_TABLE", []string{db, "PROJECTOR_TABLE="}, []string{"status"}, []string{"--table", "empty"}},
 		{"mixed-case --table", []string{db}, []string{"run", "--brokers", brokers, "--table", "Jobs"}, []string{`"Jobs"`, "lower-case"}},

@@ -189,7 +189,11 @@ projects every job event into the read model in DATABASE_URL. Positions are
 stored in PostgreSQL in the same transaction as the writes; each partition's
 owner is fenced so a consumer that lost its partition cannot write.
 
-It serves /healthz, /readyz, /status (JSON) and /metrics on --http-addr.
+It serves /healthz (its loops are alive), /readyz (the topic exists, it is in
+a group generation, PostgreSQL answered in the last 5s), /status (JSON) and
+Prometheus /metrics on --http-addr. A missing topic is waited for, not ready.
+With --kafka-tls* and --kafka-sasl-* every connection to Kafka is secured;
+brokers that refuse the credentials or certificate stop it with exit 1.
 SIGINT or SIGTERM finishes the batch in flight, commits and exits 0.
 
 Example:
