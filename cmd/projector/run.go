@@ -143,7 +143,7 @@ func (g *gapFlags) validate() error {
 		return usagef("--gap-wait %s: must not be negative (0 skips waiting)", g.wait)
 	}
 	if g.rereadWindow <= 0 {
-		return usagef("--reread-window %s: must be positive", g.rereadWindow)
+		return usagef("--reread-window %s: must be positive, e.g. --reread-window 10m", g.rereadWindow)
 	}
 	if g.rereadMaxBytes <= 0 {
 		return usagef("--reread-max-bytes %d: must be positive", g.rereadMaxBytes)
