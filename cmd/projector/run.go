@@ -306,6 +306,13 @@ func (o *runOpts) validate() error {
 	if err := o.bounds.validate(); err != nil {
 		return err
 	}
+	// A batch transaction may legitimately run as long as twice the
+	// statement timeout: the progress watchdog must not stop the instance
+	// in the middle of one.
+	if o.stallTimeout < 2*o.bounds.statement {
+		return usagef("--stall-timeout %s is below twice --statement-timeout %s: a batch may legitimately run that long and the watchdog would stop the instance in the middle of it; raise --stall-timeout to %s or more",
+			o.stallTimeout, o.bounds.statement, 2*o.bounds.statement)
+	}
 	return o.gap.validate()
 }
 
