@@ -91,9 +91,9 @@ type Config struct {
 	// of this instance's partitions is above it.
 	ReadyMaxLag int64
 	// StallTimeout is how long a loop (a partition worker, the health
-	// monitor) may go without a sign of life before /healthz fails. It must
-	// exceed the longest single step a loop takes (a batch transaction is
-	// bounded by 2 minutes).
+	// monitor) may go without a sign of life before /healthz fails, and
+	// how long a partition with lag may go without its position moving
+	// before Run ends with [ErrStalled]. Default [DefaultStallTimeout].
 	StallTimeout time.Duration
 	// Version and Revision label projector_build_info; empty takes them
 	// from the binary's build information.
@@ -190,7 +190,7 @@ func (c Config) WithDefaults() Config {
 		c.PartitionWatchInterval = 5 * time.Second
 	}
 	if c.StallTimeout == 0 {
-		c.StallTimeout = 3 * time.Minute
+		c.StallTimeout = DefaultStallTimeout
 	}
 	if c.Version == "" {
 		b := Build()
@@ -264,6 +264,11 @@ func (c Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// DefaultStallTimeout is how long a loop may go without a sign of life,
+// and a partition with lag without progress, before the instance is
+// reported wedged (/healthz) or stalled (Run ends with [ErrStalled]).
+const DefaultStallTimeout = 2 * time.Minute
 
 // GapWait of this value in a Config means "do not wait": the zero value
 // already means "the default".

@@ -121,6 +121,7 @@ func (p *Projector) Liveness() Health {
 		checks = append(checks, c)
 	}
 	p.health.mu.Unlock()
+	checks = append(checks, p.stallCheck())
 	sort.Slice(checks, func(i, j int) bool { return checks[i].Name < checks[j].Name })
 	return healthOf(checks)
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -154,8 +156,11 @@ func TestReadyzFollowsDatabaseOutage(t *testing.T) {
 }
 
 // TestHealthzFailsWhenWorkerWedged: a partition worker stuck inside a
-// batch for longer than StallTimeout fails /healthz, naming the worker;
-// once it moves again /healthz is 200.
+// batch for longer than StallTimeout, with lag, fails /healthz, naming the
+// worker and the partition that makes no progress, counts the stall in
+// projector_stalls_total, and ends Run with ErrStalled, so the process
+// exits non-zero and its supervisor starts it again; a new instance goes
+// on from the stored position.
 func TestHealthzFailsWhenWorkerWedged(t *testing.T) {
 	// Not parallel: it installs testHookBeforeApply.
 	r := newRig(t, 1)
@@ -163,24 +168,51 @@ func TestHealthzFailsWhenWorkerWedged(t *testing.T) {
 	var once sync.Once
 	unblock := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(unblock)
-	setApplyHook(t, func(int) { <-release })
-	run := r.start(r.config(func(c *Config) { c.StallTimeout = 4 * time.Second }))
-	srv := httptest.NewServer(run.p.Handler())
+	var calls atomic.Int32
+	setApplyHook(t, func(int) {
+		if calls.Add(1) == 1 {
+			<-release
+		}
+	})
+	logs := &logLines{t: t}
+	const stall = 3 * time.Second
+	p, err := New(r.config(func(c *Config) { c.StallTimeout = stall; c.Logger = logs.logger() }))
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { done <- p.Run(ctx) }()
+	srv := httptest.NewServer(p.Handler())
 	defer srv.Close()
 
 	code, h := probe(t, srv, "/healthz")
 	require.Equal(t, http.StatusOK, code, failing(h))
 	r.produce(rec{0, "a", snap("a", 1, `{}`)})
-	r.eventually(20*time.Second, "/healthz fails naming the wedged worker", func() (bool, string) {
+	r.eventually(20*time.Second, "/healthz fails naming the wedged worker and the stalled partition", func() (bool, string) {
 		code, h := probe(t, srv, "/healthz")
-		return code == http.StatusServiceUnavailable && strings.Contains(failing(h), "partition 0 worker: wedged"), failing(h)
+		f := failing(h)
+		return code == http.StatusServiceUnavailable && strings.Contains(f, "partition 0 worker: wedged") &&
+			strings.Contains(f, "progress: projection: partition stalled: partition 0 has lag 1"), f
 	})
+	resp, err := http.Get(srv.URL + "/metrics")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Contains(t, string(body), "projector_stalls_total 1")
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, ErrStalled)
+	case <-time.After(stall + stallExitGrace + 10*time.Second):
+		t.Fatal("Run did not end after the stall")
+	}
+	require.Len(t, logs.matching("partition stalled"), 1)
 	unblock()
-	r.caughtUp(20*time.Second, run)
-	r.eventually(10*time.Second, "/healthz is 200 again", func() (bool, string) {
-		code, h := probe(t, srv, "/healthz")
-		return code == http.StatusOK, failing(h)
-	})
+
+	// The supervisor's restart: a new instance goes on from the stored
+	// position.
+	again := r.start(r.config())
+	r.caughtUp(30*time.Second, again)
 }
 
 // TestMissingTopicIsWaitedFor: a projector started on a topic that does
@@ -299,4 +331,31 @@ func TestDeletedTopicWaitsWithoutRebalanceLoop(t *testing.T) {
 		return ok, failing(run.p.Readiness())
 	})
 	r.eventually(10*time.Second, "ready again", func() (bool, string) { return run.p.Ready(), failing(run.p.Readiness()) })
+}
+
+// TestCatchUpProgressLogged: while the lag is large, run logs the lag, the
+// rate and the time left every 10 s; once it falls, "caught up" once.
+func TestCatchUpProgressLogged(t *testing.T) {
+	// Not parallel: it installs testHookBeforeApply.
+	r := newRig(t, 1)
+	release := make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	setApplyHook(t, func(int) { <-release })
+	logs := &logLines{t: t}
+	run := r.start(r.config(func(c *Config) { c.Logger = logs.logger() }))
+	s := newStream(1)
+	for _, j := range jobIDs("p", 1500) {
+		s.snapshots(j, 1)
+	}
+	s.flush(r)
+	r.eventually(25*time.Second, "catch-up progress is logged", func() (bool, string) {
+		return len(logs.matching("catching up", "lag=1500", "rate_per_second=", "eta=")) > 0, ""
+	})
+	unblock()
+	r.caughtUp(30*time.Second, run)
+	r.eventually(25*time.Second, "caught up is logged", func() (bool, string) {
+		return len(logs.matching("caught up", "lag=0")) == 1, ""
+	})
 }

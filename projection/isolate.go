@@ -168,7 +168,7 @@ func (w *worker) applyApart(ctx context.Context, msgs []kafka.Message, res []gap
 	}
 	j.Held = keep
 	w.cache.put(j)
-	actx, cancel := applyContext(ctx)
+	actx, cancel := w.applyContext(ctx)
 	defer cancel()
 	now := time.Now()
 	pl, err := w.plan(actx, msgs, res, now)
@@ -193,7 +193,7 @@ func (w *worker) quarantineRecord(ctx context.Context, m kafka.Message, cause er
 	w.log.Warn("record refused by PostgreSQL; quarantined", "offset", m.Offset, "err", store.Refusal(cause))
 	bad := &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: m.Offset + 1,
 		Bad: []store.Bad{{Partition: -1, Offset: m.Offset, Key: m.Key, Value: m.Value, Err: store.Refusal(cause)}}}
-	actx, cancel := applyContext(ctx)
+	actx, cancel := w.applyContext(ctx)
 	defer cancel()
 	if _, err := w.p.cfg.Store.Apply(actx, bad); err != nil {
 		if errors.Is(err, store.ErrFenced) {
@@ -227,7 +227,7 @@ func (w *worker) quarantineInput(ctx context.Context, id string, in gapfill.Inpu
 	if ev.Kind == event.Delta {
 		b.Release = []store.HeldKey{{JobID: id, Version: ev.Version}}
 	}
-	actx, cancel := applyContext(ctx)
+	actx, cancel := w.applyContext(ctx)
 	defer cancel()
 	if _, err := w.p.cfg.Store.Apply(actx, b); err != nil {
 		return fmt.Errorf("projection: quarantine %q v%d: %w", id, ev.Version, err)

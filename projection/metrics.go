@@ -97,6 +97,8 @@ var (
 		[]string{"result"}, nil)
 	descDBErrors = prometheus.NewDesc("projector_database_errors_total",
 		"Failed PostgreSQL operations (batches, claims, reloads, pings); each is retried.", nil, nil)
+	descStalls = prometheus.NewDesc("projector_stalls_total",
+		"Partitions found with lag and no progress for the stall timeout; the instance stops at the first.", nil, nil)
 	descHeldJobs = prometheus.NewDesc("projector_held_jobs",
 		"Jobs held behind a gap right now, on this instance's partitions.", nil, nil)
 	descOldestHeld = prometheus.NewDesc("projector_oldest_held_seconds",
@@ -152,6 +154,7 @@ func (c *projectorCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descAuthority, k.AuthorityNotFound, "not_found")
 	counter(descAuthority, k.AuthorityError, "error")
 	counter(descDBErrors, k.DatabaseErrors)
+	counter(descStalls, k.Stalls)
 	gauge(descHeldJobs, float64(k.HeldJobs))
 	var oldest time.Time
 	for _, ps := range s.Partitions {

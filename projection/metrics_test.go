@@ -88,6 +88,8 @@ func TestMetricsRecordOutcomes(t *testing.T) {
 		rec{0, "d", dlt("d", 2, `[{"op":"increment","path":"/n","by":2}]`)}, // closes d's gap
 	)
 	r.caughtUp(20*time.Second, run)
+	r.produce(rec{0, "a", del("a", 3)}) // deleted
+	r.caughtUp(20*time.Second, run)
 	r.eventually(10*time.Second, "d's gap is closed", func() (bool, string) {
 		c := run.p.Status().Counters
 		return c.HeldJobs == 0 && c.ClosedByWait == 1, fmt.Sprintf("%+v", c)
@@ -102,7 +104,8 @@ func TestMetricsRecordOutcomes(t *testing.T) {
 		`projector_records_total{outcome="conflict"}`:     1,
 		`projector_records_total{outcome="held"}`:         1,
 		`projector_records_total{outcome="quarantined"}`:  1,
-		"projector_records_consumed_total":                12,
+		`projector_records_total{outcome="deleted"}`:      1,
+		"projector_records_consumed_total":                13,
 		"projector_gaps_opened_total":                     1,
 		`projector_gaps_closed_total{by="wait"}`:          1,
 		`projector_gaps_closed_total{by="reread"}`:        0,
@@ -110,7 +113,7 @@ func TestMetricsRecordOutcomes(t *testing.T) {
 		"projector_held_jobs":                             0,
 		"projector_oldest_held_seconds":                   0,
 		`projector_partition_lag{partition="0"}`:          0,
-		`projector_partition_position{partition="0"}`:     12,
+		`projector_partition_position{partition="0"}`:     13,
 		`projector_authority_requests_total{result="ok"}`: 0,
 		"projector_database_errors_total":                 0,
 		"projector_fenced_total":                          0,
@@ -119,7 +122,7 @@ func TestMetricsRecordOutcomes(t *testing.T) {
 	require.Positive(t, m[`projector_partition_epoch{partition="0"}`])
 	require.Positive(t, m["projector_batch_duration_seconds_count"])
 	require.Equal(t, m["projector_batches_total"], m["projector_batch_duration_seconds_count"])
-	require.Equal(t, 12.0, m["projector_batch_records_sum"], "every record is in one committed batch")
+	require.Equal(t, 13.0, m["projector_batch_records_sum"], "every record is in one committed batch")
 	require.Positive(t, m["go_goroutines"])
 	require.Positive(t, m["process_resident_memory_bytes"])
 	var build string

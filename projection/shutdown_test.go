@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 )
@@ -134,4 +135,70 @@ func TestStartLatestIsStoredAtClaim(t *testing.T) {
 		require.NotContains(t, rows, x.key, "produced before the first claim, so skipped by --start latest")
 	}
 	require.Equal(t, int64(3), second.p.Status().Counters.Consumed)
+}
+
+// Under --start latest no committed state of a partition's row is claimed
+// (epoch above 0) with no position stored (-1): the claim stores the end
+// in the statement that takes the partition, so a crash at any moment
+// after a claim restarts from that end. An audit trigger records every
+// committed version of the row; a claim then a separate write of the
+// position would leave one (epoch 1, next_offset -1) behind.
+func TestStartLatestClaimStoresThePositionInTheSameTransaction(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, 2)
+	var old []rec
+	for p := range 2 {
+		for i := range 3 {
+			job := fmt.Sprintf("old-%d-%d", p, i)
+			old = append(old, rec{p, job, snap(job, 1, `{"n":1}`)})
+		}
+	}
+	r.produce(old...)
+
+	ctx := context.Background()
+	pool := r.store.Pool()
+	schema := pgx.Identifier{r.store.Schema()}.Sanitize()
+	_, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.claim_audit (partition int, epoch bigint, next_offset bigint);
+		CREATE FUNCTION `+schema+`.claim_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO `+schema+`.claim_audit VALUES (NEW.partition, NEW.epoch, NEW.next_offset);
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER claim_audit AFTER INSERT OR UPDATE ON `+schema+`.projector_partitions
+			FOR EACH ROW EXECUTE FUNCTION `+schema+`.claim_audit();`)
+	require.NoError(t, err)
+
+	cfg := r.config(func(c *Config) { c.Start = "latest" })
+	first := r.start(cfg)
+	r.eventually(20*time.Second, "both partitions are claimed", func() (bool, string) {
+		return len(first.p.Status().Partitions) == 2, fmt.Sprintf("%+v", first.p.Status().Partitions)
+	})
+	first.halt(t)
+
+	rows, err := pool.Query(ctx, `SELECT partition, epoch, next_offset FROM `+schema+`.claim_audit ORDER BY epoch`)
+	require.NoError(t, err)
+	type version struct{ partition, epoch, next int64 }
+	var seen []version
+	for rows.Next() {
+		var v version
+		require.NoError(t, rows.Scan(&v.partition, &v.epoch, &v.next))
+		seen = append(seen, v)
+	}
+	require.NoError(t, rows.Err())
+	require.NotEmpty(t, seen)
+	for _, v := range seen {
+		require.GreaterOrEqual(t, v.next, int64(3), "partition %d committed claimed at epoch %d without its start: %+v", v.partition, v.epoch, seen)
+	}
+
+	// Records produced after the claims are projected by the next start;
+	// those before are not.
+	r.produce(rec{0, "new-0", snap("new-0", 1, `{"n":2}`)}, rec{1, "new-1", snap("new-1", 1, `{"n":2}`)})
+	second := r.start(cfg)
+	r.caughtUp(20*time.Second, second)
+	got := r.rows()
+	require.Contains(t, got, "new-0")
+	require.Contains(t, got, "new-1")
+	for _, x := range old {
+		require.NotContains(t, got, x.key)
+	}
 }

@@ -46,6 +46,9 @@ type Counters struct {
 	// TombstonesPruned counts tombstones removed after the tombstone
 	// retention.
 	TombstonesPruned int64 `json:"tombstones_pruned"`
+	// Stalls counts partitions found with lag and no progress for the
+	// stall timeout (the instance stops at the first).
+	Stalls int64 `json:"stalls"`
 }
 
 // LogValue lets a log line show the counters as attributes.
@@ -67,6 +70,7 @@ type counters struct {
 	closedWait, closedReread, closedSnapshot, lost                                      atomic.Int64
 	gapsOpened, dbErrors, authorityOK, authorityNotFound, authorityError                atomic.Int64
 	deleted, covered, pruned                                                            atomic.Int64
+	stalls                                                                              atomic.Int64
 }
 
 func (c *counters) add(t tally) {
@@ -91,6 +95,7 @@ func (c *counters) snapshot() Counters {
 		Lost: c.lost.Load(), Deleted: c.deleted.Load(), Covered: c.covered.Load(), TombstonesPruned: c.pruned.Load(),
 		GapsOpened: c.gapsOpened.Load(), DatabaseErrors: c.dbErrors.Load(),
 		AuthorityOK: c.authorityOK.Load(), AuthorityNotFound: c.authorityNotFound.Load(), AuthorityError: c.authorityError.Load(),
+		Stalls: c.stalls.Load(),
 	}
 }
 

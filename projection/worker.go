@@ -47,20 +47,32 @@ type worker struct {
 	heldVersion  uint64
 	heldBuiltAt  time.Time
 	heldViewSeen bool
+
+	// swapLogged is when the worker last said it waits for a swap.
+	swapLogged time.Time
 }
 
-// applyTimeout bounds one batch transaction; shutdownGrace bounds the one
-// in flight when the worker is stopped.
+// minApplyTimeout is the least a batch transaction is given (see
+// [batchTimeout]); shutdownGrace bounds the one in flight when the worker
+// is stopped.
 const (
-	applyTimeout  = 2 * time.Minute
-	shutdownGrace = 15 * time.Second
+	minApplyTimeout = 2 * time.Minute
+	shutdownGrace   = 15 * time.Second
 )
+
+// batchTimeout bounds one batch transaction: twice the store's statement
+// timeout, and at least minApplyTimeout, so an operator who raises the
+// statement timeout for batches that legitimately run long is not undone
+// by a shorter bound on the whole transaction.
+func batchTimeout(st *store.Store) time.Duration {
+	return max(minApplyTimeout, 2*st.StatementTimeout())
+}
 
 // applyContext is the context of one batch transaction: it outlives ctx,
 // because a batch in flight at shutdown is finished rather than thrown away,
 // but by no more than shutdownGrace.
-func applyContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), applyTimeout)
+func (w *worker) applyContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), batchTimeout(w.p.cfg.Store))
 	stop := context.AfterFunc(ctx, func() {
 		t := time.NewTimer(shutdownGrace)
 		defer t.Stop()
@@ -93,12 +105,6 @@ func (w *worker) run(ctx context.Context) error {
 	w.epoch = claim.Epoch
 	w.position = claim.NextOffset
 	w.log = w.log.With("epoch", w.epoch)
-	if claim.NextOffset < 0 && cfg.Start == "latest" {
-		if claim.NextOffset, err = w.storeLatest(ctx); err != nil {
-			return err
-		}
-		w.position = claim.NextOffset
-	}
 	if err := w.restore(ctx); err != nil {
 		return err
 	}
@@ -220,21 +226,37 @@ func (w *worker) restore(ctx context.Context) error {
 }
 
 func (w *worker) claim(ctx context.Context) (store.Claim, error) {
+	start := int64(-1)
+	if w.p.cfg.Start == "latest" {
+		var err error
+		if start, err = w.latestStart(ctx); err != nil {
+			return store.Claim{}, err
+		}
+	}
 	var claim store.Claim
 	var waited time.Duration
+	var logged time.Time
 	op := func() error {
 		var err error
-		claim, err = w.p.cfg.Store.Claim(ctx, w.topic, w.partition, w.p.cfg.Owner)
+		claim, err = w.p.cfg.Store.ClaimFrom(ctx, w.topic, w.partition, w.p.cfg.Owner, start)
 		var wait *store.ClaimWaitError
-		for errors.As(err, &wait) && ctx.Err() == nil {
+		var swap *store.SwapWaitError
+		for (errors.As(err, &wait) || errors.As(err, &swap)) && ctx.Err() == nil {
 			// Not an outage: PostgreSQL answered, another owner's open
-			// transaction holds the row. Say so, and ask again.
-			waited += wait.Waited
-			w.log.Warn("claim waits for the previous owner's open batch transaction on this partition (a slow, stalled or frozen owner); PostgreSQL ends it once its client is idle past the bound; retrying",
-				"previous_owner", wait.Owner, "waited", waited.String())
+			// transaction holds the row. Say so when the wait starts and
+			// then every claimWaitLogEvery while it lasts (a batch may
+			// legitimately run long), and ask again.
+			if swap != nil {
+				w.swapWait(swap)
+				swap = nil
+			} else if waited += wait.Waited; time.Since(logged) >= claimWaitLogEvery {
+				logged = time.Now()
+				w.log.Warn("claim waits for the previous owner's open batch transaction on this partition (a slow, stalled or frozen owner); PostgreSQL ends it once its client is idle past the bound; retrying",
+					"previous_owner", wait.Owner, "waited", waited.String())
+			}
 			w.beat.now()
 			sleep(ctx, claimRetryPause)
-			claim, err = w.p.cfg.Store.Claim(ctx, w.topic, w.partition, w.p.cfg.Owner)
+			claim, err = w.p.cfg.Store.ClaimFrom(ctx, w.topic, w.partition, w.p.cfg.Owner, start)
 		}
 		return err
 	}
@@ -242,16 +264,42 @@ func (w *worker) claim(ctx context.Context) (store.Claim, error) {
 	if err == nil && waited > 0 {
 		w.log.Info("claimed after waiting for the previous owner's transaction", "waited", waited.String())
 	}
+	if err == nil && start >= 0 && claim.NextOffset == start {
+		w.log.Info("start latest: the partition's end was stored as its position by the claim", "next_offset", start)
+	}
 	return claim, err
 }
+
+// swapWait logs, at most every swapWaitLogEvery per partition, that the
+// partition waits for a rebuild's swap.
+func (w *worker) swapWait(e *store.SwapWaitError) {
+	if !w.swapLogged.IsZero() && time.Since(w.swapLogged) < swapWaitLogEvery {
+		return
+	}
+	w.swapLogged = time.Now()
+	attrs := []any{"table", e.Table}
+	if e.Running > 0 {
+		attrs = append(attrs, "swap_running_for", e.Running.Round(time.Second).String())
+	}
+	w.log.Warn("waiting for a rebuild's swap into the read model: this partition's writes pause until it commits, then it is claimed again from the rebuilt positions",
+		attrs...)
+}
+
+// swapWaitLogEvery is the most often a partition logs that it still waits
+// for a rebuild's swap.
+const swapWaitLogEvery = 15 * time.Second
 
 // claimRetryPause separates claims that gave up waiting for the partition
 // row; each of them already waited the store's ClaimLockTimeout.
 const claimRetryPause = 500 * time.Millisecond
 
+// claimWaitLogEvery is how often a claim that keeps waiting for the
+// previous owner's transaction says so again.
+const claimWaitLogEvery = 30 * time.Second
+
 // stallWarning is how long a batch transaction runs before the worker
 // says so, and then again each time as long again: well before
-// applyTimeout, so a stalled database is visible while it lasts. Tests
+// the batch timeout, so a stalled database is visible while it lasts. Tests
 // shorten it per instance ([Projector] testStallWarning).
 const stallWarning = 10 * time.Second
 
@@ -274,7 +322,7 @@ func (w *worker) watchStall(records int) (stop func()) {
 				return
 			case <-t.C:
 				w.log.Warn("batch transaction still running: PostgreSQL is slow, stalled or unreachable",
-					"running_for", time.Since(start).Round(time.Second).String(), "records", records, "gives_up_after", applyTimeout.String())
+					"running_for", time.Since(start).Round(time.Second).String(), "records", records, "gives_up_after", batchTimeout(w.p.cfg.Store).String())
 			}
 		}
 	})
@@ -284,12 +332,25 @@ func (w *worker) watchStall(records int) (stop func()) {
 	}
 }
 
-// storeLatest resolves "latest" for a partition never projected before
-// and stores it under the fence at once: were it resolved again after a
-// crash or a rebalance before the first batch, what was produced in
-// between would be skipped. It returns the stored position, or
-// [errFenced].
-func (w *worker) storeLatest(ctx context.Context) (int64, error) {
+// latestStart is where a partition starts under --start latest: its end,
+// read from the broker before the claim, when no position is stored yet;
+// -1 when one is (the stored position wins). The claim stores the end in
+// the statement that takes the partition: were "latest" stored later, a
+// crash or a rebalance in between would resolve it again and skip what
+// was produced meanwhile. Records produced between this read and the
+// claim are projected, not skipped.
+func (w *worker) latestStart(ctx context.Context) (int64, error) {
+	next := int64(-1)
+	if err := w.retryDatabase(ctx, func() error {
+		var err error
+		next, err = w.p.cfg.Store.NextOffset(ctx, w.topic, w.partition)
+		return err
+	}); err != nil {
+		return -1, err
+	}
+	if next >= 0 {
+		return -1, nil
+	}
 	var end int64
 	op := func() error {
 		_, last, err := w.logBounds(ctx)
@@ -298,21 +359,11 @@ func (w *worker) storeLatest(ctx context.Context) (int64, error) {
 			return err
 		}
 		end = last
-		actx, cancel := applyContext(ctx)
-		defer cancel()
-		_, err = w.p.cfg.Store.Apply(actx, &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: end})
-		if errors.Is(err, store.ErrFenced) {
-			return backoff.Permanent(errFenced)
-		}
-		if err != nil {
-			w.log.Warn("storing the start position failed; retrying", "err", err)
-		}
-		return err
+		return nil
 	}
 	if err := backoff.Retry(op, backoff.WithContext(retryPolicy(), ctx)); err != nil {
 		return -1, err
 	}
-	w.log.Info("start latest: the partition's end is stored as its position", "next_offset", end)
 	return end, nil
 }
 
@@ -447,7 +498,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 	staleRetries := 0
 	for {
 		w.beat.now()
-		actx, cancel := applyContext(ctx)
+		actx, cancel := w.applyContext(ctx)
 		now := time.Now()
 		pl, err := w.plan(actx, msgs, res, now)
 		var result store.Result
@@ -472,7 +523,19 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 			return nil
 		}
 		var stale *store.StaleError
+		var swap *store.SwapWaitError
 		switch {
+		case errors.As(err, &swap) && ctx.Err() == nil:
+			// Not an outage: the swap holds the partition's row. The
+			// batch wrote nothing; it is tried again until the swap
+			// commits and fences it.
+			w.swapWait(swap)
+			w.beat.now()
+			if err := w.restore(ctx); err != nil {
+				return w.unrestored(ctx, err)
+			}
+			sleep(ctx, claimRetryPause)
+			continue
 		case errors.Is(err, store.ErrFenced):
 			w.p.counters.fenced.Add(1)
 			w.log.Warn("fenced: another owner claimed this partition; the batch was rolled back and the partition stopped",
@@ -504,6 +567,10 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 			return nil
 		}
 		d := bo.NextBackOff()
+		if store.IsStatementTimeout(err) {
+			w.log.Warn("a statement of the batch ran past the statement timeout and was cancelled; if batches legitimately take this long, raise --statement-timeout (or lower --batch-size)",
+				"statement_timeout", w.p.cfg.Store.StatementTimeout().String(), "records", len(msgs), "first_offset", firstOffset(msgs))
+		}
 		w.p.databaseFailed(fmt.Errorf("batch %s/%d@%d: %w", w.topic, w.partition, firstOffset(msgs), err), d)
 		w.p.dbOutage.wait(ctx, d)
 		if ctx.Err() != nil {
@@ -520,10 +587,12 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 
 // unrestored ends the worker when its memory of the partition could not
 // be rebuilt from the store: the batch in flight is not committed, so the
-// next owner reads it again. Only a stop is quiet; anything else is an
-// error that ends the partition's generation, loudly.
+// next owner reads it again. A stop is a warning (the batch is
+// abandoned); anything else is an error that ends the partition's worker,
+// loudly.
 func (w *worker) unrestored(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
+		w.log.Warn("batch abandoned: the partition's generation ended while its memory was reloaded; it will be read again", "err", err)
 		return nil
 	}
 	return fmt.Errorf("projection: %s/%d: reload after a failed batch: %w", w.topic, w.partition, err)

@@ -356,6 +356,14 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResu
 		if _, err := exec(`SELECT pg_advisory_xact_lock(hashtext('projector.migrate'))`); err != nil {
 			return err
 		}
+		// The swap lock tells the batches and claims that wait for the
+		// partition rows below what they wait for (see [Store.swapping]).
+		if _, err := exec(`SELECT pg_advisory_xact_lock($1, $2)`, swapLockClass, s.lockClass); err != nil {
+			return err
+		}
+		if _, err := exec(`SET LOCAL application_name = 'projector rebuild swap'`); err != nil {
+			return err
+		}
 		// Forced row-level security must fail the swap, not hide rows from
 		// it.
 		if _, err := exec(`SET LOCAL row_security = off`); err != nil {
@@ -472,6 +480,51 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResu
 		return nil
 	})
 	return res, err
+}
+
+// swapLockClass keys the advisory lock a swap holds for its whole
+// transaction, with the projection's lock class as the second key.
+const swapLockClass int32 = 0x70727377 // "prsw"
+
+// SwapWaitError means a batch or a claim waited for the partition's row
+// while a rebuild's swap holds it: not an outage, nor a stuck owner. Once
+// the swap commits, the batch is fenced and the partition is claimed again
+// from the rebuilt positions.
+type SwapWaitError struct {
+	Table string
+	// Running is how long the swap has run; 0 when PostgreSQL does not
+	// show it to this role.
+	Running time.Duration
+	Err     error
+}
+
+func (e *SwapWaitError) Error() string {
+	running := ""
+	if e.Running > 0 {
+		running = fmt.Sprintf(" (running for %s)", e.Running.Round(time.Second))
+	}
+	return fmt.Sprintf("store: a rebuild is swapping its rows into %s%s; its partitions wait for it: %v", e.Table, running, e.Err)
+}
+
+func (e *SwapWaitError) Unwrap() error { return e.Err }
+
+// swapping reports whether a rebuild's swap into s's table is running, and
+// for how long. It waits for nothing.
+func (s *Store) swapping(ctx context.Context) (running time.Duration, ok bool) {
+	var secs *float64
+	err := s.pool.QueryRow(ctx, `SELECT extract(epoch FROM now() - a.xact_start)::float8
+		FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+			AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			AND l.classid = ($1::bigint & 4294967295)::oid AND l.objid = ($2::bigint & 4294967295)::oid
+		LIMIT 1`, swapLockClass, s.lockClass).Scan(&secs)
+	if err != nil {
+		return 0, false
+	}
+	if secs != nil {
+		running = time.Duration(*secs * float64(time.Second))
+	}
+	return running, true
 }
 
 // keptName is the next free projector_old_<table>_<n>.

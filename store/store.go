@@ -217,6 +217,10 @@ func (s *Store) Close() {
 // Pool is the underlying pool, for tools that read the model directly.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
+// StatementTimeout bounds each statement of a batch transaction (see
+// [Config]); a caller bounding the whole transaction leaves room for it.
+func (s *Store) StatementTimeout() time.Duration { return s.statementTimeout }
+
 // Projection is the name positions, held rows and quarantine are kept under.
 func (s *Store) Projection() string { return s.projection }
 
@@ -313,6 +317,14 @@ func IsBadData(err error) bool {
 		return !strings.HasPrefix(pgErr.TableName, "projector_") || strings.HasPrefix(pgErr.TableName, ShadowPrefix)
 	}
 	return false
+}
+
+// IsStatementTimeout reports whether PostgreSQL cancelled a statement for
+// running past the statement timeout (SQLSTATE 57014, as the server words
+// it): not an outage, and a retry of the same batch may meet it again.
+func IsStatementTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "57014" && strings.Contains(pgErr.Message, "statement timeout")
 }
 
 // Refusal is the quarantine reason of a record PostgreSQL refused: the

@@ -15,6 +15,9 @@ import (
 
 type rebuildOpts struct {
 	runOpts
+	// groupSet says --group (or PROJECTOR_GROUP) was given, so an empty
+	// one is a mistake rather than "derive it".
+	groupSet bool
 	keepOld  bool
 	restart  bool
 	dryRun   bool
@@ -57,7 +60,9 @@ Example:
 	flags: func(fs *flag.FlagSet) any {
 		o := &rebuildOpts{}
 		o.register(fs, "", "off")
-		fs.Lookup("group").Usage = "the rebuild's Kafka consumer group (default projector-rebuild-<schema>-<table>,\nso rebuilds of different tables never share one)"
+		group := fs.Lookup("group")
+		group.Usage = "the rebuild's Kafka consumer group (default projector-rebuild-<schema>-<table>,\nso rebuilds of different tables never share one)"
+		group.Value = setTracker{Value: group.Value, set: &o.groupSet}
 		o.start = "earliest"
 		fs.BoolVar(&o.keepOld, "keep-old", false, "keep a copy of the previous read model as projector_old_<table>_<n>")
 		fs.BoolVar(&o.restart, "restart", false, "discard what an earlier, unfinished rebuild stored and start over from the start of the log")
@@ -71,6 +76,9 @@ Example:
 		logger, err := o.log.logger(env.stderr)
 		if err != nil {
 			return err
+		}
+		if o.groupSet && o.group == "" {
+			return usagef("--group is empty (from the flag or PROJECTOR_GROUP): name a consumer group, e.g. --group projector-rebuild-%s-%s, or leave it out for that default", o.schema, o.table)
 		}
 		if o.group == "" {
 			o.group = "projector-rebuild-" + o.schema + "-" + o.table
@@ -92,7 +100,7 @@ Example:
 		}
 		// Every precondition before anything is reset: the database (whose
 		// live tables are only created if missing), then the topic.
-		live, err := openStore(ctx, o.databaseURL, o.schema, o.table)
+		live, err := openStore(ctx, o.databaseURL, o.storeConfig())
 		if err != nil {
 			return err
 		}
@@ -286,6 +294,25 @@ func waitRebuilt(ctx context.Context, shadow *store.Store, target map[int]int64,
 			return nil
 		}
 	}
+}
+
+// setTracker is a flag value that records that it was set, by the flag or
+// its environment variable.
+type setTracker struct {
+	flag.Value
+	set *bool
+}
+
+func (t setTracker) String() string {
+	if t.Value == nil { // the flag package's zero value, for --help
+		return ""
+	}
+	return t.Value.String()
+}
+
+func (t setTracker) Set(v string) error {
+	*t.set = true
+	return t.Value.Set(v)
 }
 
 // shadowName is the rebuild table as people write it: schema.table.

@@ -19,26 +19,60 @@ import (
 )
 
 type runOpts struct {
-	databaseURL string
-	brokers     listFlag
-	topic       string
-	group       string
-	start       string
-	schema      string
-	table       string
-	batchSize   int
-	batchLinger time.Duration
-	httpAddr    string
-	owner       string
-	readyMaxLag int64
-	kafka       kafkaFlags
-	cacheBytes  byteSize
-	log         logFlags
-	gap         gapFlags
+	databaseURL  string
+	brokers      listFlag
+	topic        string
+	group        string
+	start        string
+	schema       string
+	table        string
+	batchSize    int
+	batchLinger  time.Duration
+	httpAddr     string
+	owner        string
+	readyMaxLag  int64
+	stallTimeout time.Duration
+	kafka        kafkaFlags
+	cacheBytes   byteSize
+	log          logFlags
+	gap          gapFlags
 	// tombstoneRetention is how long a deleted job's tombstone is kept;
 	// 0 keeps them for ever.
 	tombstoneRetention time.Duration
 	groupTiming        groupFlags
+	bounds             boundFlags
+}
+
+// boundFlags are the bounds on the transactions that lock a partition's
+// row (store.Config), so a frozen or cut-off instance cannot hold its
+// partitions for ever, and a batch that legitimately runs long can be let.
+type boundFlags struct {
+	claimLock, idle, statement time.Duration
+}
+
+func (b *boundFlags) register(fs *flag.FlagSet) {
+	d := store.Config{}.WithDefaults()
+	fs.DurationVar(&b.claimLock, "claim-lock-timeout", d.ClaimLockTimeout, "how long one claim of a partition waits for the previous owner's open batch\ntransaction before it logs why and tries again")
+	fs.DurationVar(&b.idle, "idle-in-transaction-timeout", d.IdleInTransactionTimeout, "PostgreSQL ends a batch transaction whose client sent nothing for this long\n(a frozen or cut-off instance) and so releases its partition")
+	fs.DurationVar(&b.statement, "statement-timeout", d.StatementTimeout, "longest one statement of a batch transaction may run; raise it if batches\nlegitimately take longer. A batch transaction is given up after twice this\n(at least 2m) and retried")
+}
+
+func (b *boundFlags) validate() error {
+	for _, f := range []struct {
+		name, example string
+		d             time.Duration
+	}{{"claim-lock-timeout", "2s", b.claimLock}, {"idle-in-transaction-timeout", "10s", b.idle}, {"statement-timeout", "5m", b.statement}} {
+		if f.d < time.Millisecond {
+			return usagef("--%s %s: must be at least 1ms, e.g. --%s %s", f.name, f.d, f.name, f.example)
+		}
+	}
+	return nil
+}
+
+// storeConfig is the store's configuration: names and bounds.
+func (o *runOpts) storeConfig() store.Config {
+	return store.Config{Schema: o.schema, Table: o.table,
+		ClaimLockTimeout: o.bounds.claimLock, IdleInTransactionTimeout: o.bounds.idle, StatementTimeout: o.bounds.statement}
 }
 
 // groupFlags are the consumer group's timings.
@@ -109,7 +143,7 @@ func (g *gapFlags) validate() error {
 		return usagef("--gap-wait %s: must not be negative (0 skips waiting)", g.wait)
 	}
 	if g.rereadWindow <= 0 {
-		return usagef("--reread-window %s: must be positive", g.rereadWindow)
+		return usagef("--reread-window %s: must be positive, e.g. --reread-window 10m", g.rereadWindow)
 	}
 	if g.rereadMaxBytes <= 0 {
 		return usagef("--reread-max-bytes %d: must be positive", g.rereadMaxBytes)
@@ -155,7 +189,11 @@ projects every job event into the read model in DATABASE_URL. Positions are
 stored in PostgreSQL in the same transaction as the writes; each partition's
 owner is fenced so a consumer that lost its partition cannot write.
 
-It serves /healthz, /readyz, /status (JSON) and /metrics on --http-addr.
+It serves /healthz (its loops are alive), /readyz (the topic exists, it is in
+a group generation, PostgreSQL answered in the last 5s), /status (JSON) and
+Prometheus /metrics on --http-addr. A missing topic is waited for, not ready.
+With --kafka-tls* and --kafka-sasl-* every connection to Kafka is secured;
+brokers that refuse the credentials or certificate stop it with exit 1.
 SIGINT or SIGTERM finishes the batch in flight, commits and exits 0.
 
 Example:
@@ -175,7 +213,7 @@ Example:
 		if err := o.validate(); err != nil {
 			return err
 		}
-		st, err := openStore(ctx, o.databaseURL, o.schema, o.table)
+		st, err := openStore(ctx, o.databaseURL, o.storeConfig())
 		if err != nil {
 			return err
 		}
@@ -212,6 +250,8 @@ func (o *runOpts) register(fs *flag.FlagSet, group, httpAddr string) {
 	fs.StringVar(&o.httpAddr, "http-addr", httpAddr, usage)
 	fs.StringVar(&o.owner, "owner", "", "this instance's name in the partitions table (default host/pid)")
 	fs.Int64Var(&o.readyMaxLag, "ready-max-lag", 0, "with a positive value, /readyz fails while this instance's total lag\nis above it; 0 leaves lag out of readiness")
+	fs.DurationVar(&o.stallTimeout, "stall-timeout", projection.DefaultStallTimeout,
+		"a partition with lag whose position has not moved for this long is stalled:\n/healthz fails, projector_stalls_total counts it, and run exits 1 so a\nsupervisor starts it again; a loop silent this long fails /healthz too")
 	o.kafka.register(fs)
 	o.cacheBytes = projection.DefaultCacheBytes
 	fs.Var(&o.cacheBytes, "cache-bytes", "memory budget of the cache of job rows and held deltas, one `size` for the whole\ninstance (64MiB, 512KiB, 1GiB or a number of bytes); least recently used\nrows are evicted, held jobs are kept and past half of it their deltas stay\nin PostgreSQL")
@@ -220,6 +260,7 @@ func (o *runOpts) register(fs *flag.FlagSet, group, httpAddr string) {
 	fs.DurationVar(&o.tombstoneRetention, "tombstone-retention", projection.DefaultTombstoneRetention,
 		"how long a deleted job's tombstone is kept: until then no event at or below the\ndelete's version brings the job back; after it, one older than the delete can;\n0 keeps them for ever")
 	o.groupTiming.register(fs)
+	o.bounds.register(fs)
 }
 
 func (o *runOpts) validate() error {
@@ -247,6 +288,9 @@ func (o *runOpts) validate() error {
 	if err := positive("batch-linger", o.batchLinger); err != nil {
 		return err
 	}
+	if o.stallTimeout <= 0 {
+		return usagef("--stall-timeout %s: must be positive, e.g. --stall-timeout 2m", o.stallTimeout)
+	}
 	if o.readyMaxLag < 0 {
 		return usagef("--ready-max-lag %d: must not be negative (0 turns it off)", o.readyMaxLag)
 	}
@@ -257,6 +301,9 @@ func (o *runOpts) validate() error {
 		return usagef("--tombstone-retention %s: must not be negative (e.g. 168h; 0 keeps tombstones for ever)", o.tombstoneRetention)
 	}
 	if err := o.groupTiming.validate(); err != nil {
+		return err
+	}
+	if err := o.bounds.validate(); err != nil {
 		return err
 	}
 	return o.gap.validate()
@@ -273,7 +320,7 @@ func (o *runOpts) config(st *store.Store, logger *slog.Logger) projection.Config
 	k := o.kafkaConfig()
 	cfg := projection.Config{
 		Brokers: o.brokers, TLS: k.TLS, SASL: k.SASL, Topic: o.topic, Group: o.group, Start: o.start,
-		BatchSize: o.batchSize, BatchLinger: o.batchLinger, Owner: o.owner, ReadyMaxLag: o.readyMaxLag,
+		BatchSize: o.batchSize, BatchLinger: o.batchLinger, Owner: o.owner, ReadyMaxLag: o.readyMaxLag, StallTimeout: o.stallTimeout,
 		Store: st, Logger: logger, CacheBytes: int64(o.cacheBytes),
 	}
 	o.gap.apply(&cfg)
@@ -316,17 +363,16 @@ func registerStoreFlags(fs *flag.FlagSet, url, schema, table *string) {
 
 // openStore checks the settings (exit 2 when they are wrong), then connects
 // and migrates (exit 1 when the server fails).
-func openStore(ctx context.Context, url, schema, table string) (*store.Store, error) {
+func openStore(ctx context.Context, url string, cfg store.Config) (*store.Store, error) {
 	if strings.TrimSpace(url) == "" {
 		return nil, usagef("DATABASE_URL is not set: set it or pass --database-url, e.g. postgres://user@127.0.0.1:5432/db")
 	}
 	if _, err := pgxpool.ParseConfig(url); err != nil {
 		return nil, usagef("DATABASE_URL is not a valid PostgreSQL connection string (want postgres://user:pass@host:port/db or key=value pairs): %v", err)
 	}
-	if err := checkStoreNames(schema, table); err != nil {
+	if err := checkStoreNames(cfg.Schema, cfg.Table); err != nil {
 		return nil, err
 	}
-	cfg := store.Config{Schema: schema, Table: table}
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	st, err := store.Open(cctx, url, cfg)
