@@ -506,6 +506,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 			if testHookBeforeApply != nil {
 				testHookBeforeApply(w.partition)
 			}
+			failpoint.Hit(failpoint.Planned)
 			stop := w.watchStall(len(msgs))
 			result, err = w.p.cfg.Store.Apply(actx, pl.batch)
 			stop()
