@@ -108,7 +108,7 @@ func newFaultRig(t *testing.T, o faultOpts) *faultRig {
 
 	stream := jobgen.Generate(jobgen.Config{
 		Seed: o.seed, Jobs: o.jobs, EventsPerJob: 12, Partitions: o.partitions,
-		LateRate: 0.2, DuplicateRate: 0.2, MissingRate: 0.05, MisrouteRate: 0.05, BadRate: 0.05,
+		LateRate: 0.2, DuplicateRate: 0.2, MissingRate: 0.05, MisrouteRate: 0.05, BadRate: 0.05, DeleteRate: 0.1,
 	})
 	truthful := jobgen.NewAuthority(stream.Truth)
 	var h http.Handler = truthful
