@@ -100,7 +100,7 @@ func newFaultStory(t *testing.T, seed uint64, jobs, partitions int) *faultStory 
 	require.NoError(t, st.Migrate(context.Background()))
 	stream := jobgen.Generate(jobgen.Config{
 		Seed: seed, Jobs: jobs, EventsPerJob: 12, Partitions: partitions,
-		LateRate: 0.2, DuplicateRate: 0.2, MissingRate: 0.05, MisrouteRate: 0.05, BadRate: 0.05,
+		LateRate: 0.2, DuplicateRate: 0.2, MissingRate: 0.05, MisrouteRate: 0.05, BadRate: 0.05, DeleteRate: 0.1,
 	})
 	auth := httptest.NewServer(jobgen.NewAuthority(stream.Truth))
 	t.Cleanup(auth.Close)
