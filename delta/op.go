@@ -186,12 +186,45 @@ func stringMember(w map[string]json.RawMessage, name string) (s string, ok bool,
 	return s, true, nil
 }
 
+// isJSONNumber reports whether b is exactly one JSON number (RFC 8259:
+// -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?), what encoding/json
+// accepts into a json.Number, checked without a decoder: it runs for
+// every increment.
 func isJSONNumber(b []byte) bool {
-	var n json.Number
-	if b[0] != '-' && (b[0] < '0' || b[0] > '9') {
+	i := 0
+	digits := func() int {
+		n := 0
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+			n++
+		}
+		return n
+	}
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(b) && b[i] == '0':
+		i++
+	case digits() == 0:
 		return false
 	}
-	return json.Unmarshal(b, &n) == nil
+	if i < len(b) && b[i] == '.' {
+		i++
+		if digits() == 0 {
+			return false
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if digits() == 0 {
+			return false
+		}
+	}
+	return i == len(b)
 }
 
 func clip(b []byte) string {

@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/projector/projector/delta"
 )
@@ -147,13 +148,13 @@ func DecodeValue(value []byte) (Event, error) {
 		}
 	}
 	if raw := w.eventID; len(raw) > 0 && !isNull(raw) {
-		if err := json.Unmarshal(raw, &ev.EventID); err != nil {
+		if ev.EventID, err = stringOf(raw); err != nil {
 			return Event{}, &FieldError{Field: "event_id", Reason: "must be a string"}
 		}
 	}
 	if raw := w.occurredAt; len(raw) > 0 && !isNull(raw) {
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
+		s, err := stringOf(raw)
+		if err != nil {
 			return Event{}, &FieldError{Field: "occurred_at", Reason: "must be an RFC 3339 time string"}
 		}
 		if ev.OccurredAt, err = time.Parse(time.RFC3339Nano, s); err != nil {
@@ -167,8 +168,8 @@ func jobID(raw json.RawMessage) (string, error) {
 	if len(raw) == 0 || isNull(raw) {
 		return "", &FieldError{Field: "job_id", Reason: "required"}
 	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err != nil {
+	s, err := stringOf(raw)
+	if err != nil {
 		return "", &FieldError{Field: "job_id", Reason: "must be a string"}
 	}
 	switch {
@@ -211,8 +212,16 @@ func kind(raw json.RawMessage) (Kind, error) {
 	if len(raw) == 0 || isNull(raw) {
 		return "", &FieldError{Field: "kind", Reason: `required ("snapshot", "delta" or "delete")`}
 	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err != nil {
+	switch string(raw) { // the usual spellings, without allocating
+	case `"snapshot"`:
+		return Snapshot, nil
+	case `"delta"`:
+		return Delta, nil
+	case `"delete"`:
+		return Delete, nil
+	}
+	s, err := stringOf(raw)
+	if err != nil {
 		return "", &FieldError{Field: "kind", Reason: `must be the string "snapshot", "delta" or "delete"`}
 	}
 	switch Kind(s) {
@@ -220,6 +229,18 @@ func kind(raw json.RawMessage) (Kind, error) {
 		return Kind(s), nil
 	}
 	return "", &FieldError{Field: "kind", Reason: fmt.Sprintf(`unknown kind %q (want "snapshot", "delta" or "delete")`, clip(s))}
+}
+
+// stringOf decodes a JSON string as encoding/json does; one with nothing
+// to unescape (the usual case) is taken as it is, without a decoder. The
+// scanner has already checked that it is valid UTF-8.
+func stringOf(raw json.RawMessage) (string, error) {
+	if len(raw) >= 2 && raw[0] == '"' && raw[len(raw)-1] == '"' && bytes.IndexByte(raw[1:len(raw)-1], '\\') < 0 && utf8.Valid(raw[1:len(raw)-1]) {
+		return string(raw[1 : len(raw)-1]), nil
+	}
+	var s string
+	err := json.Unmarshal(raw, &s)
+	return s, err
 }
 
 func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }

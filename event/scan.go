@@ -1,6 +1,7 @@
 package event
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"unicode/utf8"
@@ -29,10 +30,10 @@ type scanError struct {
 // text must be valid UTF-8, with no \u0000 and no unpaired surrogate
 // escape, and numbers must fit PostgreSQL's numeric type.
 type scanner struct {
-	b     []byte
-	i     int
-	field string // the top-level member being scanned
-	err   *scanError
+	b   []byte
+	i   int
+	key []byte // the raw key of the top-level member being scanned
+	err *scanError
 }
 
 func scanObject(b []byte) (members, *scanError) {
@@ -60,11 +61,11 @@ func scanObject(b []byte) (members, *scanError) {
 			}
 			s.ws()
 			vstart := s.i
-			s.field = unquote(key)
+			s.key = key
 			if !s.value(1) {
 				break
 			}
-			s.field = ""
+			s.key = nil
 			m.set(key, b[vstart:s.i])
 			s.ws()
 			if s.peek() == ',' {
@@ -84,6 +85,14 @@ func scanObject(b []byte) (members, *scanError) {
 	return m, s.err
 }
 
+// field names the top-level member being scanned, for an error.
+func (s *scanner) field() string {
+	if s.key == nil {
+		return ""
+	}
+	return unquote(s.key)
+}
+
 // unquote returns a scanned string's text.
 func unquote(raw []byte) string {
 	for _, c := range raw {
@@ -97,7 +106,13 @@ func unquote(raw []byte) string {
 }
 
 func (m *members) set(rawKey, v []byte) {
-	switch unquote(rawKey) {
+	name := rawKey[1 : len(rawKey)-1]
+	if bytes.IndexByte(name, '\\') >= 0 {
+		name = []byte(unquote(rawKey))
+	}
+	// A switch on string(name) compares without allocating: this runs
+	// for every member of every record.
+	switch string(name) {
 	case "job_id":
 		m.jobID = v
 	case "version":
@@ -123,7 +138,7 @@ func (s *scanner) fail(format string, args ...any) {
 
 func (s *scanner) refuse(msg string) {
 	if s.err == nil {
-		s.err = &scanError{field: s.field, msg: msg}
+		s.err = &scanError{field: s.field(), msg: msg}
 	}
 }
 

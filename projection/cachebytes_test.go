@@ -12,6 +12,7 @@ import (
 
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
+	"github.com/projector/projector/store"
 )
 
 // TestTheCacheStaysWithinItsBytes: 100,000 jobs of 2.5 KB state each go
@@ -114,4 +115,54 @@ func anySpilled(p *Projector) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.spilled > 0
+}
+
+// TestATinyCacheGivesTheSameRowsAsTheDefault: one stream of large
+// snapshots (2.5 KB states), counter jobs and held gaps, projected once
+// with the default --cache-bytes and once with a budget of a few jobs:
+// the rows are identical, state for state.
+func TestATinyCacheGivesTheSameRowsAsTheDefault(t *testing.T) {
+	t.Parallel()
+	pad := strings.Repeat("p", 2500)
+	build := func() []rec {
+		var recs []rec
+		for _, id := range jobIDs("big", 300) {
+			p := partitionOf(id, 2)
+			for _, v := range []int64{2, 1, 3} {
+				recs = append(recs, rec{p, id, snap(id, v, fmt.Sprintf(`{"v":%d,"pad":%q}`, v, pad))})
+			}
+			recs = append(recs, rec{p, id, dlt(id, 4, `[{"op":"set","path":"/after","value":4}]`)})
+		}
+		for _, id := range jobIDs("gap", 100) {
+			p := partitionOf(id, 2)
+			inc := func(v int64) string {
+				return dlt(id, v, fmt.Sprintf(`[{"op":"increment","path":"/count","by":%d},{"op":"set","path":"/last","value":%d}]`, v, v))
+			}
+			// 4 and 5 arrive ahead of 2 and 3: held, then released.
+			recs = append(recs, rec{p, id, snap(id, 1, counterStateOf(1))}, rec{p, id, inc(4)}, rec{p, id, inc(5)},
+				rec{p, id, inc(2)}, rec{p, id, inc(3)})
+		}
+		return recs
+	}
+	project := func(cacheBytes int64) map[string]store.Job {
+		r := newRig(t, 2)
+		r.produce(build()...)
+		run := r.start(r.config(func(c *Config) { c.CacheBytes = cacheBytes; c.BatchSize = 50; c.GapWait = time.Hour }))
+		r.caughtUp(60*time.Second, run)
+		r.eventually(10*time.Second, "no job held", func() (bool, string) {
+			n := run.p.Status().Counters.HeldJobs
+			return n == 0, fmt.Sprintf("%d held", n)
+		})
+		run.halt(t)
+		return r.rows()
+	}
+	big := project(DefaultCacheBytes)
+	tiny := project(3000)
+	require.Len(t, big, 400)
+	require.Equal(t, len(big), len(tiny))
+	for id, row := range big {
+		require.Equal(t, row.Version, tiny[id].Version, id)
+		require.JSONEq(t, string(row.State), string(tiny[id].State), id)
+	}
+	require.JSONEq(t, counterStateOf(5), string(big["gap-0000"].State))
 }

@@ -108,7 +108,7 @@ func newFaultRig(t *testing.T, o faultOpts) *faultRig {
 
 	stream := jobgen.Generate(jobgen.Config{
 		Seed: o.seed, Jobs: o.jobs, EventsPerJob: 12, Partitions: o.partitions,
-		LateRate: 0.2, DuplicateRate: 0.2, MissingRate: 0.05, MisrouteRate: 0.05, BadRate: 0.05,
+		LateRate: 0.2, DuplicateRate: 0.2, MissingRate: 0.05, MisrouteRate: 0.05, BadRate: 0.05, DeleteRate: 0.1,
 	})
 	truthful := jobgen.NewAuthority(stream.Truth)
 	var h http.Handler = truthful
@@ -495,10 +495,12 @@ func TestFaultPartitionsAddedWhileRunning(t *testing.T) {
 type misbehaving struct {
 	truth http.Handler
 	bad   int
-	fault func(w http.ResponseWriter, id string)
-	mu    sync.Mutex
-	seen  map[string]int
-	hits  atomic.Int64
+	fault func(m *misbehaving, w http.ResponseWriter, id string)
+	// rig is the rig whose rows a fault may read, set once it exists.
+	rig  atomic.Pointer[faultRig]
+	mu   sync.Mutex
+	seen map[string]int
+	hits atomic.Int64
 }
 
 func (m *misbehaving) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -512,7 +514,7 @@ func (m *misbehaving) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	m.hits.Add(1)
-	m.fault(w, id)
+	m.fault(m, w, id)
 }
 
 // The trusted authority misbehaves for each job's first requests: slow
@@ -526,20 +528,20 @@ func TestFaultAuthorityMisbehaves(t *testing.T) {
 	var hugeSent atomic.Int64 // the most bytes one huge answer got out
 	cases := []struct {
 		name  string
-		fault func(w http.ResponseWriter, id string)
+		fault func(m *misbehaving, w http.ResponseWriter, id string)
 	}{
-		{"slow", func(w http.ResponseWriter, id string) {
+		{"slow", func(m *misbehaving, w http.ResponseWriter, id string) {
 			time.Sleep(2500 * time.Millisecond) // past the 2s snapshot timeout
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}},
-		{"failing", func(w http.ResponseWriter, id string) {
+		{"failing", func(m *misbehaving, w http.ResponseWriter, id string) {
 			http.Error(w, "authority down", http.StatusInternalServerError)
 		}},
-		{"garbage", func(w http.ResponseWriter, id string) {
+		{"garbage", func(m *misbehaving, w http.ResponseWriter, id string) {
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = w.Write([]byte(`{"job_id": "` + id + `", "version": 9999, "kind": "snap`))
 		}},
-		{"huge", func(w http.ResponseWriter, id string) {
+		{"huge", func(m *misbehaving, w http.ResponseWriter, id string) {
 			w.Header().Set("Content-Type", "application/json")
 			chunk := []byte(strings.Repeat(" ", 64<<10))
 			var sent int64
@@ -555,11 +557,21 @@ func TestFaultAuthorityMisbehaves(t *testing.T) {
 				}
 			}
 		}},
-		{"lower-version", func(w http.ResponseWriter, id string) {
+		{"lower-version", func(m *misbehaving, w http.ResponseWriter, id string) {
+			// At or below the row's version, with a state the stream never
+			// had: stale (below) or a conflict (equal), never written. A
+			// job with no row gets no lie to tell: a version-1 answer there
+			// would be indistinguishable from the truth to any reader.
+			rows, err := m.rig.Load().store.LoadJobs(context.Background(), []string{id})
+			row, ok := rows[id]
+			if err != nil || !ok {
+				http.NotFound(w, nil)
+				return
+			}
 			w.Header().Set("Content-Type", "application/json")
-			_, _ = fmt.Fprintf(w, `{"job_id":%q,"version":1,"kind":"snapshot","state":{"bogus":"lower version"}}`, id)
+			_, _ = fmt.Fprintf(w, `{"job_id":%q,"version":%d,"kind":"snapshot","state":{"bogus":"lower version"}}`, id, max(row.Version-1, 1))
 		}},
-		{"another-job", func(w http.ResponseWriter, id string) {
+		{"another-job", func(m *misbehaving, w http.ResponseWriter, id string) {
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = fmt.Fprintf(w, `{"job_id":%q,"version":9999,"kind":"snapshot","state":{"bogus":"another job"}}`, id+"-other")
 		}},
@@ -572,6 +584,7 @@ func TestFaultAuthorityMisbehaves(t *testing.T) {
 				m = &misbehaving{truth: truth, bad: 2, fault: tc.fault, seen: map[string]int{}}
 				return m
 			}})
+			m.rig.Store(f)
 			f.produceAll()
 			f.start(f.config(func(c *Config) { c.NoReread = true }))
 			f.verify(60*time.Second, faulttest.Options{})

@@ -110,3 +110,55 @@ func TestRefusedHeldDeltaReleasedByAResolutionIsQuarantined(t *testing.T) {
 		return c.Quarantined == 1 && c.HeldJobs == 0, fmt.Sprintf("%+v", c)
 	})
 }
+
+// A failure that is not the data's, met in the middle of isolating a
+// refused batch (here a serialization failure PostgreSQL raises once, on
+// v2's write; a lost connection or a statement timeout read the same),
+// loses nothing and duplicates nothing: the worker ends its generation
+// with nothing of the step committed, the partition is claimed again from
+// the stored position with v3 still held, and the isolation done again
+// ends as if uninterrupted: v2 applied, v3 quarantined once, the records
+// after projected.
+func TestIsolationInterruptedByAFailureThatIsNotTheData(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, 1)
+	ctx := context.Background()
+	_, err := r.store.Pool().Exec(ctx, `CREATE SEQUENCE `+r.store.Schema()+`.flaky;
+		CREATE FUNCTION `+r.store.Schema()+`.flaky() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			-- nextval is not rolled back: only the first write of v2 fails.
+			IF NEW.job_id = 'big' AND NEW.version = 2 AND nextval('`+r.store.Schema()+`.flaky') = 1 THEN
+				RAISE EXCEPTION 'could not serialize access (raised once by the test)' USING ERRCODE = '40001';
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER flaky BEFORE INSERT OR UPDATE ON `+r.store.JobsTable()+`
+			FOR EACH ROW EXECUTE FUNCTION `+r.store.Schema()+`.flaky();`)
+	require.NoError(t, err)
+	offs := r.produce(
+		rec{0, "big", snap("big", 1, `{"n":`+big+`}`)},
+		rec{0, "big", dlt("big", 3, `[{"op":"increment","path":"/n","by":`+big+`}]`)},
+		rec{0, "big", dlt("big", 2, `[{"op":"set","path":"/s","value":"v2"}]`)},
+		rec{0, "after", snap("after", 1, `{"ok":true}`)},
+	)
+	run := r.start(r.config(func(c *Config) {
+		c.NoReread = true
+		c.GapWait = time.Hour
+	}))
+	r.caughtUp(30*time.Second, run)
+
+	var failures int64
+	require.NoError(t, r.store.Pool().QueryRow(ctx, `SELECT last_value FROM `+r.store.Schema()+`.flaky`).Scan(&failures))
+	require.GreaterOrEqual(t, failures, int64(2), "v2's write failed once, then was retried")
+	rows := r.rows()
+	require.Contains(t, rows, "after", "the stream moved on")
+	require.Equal(t, int64(2), rows["big"].Version, "v2 is applied")
+	q, total, err := r.store.Quarantine(ctx, 10)
+	require.NoError(t, err)
+	require.Equal(t, 1, total, "only v3 is quarantined: %+v", q)
+	require.Equal(t, offs[1], q[0].Offset)
+	require.Contains(t, q[0].Error, "SQLSTATE 22003")
+	held, err := r.store.LoadHeld(ctx, r.topic, 0)
+	require.NoError(t, err)
+	require.Empty(t, held)
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -310,7 +311,7 @@ func (p *Projector) start(gen *kafka.Generation, fn func(ctx context.Context)) {
 type committer struct {
 	gen   *kafka.Generation
 	topic string
-	log   interface{ Debug(string, ...any) }
+	log   *slog.Logger
 	// workers are the generation's partition workers: when the generation
 	// ends, the last flush waits for them, since a batch in flight is
 	// still committed within the shutdown grace.
@@ -337,15 +338,18 @@ func (c *committer) run(ctx context.Context) {
 			// The group connection stays open until every function of
 			// the generation has returned, this one included.
 			c.workers.Wait()
-			c.flush()
+			c.flush(slog.LevelWarn)
 			return
 		case <-t.C:
-			c.flush()
+			c.flush(slog.LevelDebug)
 		}
 	}
 }
 
-func (c *committer) flush() {
+// flush commits the positions not yet sent. A failure is logged at level:
+// quietly on the way (the next tick sends them again), louder for the last
+// flush of a generation, after which lag tools show the older offsets.
+func (c *committer) flush(level slog.Level) {
 	c.mu.Lock()
 	offsets := map[int]int64{}
 	for p, off := range c.pending {
@@ -358,7 +362,7 @@ func (c *committer) flush() {
 		return
 	}
 	if err := c.gen.CommitOffsets(map[string]map[int]int64{c.topic: offsets}); err != nil {
-		c.log.Debug("group offset commit failed (positions in PostgreSQL are unaffected)", "err", err)
+		c.log.Log(context.Background(), level, "group offset commit failed (positions in PostgreSQL are unaffected; lag tools show the older offsets)", "offsets", offsets, "err", err)
 		return
 	}
 	c.mu.Lock()

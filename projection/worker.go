@@ -235,6 +235,7 @@ func (w *worker) claim(ctx context.Context) (store.Claim, error) {
 	}
 	var claim store.Claim
 	var waited time.Duration
+	var logged time.Time
 	op := func() error {
 		var err error
 		claim, err = w.p.cfg.Store.ClaimFrom(ctx, w.topic, w.partition, w.p.cfg.Owner, start)
@@ -242,12 +243,14 @@ func (w *worker) claim(ctx context.Context) (store.Claim, error) {
 		var swap *store.SwapWaitError
 		for (errors.As(err, &wait) || errors.As(err, &swap)) && ctx.Err() == nil {
 			// Not an outage: PostgreSQL answered, another owner's open
-			// transaction holds the row. Say so, and ask again.
+			// transaction holds the row. Say so when the wait starts and
+			// then every claimWaitLogEvery while it lasts (a batch may
+			// legitimately run long), and ask again.
 			if swap != nil {
 				w.swapWait(swap)
 				swap = nil
-			} else {
-				waited += wait.Waited
+			} else if waited += wait.Waited; time.Since(logged) >= claimWaitLogEvery {
+				logged = time.Now()
 				w.log.Warn("claim waits for the previous owner's open batch transaction on this partition (a slow, stalled or frozen owner); PostgreSQL ends it once its client is idle past the bound; retrying",
 					"previous_owner", wait.Owner, "waited", waited.String())
 			}
@@ -289,6 +292,10 @@ const swapWaitLogEvery = 15 * time.Second
 // claimRetryPause separates claims that gave up waiting for the partition
 // row; each of them already waited the store's ClaimLockTimeout.
 const claimRetryPause = 500 * time.Millisecond
+
+// claimWaitLogEvery is how often a claim that keeps waiting for the
+// previous owner's transaction says so again.
+const claimWaitLogEvery = 30 * time.Second
 
 // stallWarning is how long a batch transaction runs before the worker
 // says so, and then again each time as long again: well before
@@ -499,6 +506,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 			if testHookBeforeApply != nil {
 				testHookBeforeApply(w.partition)
 			}
+			failpoint.Hit(failpoint.Planned)
 			stop := w.watchStall(len(msgs))
 			result, err = w.p.cfg.Store.Apply(actx, pl.batch)
 			stop()

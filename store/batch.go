@@ -57,7 +57,10 @@ func (s *Store) ClaimFrom(ctx context.Context, topic string, p int, owner string
 	}
 	var c Claim
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, millis(s.claimLockTimeout)); err != nil {
+		// The claim's own transaction holds the row too, from its write to
+		// its commit: a claimer frozen in between is bounded like a batch.
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)`,
+			millis(s.claimLockTimeout), millis(s.idleTimeout)); err != nil {
 			return err
 		}
 		return tx.QueryRow(ctx, `INSERT INTO `+s.partitions+` AS t (projection, topic, partition, epoch, owner, next_offset)

@@ -129,3 +129,55 @@ func TestFrozenOwnerInsideABatchReleasesThePartition(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, jobs, "nothing of the frozen batch landed")
 }
+
+// A claimer frozen inside its own claim, after its write took the
+// partition row and before its commit, is bounded like a batch: PostgreSQL
+// ends its transaction once idle past IdleInTransactionTimeout, and the
+// next claim succeeds.
+func TestFrozenClaimerReleasesThePartition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	f := newFreezer("DO UPDATE SET epoch")
+	frozen, err := store.New(poolWith(t, f), store.Config{Schema: schema, IdleInTransactionTimeout: time.Second})
+	require.NoError(t, err)
+	t.Cleanup(f.thaw)
+	require.NoError(t, frozen.Migrate(ctx))
+	other, err := store.New(pgtest.Pool(t), store.Config{Schema: schema, ClaimLockTimeout: 100 * time.Millisecond})
+	require.NoError(t, err)
+
+	claimed := make(chan error, 1)
+	go func() {
+		_, err := frozen.Claim(ctx, "t", 0, "frozen-claimer")
+		claimed <- err
+	}()
+	select {
+	case <-f.frozen:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the claim did not reach its write")
+	}
+
+	var waits int
+	var second store.Claim
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		second, err = other.Claim(ctx, "t", 0, "next-owner")
+		var w *store.ClaimWaitError
+		if !errors.As(err, &w) {
+			break
+		}
+		waits++
+		require.True(t, time.Now().Before(deadline), "the frozen claim still holds the partition after 20s")
+	}
+	require.NoError(t, err)
+	require.Positive(t, waits, "the claim waited for the frozen claimer at least once")
+	require.Equal(t, int64(1), second.Epoch, "the frozen claim never committed")
+
+	f.thaw()
+	select {
+	case err = <-claimed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the thawed claim did not return")
+	}
+	require.Error(t, err, "the server ended the frozen claim's transaction")
+}

@@ -446,7 +446,7 @@ func checkStoreNames(schema, table string) error {
 
 func positive(name string, d time.Duration) error {
 	if d <= 0 {
-		return usagef("--%s %s: must be positive", name, d)
+		return usagef("--%s %s: must be positive, a duration such as 10s, 500ms or 2m", name, d)
 	}
 	return nil
 }

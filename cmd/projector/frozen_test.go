@@ -86,6 +86,10 @@ func TestRunFrozenOwnerIsTakenOver(t *testing.T) {
 	t.Logf("b projected the partition %s after a froze", time.Since(frozenAt).Round(100*time.Millisecond))
 	require.True(t, b.logged("claim waits for the previous owner's open batch transaction", map[string]string{"previous_owner": "inst-a", "waited": "300ms"}),
 		"b says why its claim waited, naming the frozen owner, after one claim lock timeout (PROJECTOR_CLAIM_LOCK_TIMEOUT)\n%s", b.logs.String())
+	// The wait is said once when it starts (then every 30s while it
+	// lasts), not at every retry of the claim.
+	require.Equal(t, 1, strings.Count(b.logs.String(), "claim waits for the previous owner's open batch transaction"), "%s", b.logs.String())
+	require.True(t, b.logged("claimed after waiting for the previous owner's transaction", nil), "%s", b.logs.String())
 	ctxPos, cancel := s.ctx()
 	defer cancel()
 	pos, err := s.st.Positions(ctxPos)

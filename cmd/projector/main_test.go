@@ -135,8 +135,14 @@ type proc struct {
 // the test did not stop it, and its log is printed if the test failed.
 func startBin(t *testing.T, name string, env []string, args ...string) *proc {
 	t.Helper()
+	return startExe(t, bin, name, env, args...)
+}
+
+// startExe is [startBin] for another build of the binary.
+func startExe(t *testing.T, exe, name string, env []string, args ...string) *proc {
+	t.Helper()
 	p := &proc{t: t, name: name, logs: newLogSink(), out: newLogSink(), done: make(chan struct{})}
-	p.cmd = exec.Command(bin, args...)
+	p.cmd = exec.Command(exe, args...)
 	p.cmd.Env = env
 	p.cmd.Stdout = p.out
 	p.cmd.Stderr = p.logs

@@ -8,11 +8,18 @@
 // PROJECTOR_FAILPOINTS once, a comma-separated list of name=N, and kills
 // the process with SIGKILL at the Nth hit of a named point, after writing
 // "failpoint NAME: SIGKILL" to standard error, so a test can tell the
-// failpoint from any other death.
+// failpoint from any other death. name=N:stop stops the process with
+// SIGSTOP instead (a frozen process, a zombie once its session times out),
+// after writing "failpoint NAME: SIGSTOP"; it goes on from there when the
+// test sends SIGCONT.
 //
 // It must never do anything but count and kill: no sleeps, no errors
 // returned, no state a test could depend on other than the process dying.
 package failpoint
+
+// Env names the variable a failpoints build reads; a normal build never
+// reads it.
+const Env = "PROJECTOR_FAILPOINTS"
 
 // The points, by name.
 const (
@@ -20,4 +27,5 @@ const (
 	AfterCommit  = "batch-after-commit"  // committed in PostgreSQL, not yet offered to the group commit
 	GapAttempt   = "gap-attempt"         // a re-read or an authority fetch is running
 	Claimed      = "claimed"             // the epoch is bumped, nothing read yet
+	Planned      = "batch-planned"       // a batch is read and planned, its transaction not begun
 )

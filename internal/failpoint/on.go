@@ -12,24 +12,27 @@ import (
 	"syscall"
 )
 
-// Env names the variable a failpoints build reads.
-const Env = "PROJECTOR_FAILPOINTS"
+type arm struct {
+	at   int64
+	stop bool // SIGSTOP rather than SIGKILL
+}
 
 var (
 	parseOnce sync.Once
-	armed     map[string]int64
+	armed     map[string]arm
 	hits      sync.Map // name -> *atomic.Int64
 )
 
 func parse() {
-	armed = map[string]int64{}
+	armed = map[string]arm{}
 	for _, kv := range strings.Split(os.Getenv(Env), ",") {
 		name, n, ok := strings.Cut(strings.TrimSpace(kv), "=")
 		if !ok {
 			continue
 		}
+		n, action, _ := strings.Cut(n, ":")
 		if at, err := strconv.ParseInt(n, 10, 64); err == nil && at > 0 {
-			armed[name] = at
+			armed[name] = arm{at: at, stop: action == "stop"}
 		}
 	}
 }
@@ -38,12 +41,17 @@ func parse() {
 // hit.
 func Hit(name string) {
 	parseOnce.Do(parse)
-	at, ok := armed[name]
+	a, ok := armed[name]
 	if !ok {
 		return
 	}
 	c, _ := hits.LoadOrStore(name, new(atomic.Int64))
-	if c.(*atomic.Int64).Add(1) != at {
+	if c.(*atomic.Int64).Add(1) != a.at {
+		return
+	}
+	if a.stop {
+		fmt.Fprintf(os.Stderr, "failpoint %s: SIGSTOP\n", name)
+		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 		return
 	}
 	fmt.Fprintf(os.Stderr, "failpoint %s: SIGKILL\n", name)

@@ -11,7 +11,7 @@ func ReferenceOf(s *jobgen.Stream) *Reference {
 		ref.Add(r.Key, r.Value)
 	}
 	for id, t := range s.Truth {
-		ref.Authority(id, t.Version, t.State, false)
+		ref.Authority(id, t.Version, t.State, t.Deleted)
 	}
 	return ref
 }
