@@ -289,7 +289,14 @@ func (p *Projector) startGeneration(gen *kafka.Generation) {
 			defer c.workers.Done()
 			defer alive()
 			defer p.book.drop(w.partition, w)
-			if err := w.run(ctx); err != nil && !errors.Is(err, context.Canceled) && ctx.Err() == nil {
+			switch err := w.run(ctx); {
+			case err == nil || errors.Is(err, context.Canceled) || ctx.Err() != nil:
+			case errors.Is(err, errFenced):
+				// Said when the fence was met; a new owner or a rebuild's
+				// swap took the partition. The generation ends, and the
+				// instance joins the group again and claims anew.
+				w.log.Info("partition worker stopped: fenced; joining the group again")
+			default:
 				w.log.Error("partition worker stopped", "err", err)
 			}
 		})

@@ -539,7 +539,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 			continue
 		case errors.Is(err, store.ErrFenced):
 			w.p.counters.fenced.Add(1)
-			w.log.Warn("fenced: another owner claimed this partition; the batch was rolled back and the partition stopped",
+			w.log.Warn("fenced: another owner claimed this partition, or a rebuild swapped its model in; the batch was rolled back and the partition stopped",
 				"first_offset", firstOffset(msgs), "records", len(msgs))
 			return errFenced
 		case errors.As(err, &stale) && ctx.Err() != nil:

@@ -312,6 +312,9 @@ type SwapResult struct {
 	// Rows the swap deleted, updated and inserted in the live table to make
 	// it equal the shadow.
 	Deleted, Updated, Inserted int64
+	// Reread is how many records live instances had projected past the
+	// rebuilt positions: they read them again after the swap.
+	Reread int64
 }
 
 // Swap makes the shadow's contents the live projection's in one
@@ -329,8 +332,39 @@ type SwapResult struct {
 // previous rows are first copied into a table inside the reserved prefix.
 // The shadow is dropped.
 func (s *Store) Swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResult, error) {
+	return s.SwapCaughtUp(ctx, shadow, keepOld, nil)
+}
+
+// PartitionPosition is a partition's stored next offset.
+type PartitionPosition struct {
+	Topic     string
+	Partition int
+	Next      int64
+}
+
+// CatchUp is called by [Store.SwapCaughtUp] with the live positions,
+// locked: no batch of the live projection moves them until the swap ends.
+// It returns once the shadow has read as far and its writers have stopped,
+// or once it gave up waiting; an error abandons the swap.
+type CatchUp func(ctx context.Context, live []PartitionPosition) error
+
+// swapIdleBound bounds how long the swap's transaction may sit idle while
+// catchUp runs (a frozen rebuild must not hold the live partitions for
+// ever).
+const swapIdleBound = "90s"
+
+// SwapCaughtUp is [Store.Swap] that first lets the shadow read as far as
+// the live projection got: it locks the live positions (live batches wait
+// from then on), calls catchUp with them, and only then locks the shadow's
+// and swaps. The rows handed over are then never older than what live
+// instances had projected, and those instances continue from positions
+// that match the rows. Where the shadow still lags a live position, the
+// records in between are read again by the live instances after the swap
+// (SwapResult.Reread); until they are, those jobs read at the rebuilt
+// version.
+func (s *Store) SwapCaughtUp(ctx context.Context, shadow *Store, keepOld bool, catchUp CatchUp) (SwapResult, error) {
 	for attempt := 1; ; attempt++ {
-		res, err := s.swap(ctx, shadow, keepOld)
+		res, err := s.swap(ctx, shadow, keepOld, catchUp)
 		var pgErr *pgconn.PgError
 		// A writer outside the partitions' locks (a repair tool) can
 		// deadlock with the swap's multi-row statements; the swap is the
@@ -342,7 +376,7 @@ func (s *Store) Swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResu
 	}
 }
 
-func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResult, error) {
+func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool, catchUp CatchUp) (SwapResult, error) {
 	var res SwapResult
 	live, sh := s.projection, shadow.projection
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
@@ -372,8 +406,47 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResu
 		// Positions first, in the order a batch takes its locks (position,
 		// then rows): this waits for batches and claims in flight, so the
 		// epochs read below are final, and never deadlocks with them.
-		if _, err := exec(`SELECT 1 FROM `+s.partitions+` WHERE projection IN ($1, $2) ORDER BY projection, topic, partition FOR UPDATE`, live, sh); err != nil {
+		// The live rows first, then the shadow's: only the swap takes
+		// both.
+		positions := func(projection string) ([]PartitionPosition, error) {
+			rows, err := tx.Query(ctx, `SELECT topic, partition, next_offset FROM `+s.partitions+`
+				WHERE projection = $1 ORDER BY topic, partition FOR UPDATE`, projection)
+			if err != nil {
+				return nil, fmt.Errorf("store: swap %s into %s: lock %s's positions: %w", sh, live, projection, err)
+			}
+			out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (PartitionPosition, error) {
+				var p PartitionPosition
+				return p, r.Scan(&p.Topic, &p.Partition, &p.Next)
+			})
+			if err != nil {
+				return nil, fmt.Errorf("store: swap %s into %s: lock %s's positions: %w", sh, live, projection, err)
+			}
+			return out, nil
+		}
+		livePos, err := positions(live)
+		if err != nil {
 			return err
+		}
+		if catchUp != nil {
+			if _, err := exec(`SET LOCAL idle_in_transaction_session_timeout = '` + swapIdleBound + `'`); err != nil {
+				return err
+			}
+			if err := catchUp(ctx, livePos); err != nil {
+				return fmt.Errorf("store: swap %s into %s: %w", sh, live, err)
+			}
+		}
+		shadowPos, err := positions(sh)
+		if err != nil {
+			return err
+		}
+		rebuilt := map[[2]any]int64{}
+		for _, p := range shadowPos {
+			rebuilt[[2]any{p.Topic, p.Partition}] = p.Next
+		}
+		for _, p := range livePos {
+			if next := max(rebuilt[[2]any{p.Topic, p.Partition}], 0); p.Next > next {
+				res.Reread += p.Next - next
+			}
 		}
 		if keepOld {
 			kept, err := s.keptName(ctx, tx)

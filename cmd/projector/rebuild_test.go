@@ -570,3 +570,43 @@ func TestRebuildKeepsAUsersCheck(t *testing.T) {
 	require.Equal(t, int(s.quarantined), s.quarantineCount(), "one quarantine row per record")
 	require.Contains(t, s.queryString(`SELECT error FROM `+s.table("projector_quarantine")+` WHERE key = 'job-banned'`), "no_banned")
 }
+
+// TestRebuildSwapPausesLiveWritesQuietly: while a swap runs longer than a
+// batch would wait, a `projector run` whose records arrive says it waits
+// for the rebuild's swap, does not report PostgreSQL as failing, and once
+// the swap commits claims again and projects the records that arrived
+// meanwhile.
+func TestRebuildSwapPausesLiveWritesQuietly(t *testing.T) {
+	t.Parallel()
+	s := newStory(t, 2)
+	s.jobs("before", 10, 1, 3)
+	p := startBin(t, "run", dbEnv(), s.runArgs("g-live", "inst-live", "--log-level", "info")...)
+	s.caughtUp(joinWithin, p)
+
+	// A user's statement trigger makes the swap's update slow.
+	s.exec(`CREATE FUNCTION ` + s.table("slow_swap") + `() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN IF current_setting('application_name') = 'projector rebuild swap' THEN PERFORM pg_sleep(6); END IF; RETURN NULL; END $$`)
+	s.exec(`CREATE TRIGGER slow_swap BEFORE UPDATE ON ` + s.table("jobs") + ` FOR EACH STATEMENT EXECUTE FUNCTION ` + s.table("slow_swap") + `()`)
+
+	r := startBin(t, "rebuild", dbEnv(), "rebuild", "--brokers", s.brokers(), "--topic", s.topic, "--schema", s.schema, "--held-wait", "1s", "--log-level", "warn")
+	eventually(t, 60*time.Second, "the swap is in the slow trigger, holding the partitions", func() (bool, string) {
+		var n int
+		ctx, cancel := s.ctx()
+		defer cancel()
+		err := pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'projector rebuild swap' AND wait_event = 'PgSleep'`).Scan(&n)
+		return err == nil && n > 0, fmt.Sprint(n, err)
+	})
+	s.jobs("during", 10, 1, 2)
+	eventually(t, 60*time.Second, "the rebuild exits", func() (bool, string) { return r.exited(), "" })
+	require.Equal(t, 0, r.code, "%s\n%s", r.out.String(), r.logs.String())
+	require.Contains(t, r.out.String(), "swapped:")
+
+	s.caughtUp(joinWithin, p)
+	s.requireModel()
+	require.True(t, p.logged("waiting for a rebuild's swap into the read model", map[string]string{"table": s.schema + ".jobs"}), "%s", p.logs.String())
+	require.False(t, p.logged("PostgreSQL is failing", nil), "a swap is not an outage: %s", p.logs.String())
+	require.False(t, p.logged("claim waits for the previous owner", nil), "a swap is not a stuck owner: %s", p.logs.String())
+	require.False(t, p.logged("partition worker stopped", map[string]string{"level": "ERROR"}), "a fence after a swap is no error: %s", p.logs.String())
+	p.stop(stopWithin)
+}
