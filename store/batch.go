@@ -343,7 +343,8 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 	}
 	if err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+		// lock_not_available, or the statement bound if it is the shorter.
+		if errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "57014") {
 			if running, ok := s.swapping(ctx); ok {
 				err = &SwapWaitError{Table: s.schema + "." + s.projection, Running: running, Err: err}
 			}

@@ -617,6 +617,11 @@ func (e *SwapWaitError) Error() string {
 
 func (e *SwapWaitError) Unwrap() error { return e.Err }
 
+// ClaimLockTimeout is how long one claim, or one batch's fence, waits for
+// the partition's row before it gives up with a *[ClaimWaitError] or a
+// *[SwapWaitError].
+func (s *Store) ClaimLockTimeout() time.Duration { return s.claimLockTimeout }
+
 // swapping reports whether a rebuild's swap into s's table is running, and
 // for how long. It waits for nothing.
 func (s *Store) swapping(ctx context.Context) (running time.Duration, ok bool) {
