@@ -450,3 +450,38 @@ func TestFaultDatabaseUnreachableAtStartup(t *testing.T) {
 	b.stop(stopWithin)
 	s.hist.Check(s.ref, faulttest.Options{})
 }
+
+// SIGTERM while run is still starting, waiting for another instance's
+// migration (the test holds the migration lock): a clean stop, exit 0,
+// as for a running instance. Found by the rebalance storm, where an
+// instance stopped seconds after it started on a loaded machine exited 1.
+func TestFaultSigtermWhileStarting(t *testing.T) {
+	t.Parallel()
+	s := newFaultStory(t, 700, 10, 1)
+	ctx := context.Background()
+	conn, err := pgtest.Pool(t).Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `SELECT pg_advisory_lock(hashtext('projector.migrate'))`)
+	require.NoError(t, err)
+	unlocked := false
+	unlock := func() {
+		if !unlocked {
+			unlocked = true
+			_, err := conn.Exec(ctx, `SELECT pg_advisory_unlock(hashtext('projector.migrate'))`)
+			require.NoError(t, err)
+		}
+	}
+	defer unlock()
+
+	a := startBin(t, "run a", dbEnv(), s.args("inst-a")...)
+	eventually(t, 15*time.Second, "run waits for the migration lock", func() (bool, string) {
+		a.requireAlive()
+		var waiting int
+		err := pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity s USING (pid)
+			WHERE l.locktype = 'advisory' AND NOT l.granted AND s.query LIKE '%projector.migrate%'`).Scan(&waiting)
+		return err == nil && waiting > 0, fmt.Sprintf("waiting %d, %v", waiting, err)
+	})
+	a.stop(10 * time.Second)
+	unlock()
+}

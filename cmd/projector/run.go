@@ -215,6 +215,13 @@ Example:
 		}
 		st, err := openStore(ctx, o.databaseURL, o.storeConfig())
 		if err != nil {
+			if ctx.Err() != nil {
+				// SIGINT or SIGTERM while starting (connecting, or
+				// waiting for another instance's migration): nothing was
+				// begun, so this is a clean stop, not a failure.
+				logger.Info("stopped while starting", "err", err)
+				return nil
+			}
 			return err
 		}
 		defer st.Close()
