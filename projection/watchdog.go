@@ -37,7 +37,9 @@ type progressMark struct {
 // watchProgress calls stalled once, with an error wrapping [ErrStalled],
 // when a partition of this instance has lag and its position has not
 // moved for StallTimeout. A partition with no lag, or one claimed again,
-// starts its clock afresh.
+// starts its clock afresh; so does every partition while PostgreSQL or
+// Kafka is failing: an outage is not a wedge (nothing in the process is
+// stuck, it is logged, /readyz says so), and a restart would not end it.
 func (p *Projector) watchProgress(ctx context.Context, stalled func(error)) {
 	timeout := p.cfg.StallTimeout
 	t := time.NewTicker(min(max(timeout/20, 10*time.Millisecond), time.Second))
@@ -51,10 +53,11 @@ func (p *Projector) watchProgress(ctx context.Context, stalled func(error)) {
 		}
 		now := time.Now()
 		seen := map[int]bool{}
+		outage := p.dbOutage.failing() || p.kafkaOutage.failing()
 		for _, ps := range p.book.list() {
 			seen[ps.Partition] = true
 			m, ok := marks[ps.Partition]
-			if !ok || ps.Lag == 0 || m.epoch != ps.Epoch || m.position != ps.Position {
+			if !ok || outage || ps.Lag == 0 || m.epoch != ps.Epoch || m.position != ps.Position {
 				marks[ps.Partition] = progressMark{epoch: ps.Epoch, position: ps.Position, since: now}
 				continue
 			}

@@ -555,6 +555,42 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool, catchUp C
 	return res, err
 }
 
+// rebuildLockClass keys the session advisory lock a rebuild holds for as
+// long as it runs, with the projection's lock class as the second key.
+const rebuildLockClass int32 = 0x70727262 // "prrb"
+
+// ErrRebuildRunning means another rebuild of the same table holds its lock.
+var ErrRebuildRunning = errors.New("store: another rebuild of this table is running")
+
+// LockRebuild takes the lock that lets one rebuild of s's table run at a
+// time: two would share the shadow, each resetting or swapping what the
+// other writes. It returns [ErrRebuildRunning] at once if another holds
+// it. The lock lives in a connection of its own until release is called,
+// or until the process ends and PostgreSQL drops the connection.
+func (s *Store) LockRebuild(ctx context.Context) (release func(), err error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("store: lock the rebuild of %s: %w", s.projection, err)
+	}
+	var got bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, rebuildLockClass, s.lockClass).Scan(&got); err != nil {
+		conn.Release()
+		return nil, fmt.Errorf("store: lock the rebuild of %s: %w", s.projection, err)
+	}
+	if !got {
+		conn.Release()
+		return nil, ErrRebuildRunning
+	}
+	return func() {
+		// A connection that cannot say unlock is closed: its lock goes
+		// with it.
+		if _, err := conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1, $2)`, rebuildLockClass, s.lockClass); err != nil {
+			_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		}
+		conn.Release()
+	}, nil
+}
+
 // swapLockClass keys the advisory lock a swap holds for its whole
 // transaction, with the projection's lock class as the second key.
 const swapLockClass int32 = 0x70727377 // "prsw"

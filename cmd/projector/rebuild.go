@@ -105,6 +105,14 @@ Example:
 			return err
 		}
 		defer live.Close()
+		release, err := live.LockRebuild(ctx)
+		if errors.Is(err, store.ErrRebuildRunning) {
+			return fmt.Errorf("nothing was changed: another rebuild of %s.%s is running (it holds the shadow %s); wait for it to end, or stop it", o.schema, o.table, shadowName(o))
+		}
+		if err != nil {
+			return err
+		}
+		defer release()
 		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		target, err := projection.HighWatermarks(hctx, o.kafkaConfig(), o.topic)
 		cancel()

@@ -610,3 +610,28 @@ func TestRebuildSwapPausesLiveWritesQuietly(t *testing.T) {
 	require.False(t, p.logged("partition worker stopped", map[string]string{"level": "ERROR"}), "a fence after a swap is no error: %s", p.logs.String())
 	p.stop(stopWithin)
 }
+
+// TestRebuildRefusesASecondRebuildOfTheTable: two rebuilds of one table
+// would share its shadow, each resetting or swapping what the other
+// writes; while one runs, another exits 1 having changed nothing, and once
+// it ended, the next one runs.
+func TestRebuildRefusesASecondRebuildOfTheTable(t *testing.T) {
+	t.Parallel()
+	s := newStory(t, 1)
+	s.jobs("j", 3, 1, 2)
+	ctx, cancel := s.ctx()
+	defer cancel()
+	release, err := s.st.LockRebuild(ctx) // as a rebuild in progress does
+	require.NoError(t, err)
+	args := []string{"rebuild", "--brokers", s.brokers(), "--topic", s.topic, "--schema", s.schema, "--held-wait", "1s", "--group", "other-group"}
+	r := runBin(t, 60*time.Second, dbEnv(), args...)
+	require.Equal(t, 1, r.code, "%s", r)
+	require.Contains(t, r.stderr, "another rebuild of "+s.schema+".jobs is running", "%s", r)
+	require.Contains(t, r.stderr, "nothing was changed", "%s", r)
+	require.Empty(t, s.tablesLike("projector_rebuild_%"), "no shadow created")
+
+	release()
+	r = runBin(t, 60*time.Second, dbEnv(), args...)
+	require.Equal(t, 0, r.code, "%s", r)
+	s.requireModel()
+}
