@@ -31,6 +31,9 @@ type Projector struct {
 	metrics  *metrics
 	health   health
 	stall    stallState
+	// swapWaitAt is when a worker last found a rebuild's swap holding its
+	// partition (unix nanoseconds): a pause the watchdog does not count.
+	swapWaitAt atomic.Int64
 
 	dbOutage, kafkaOutage outage
 	// quarantineLog rate-limits the log line of each quarantined record.

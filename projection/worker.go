@@ -273,6 +273,7 @@ func (w *worker) claim(ctx context.Context) (store.Claim, error) {
 // swapWait logs, at most every swapWaitLogEvery per partition, that the
 // partition waits for a rebuild's swap.
 func (w *worker) swapWait(e *store.SwapWaitError) {
+	w.p.swapWaitAt.Store(time.Now().UnixNano())
 	if !w.swapLogged.IsZero() && time.Since(w.swapLogged) < swapWaitLogEvery {
 		return
 	}

@@ -44,7 +44,7 @@ func (s *Store) Reset(ctx context.Context) error {
 	if !strings.HasPrefix(s.projection, ShadowPrefix) {
 		return fmt.Errorf("store: reset %s: only a rebuild's shadow (%s<table>) may be reset", s.projection, ShadowPrefix)
 	}
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	return pgx.BeginTxFunc(ctx, s.pool, readCommitted, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('projector.migrate'))`); err != nil {
 			return err
 		}
@@ -282,7 +282,7 @@ func (s *Store) CheckRebuild(ctx context.Context) error {
 // from a throwaway schema migrated inside a transaction that is rolled
 // back.
 func (s *Store) projectorColumns(ctx context.Context) ([]column, error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := s.pool.BeginTx(ctx, readCommitted)
 	if err != nil {
 		return nil, fmt.Errorf("store: read model columns: %w", err)
 	}
@@ -379,7 +379,7 @@ func (s *Store) SwapCaughtUp(ctx context.Context, shadow *Store, keepOld bool, c
 func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool, catchUp CatchUp) (SwapResult, error) {
 	var res SwapResult
 	live, sh := s.projection, shadow.projection
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, s.pool, readCommitted, func(tx pgx.Tx) error {
 		exec := func(sql string, args ...any) (int64, error) {
 			tag, err := tx.Exec(ctx, sql, args...)
 			if err != nil {
@@ -616,6 +616,11 @@ func (e *SwapWaitError) Error() string {
 }
 
 func (e *SwapWaitError) Unwrap() error { return e.Err }
+
+// ClaimLockTimeout is how long one claim, or one batch's fence, waits for
+// the partition's row before it gives up with a *[ClaimWaitError] or a
+// *[SwapWaitError].
+func (s *Store) ClaimLockTimeout() time.Duration { return s.claimLockTimeout }
 
 // swapping reports whether a rebuild's swap into s's table is running, and
 // for how long. It waits for nothing.

@@ -573,14 +573,17 @@ func TestRebuildKeepsAUsersCheck(t *testing.T) {
 
 // TestRebuildSwapPausesLiveWritesQuietly: while a swap runs longer than a
 // batch would wait, a `projector run` whose records arrive says it waits
-// for the rebuild's swap, does not report PostgreSQL as failing, and once
+// for the rebuild's swap, does not report PostgreSQL as failing, nor a
+// stall past --stall-timeout, and once
 // the swap commits claims again and projects the records that arrived
 // meanwhile.
 func TestRebuildSwapPausesLiveWritesQuietly(t *testing.T) {
 	t.Parallel()
 	s := newStory(t, 2)
 	s.jobs("before", 10, 1, 3)
-	p := startBin(t, "run", dbEnv(), s.runArgs("g-live", "inst-live", "--log-level", "info")...)
+	// A stall bound shorter than the swap: a pause for a swap is no stall.
+	p := startBin(t, "run", dbEnv(), s.runArgs("g-live", "inst-live", "--log-level", "info",
+		"--statement-timeout", "1s", "--stall-timeout", "3s")...)
 	s.caughtUp(joinWithin, p)
 
 	// A user's statement trigger makes the swap's update slow.
@@ -604,6 +607,8 @@ func TestRebuildSwapPausesLiveWritesQuietly(t *testing.T) {
 
 	s.caughtUp(joinWithin, p)
 	s.requireModel()
+	p.requireAlive()
+	require.False(t, p.logged("partition stalled", nil), "a swap is not a stall: %s", p.logs.String())
 	require.True(t, p.logged("waiting for a rebuild's swap into the read model", map[string]string{"table": s.schema + ".jobs"}), "%s", p.logs.String())
 	require.False(t, p.logged("PostgreSQL is failing", nil), "a swap is not an outage: %s", p.logs.String())
 	require.False(t, p.logged("claim waits for the previous owner", nil), "a swap is not a stuck owner: %s", p.logs.String())
