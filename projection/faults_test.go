@@ -60,9 +60,6 @@ type faultOpts struct {
 	partitions int
 	// proxy, when set, carries the engine's PostgreSQL connections.
 	proxy *faulttest.Proxy
-	// params are run-time parameters of the engine's connections, e.g.
-	// statement_timeout.
-	params map[string]string
 	// authority wraps the truthful authority with a fault.
 	authority func(truth http.Handler) http.Handler
 	// statementTimeout bounds each statement of a batch transaction.
@@ -90,9 +87,6 @@ func newFaultRig(t *testing.T, o faultOpts) *faultRig {
 	pcfg, err := pgxpool.ParseConfig(pgtest.URL())
 	require.NoError(t, err)
 	pcfg.ConnConfig.RuntimeParams["application_name"] = app
-	for k, v := range o.params {
-		pcfg.ConnConfig.RuntimeParams[k] = v
-	}
 	if o.proxy != nil {
 		host, port, _ := net.SplitHostPort(o.proxy.Addr())
 		n, _ := strconv.Atoi(port)

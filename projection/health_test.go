@@ -359,3 +359,45 @@ func TestCatchUpProgressLogged(t *testing.T) {
 		return len(logs.matching("caught up", "lag=0")) == 1, ""
 	})
 }
+
+// TestDatabaseOutageIsNotAStall: a PostgreSQL outage longer than
+// StallTimeout, with records waiting, is not a stall: nothing inside or
+// outside the process is wedged, and a restart would not bring the
+// database back. Run goes on, /readyz says the database is why, and once
+// the database answers every record lands without a restart.
+func TestDatabaseOutageIsNotAStall(t *testing.T) {
+	t.Parallel()
+	proxy := pgtest.NewProxy(t)
+	c := kafkatest.New(t)
+	r := &rig{t: t, kafka: c, topic: kafkatest.Topic(t, c, 1), store: proxy.Store(t), parts: 1}
+	logs := &logLines{t: t}
+	const stall = 2 * time.Second
+	run := r.start(r.config(func(c *Config) { c.Logger = logs.logger(); c.StallTimeout = stall }))
+	s := newStream(1)
+	s.snapshots("before", 1)
+	s.flush(r)
+	r.caughtUp(20*time.Second, run)
+
+	proxy.Cut()
+	for _, j := range jobIDs("during", 20) {
+		s.snapshots(j, 1)
+	}
+	s.flush(r)
+	r.eventually(10*time.Second, "the outage's start is logged", func() (bool, string) {
+		return len(logs.matching("PostgreSQL is failing; retrying")) > 0, ""
+	})
+	// Hold the outage until the lag is measured against the broker, then
+	// for more than twice the stall timeout.
+	time.Sleep(brokerPollEvery + 3*stall) // the outage's length, not synchronisation
+	require.Positive(t, run.p.Status().Partitions[0].Lag, "the records waiting show as lag")
+	select {
+	case err := <-run.done:
+		t.Fatalf("Run ended during the outage: %v", err)
+	default:
+	}
+	require.Empty(t, logs.matching("partition stalled"), "an outage is not a stall")
+
+	proxy.Restore()
+	r.caughtUp(60*time.Second, run)
+	r.requireModel(s)
+}

@@ -211,7 +211,7 @@ func (w *worker) quarantineRecord(ctx context.Context, m kafka.Message, cause er
 // the held rows to the quarantine, under the partition and offset it was
 // read at, in one transaction.
 func (w *worker) quarantineHeld(ctx context.Context, id string, h gapfill.Held, cause error) error {
-	return w.quarantineInput(ctx, id, h.Input, cause)
+	return w.quarantineInput(ctx, id, w.wholeHeld(ctx, id, h).Input, cause)
 }
 
 // quarantineInput stores an event PostgreSQL refused, found by a re-read or

@@ -48,6 +48,13 @@ func (o *outage) failed(err error, next time.Duration) {
 	}
 }
 
+// failing reports whether an outage is in progress.
+func (o *outage) failing() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return !o.since.IsZero()
+}
+
 // ok records a success; it ends an outage in progress.
 func (o *outage) ok() {
 	o.mu.Lock()

@@ -349,3 +349,20 @@ func (w *worker) unspill(ctx context.Context, order []string, known map[string]g
 	}
 	return nil
 }
+
+// wholeHeld returns h with its ops read back from PostgreSQL if the cache
+// left them there, so a quarantined held delta keeps its content; if they
+// cannot be read, h as it is.
+func (w *worker) wholeHeld(ctx context.Context, id string, h gapfill.Held) gapfill.Held {
+	if h.Event.RawOps != nil {
+		return h
+	}
+	key := store.HeldKey{JobID: id, Version: h.Event.Version}
+	ops, err := w.p.cfg.Store.LoadHeldOps(ctx, []store.HeldKey{key})
+	if err != nil || ops[key] == nil {
+		w.log.Warn("the ops of a held delta could not be read back; quarantined without them", "job_id", id, "version", h.Event.Version, "err", err)
+		return h
+	}
+	h.Event.RawOps = ops[key]
+	return h
+}

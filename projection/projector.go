@@ -31,6 +31,9 @@ type Projector struct {
 	metrics  *metrics
 	health   health
 	stall    stallState
+	// swapWaitAt is when a worker last found a rebuild's swap holding its
+	// partition (unix nanoseconds): a pause the watchdog does not count.
+	swapWaitAt atomic.Int64
 
 	dbOutage, kafkaOutage outage
 	// quarantineLog rate-limits the log line of each quarantined record.
@@ -289,7 +292,14 @@ func (p *Projector) startGeneration(gen *kafka.Generation) {
 			defer c.workers.Done()
 			defer alive()
 			defer p.book.drop(w.partition, w)
-			if err := w.run(ctx); err != nil && !errors.Is(err, context.Canceled) && ctx.Err() == nil {
+			switch err := w.run(ctx); {
+			case err == nil || errors.Is(err, context.Canceled) || ctx.Err() != nil:
+			case errors.Is(err, errFenced):
+				// Said when the fence was met; a new owner or a rebuild's
+				// swap took the partition. The generation ends, and the
+				// instance joins the group again and claims anew.
+				w.log.Info("partition worker stopped: fenced; joining the group again")
+			default:
 				w.log.Error("partition worker stopped", "err", err)
 			}
 		})

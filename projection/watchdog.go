@@ -23,6 +23,11 @@ var ErrStalled = errors.New("projection: partition stalled")
 // process must still exit.
 const stallExitGrace = 20 * time.Second
 
+// swapWaitFresh is how long, beyond two claim lock bounds (a retry's
+// wait), after a worker last found a rebuild's swap holding its partition
+// the watchdog still counts the pause as the swap's.
+const swapWaitFresh = 10 * time.Second
+
 // stallState is the stall, once found, for /healthz.
 type stallState struct {
 	err atomic.Pointer[error]
@@ -37,7 +42,9 @@ type progressMark struct {
 // watchProgress calls stalled once, with an error wrapping [ErrStalled],
 // when a partition of this instance has lag and its position has not
 // moved for StallTimeout. A partition with no lag, or one claimed again,
-// starts its clock afresh.
+// starts its clock afresh; so does every partition while PostgreSQL or
+// Kafka is failing: an outage is not a wedge (nothing in the process is
+// stuck, it is logged, /readyz says so), and a restart would not end it.
 func (p *Projector) watchProgress(ctx context.Context, stalled func(error)) {
 	timeout := p.cfg.StallTimeout
 	t := time.NewTicker(min(max(timeout/20, 10*time.Millisecond), time.Second))
@@ -50,11 +57,17 @@ func (p *Projector) watchProgress(ctx context.Context, stalled func(error)) {
 		case <-t.C:
 		}
 		now := time.Now()
+		// A rebuild's swap pauses every partition's writes, for as long as
+		// it runs; the workers keep saying so (each retry, every few
+		// seconds), and the pause is not a stall.
+		fresh := swapWaitFresh + 2*p.cfg.Store.ClaimLockTimeout()
+		swapping := now.Sub(time.Unix(0, p.swapWaitAt.Load())) < fresh
 		seen := map[int]bool{}
+		outage := p.dbOutage.failing() || p.kafkaOutage.failing()
 		for _, ps := range p.book.list() {
 			seen[ps.Partition] = true
 			m, ok := marks[ps.Partition]
-			if !ok || ps.Lag == 0 || m.epoch != ps.Epoch || m.position != ps.Position {
+			if !ok || outage || swapping || ps.Lag == 0 || m.epoch != ps.Epoch || m.position != ps.Position {
 				marks[ps.Partition] = progressMark{epoch: ps.Epoch, position: ps.Position, since: now}
 				continue
 			}

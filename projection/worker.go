@@ -273,6 +273,7 @@ func (w *worker) claim(ctx context.Context) (store.Claim, error) {
 // swapWait logs, at most every swapWaitLogEvery per partition, that the
 // partition waits for a rebuild's swap.
 func (w *worker) swapWait(e *store.SwapWaitError) {
+	w.p.swapWaitAt.Store(time.Now().UnixNano())
 	if !w.swapLogged.IsZero() && time.Since(w.swapLogged) < swapWaitLogEvery {
 		return
 	}
@@ -539,7 +540,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 			continue
 		case errors.Is(err, store.ErrFenced):
 			w.p.counters.fenced.Add(1)
-			w.log.Warn("fenced: another owner claimed this partition; the batch was rolled back and the partition stopped",
+			w.log.Warn("fenced: another owner claimed this partition, or a rebuild swapped its model in; the batch was rolled back and the partition stopped",
 				"first_offset", firstOffset(msgs), "records", len(msgs))
 			return errFenced
 		case errors.As(err, &stale) && ctx.Err() != nil:

@@ -56,7 +56,7 @@ func (s *Store) ClaimFrom(ctx context.Context, topic string, p int, owner string
 		return Claim{}, fmt.Errorf("store: claim %s/%d: start %d is not an offset", topic, p, start)
 	}
 	var c Claim
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, s.pool, readCommitted, func(tx pgx.Tx) error {
 		// The claim's own transaction holds the row too, from its write to
 		// its commit: a claimer frozen in between is bounded like a batch.
 		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)`,
@@ -317,7 +317,7 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 	// The fence argument (docs/design.md) assumes READ COMMITTED: each
 	// statement sees rows committed before it started. Pin it rather than
 	// inherit whatever default_transaction_isolation the server has.
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	tx, err := s.pool.BeginTx(ctx, readCommitted)
 	if err != nil {
 		return res, fmt.Errorf("store: apply %s/%d@%d: begin: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
@@ -343,7 +343,8 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 	}
 	if err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+		// lock_not_available, or the statement bound if it is the shorter.
+		if errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "57014") {
 			if running, ok := s.swapping(ctx); ok {
 				err = &SwapWaitError{Table: s.schema + "." + s.projection, Running: running, Err: err}
 			}

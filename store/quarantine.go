@@ -133,7 +133,7 @@ func (s *Store) Requarantine(ctx context.Context, id int64, reason string) error
 // record stays. It never touches a partition's position or epoch, so it is
 // safe while the partition's owner runs.
 func (s *Store) Unquarantine(ctx context.Context, q QuarantineRecord, w *Write) error {
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	return pgx.BeginTxFunc(ctx, s.pool, readCommitted, func(tx pgx.Tx) error {
 		if w != nil {
 			b := &Batch{Topic: q.Topic, Partition: q.Partition, NextOffset: q.Offset + 1, Updates: []Write{*w}}
 			if err := s.lockJobs(ctx, tx, b); err != nil {

@@ -44,7 +44,7 @@ func (s *Store) Reset(ctx context.Context) error {
 	if !strings.HasPrefix(s.projection, ShadowPrefix) {
 		return fmt.Errorf("store: reset %s: only a rebuild's shadow (%s<table>) may be reset", s.projection, ShadowPrefix)
 	}
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	return pgx.BeginTxFunc(ctx, s.pool, readCommitted, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('projector.migrate'))`); err != nil {
 			return err
 		}
@@ -282,7 +282,7 @@ func (s *Store) CheckRebuild(ctx context.Context) error {
 // from a throwaway schema migrated inside a transaction that is rolled
 // back.
 func (s *Store) projectorColumns(ctx context.Context) ([]column, error) {
-	tx, err := s.pool.Begin(ctx)
+	tx, err := s.pool.BeginTx(ctx, readCommitted)
 	if err != nil {
 		return nil, fmt.Errorf("store: read model columns: %w", err)
 	}
@@ -312,6 +312,9 @@ type SwapResult struct {
 	// Rows the swap deleted, updated and inserted in the live table to make
 	// it equal the shadow.
 	Deleted, Updated, Inserted int64
+	// Reread is how many records live instances had projected past the
+	// rebuilt positions: they read them again after the swap.
+	Reread int64
 }
 
 // Swap makes the shadow's contents the live projection's in one
@@ -329,8 +332,39 @@ type SwapResult struct {
 // previous rows are first copied into a table inside the reserved prefix.
 // The shadow is dropped.
 func (s *Store) Swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResult, error) {
+	return s.SwapCaughtUp(ctx, shadow, keepOld, nil)
+}
+
+// PartitionPosition is a partition's stored next offset.
+type PartitionPosition struct {
+	Topic     string
+	Partition int
+	Next      int64
+}
+
+// CatchUp is called by [Store.SwapCaughtUp] with the live positions,
+// locked: no batch of the live projection moves them until the swap ends.
+// It returns once the shadow has read as far and its writers have stopped,
+// or once it gave up waiting; an error abandons the swap.
+type CatchUp func(ctx context.Context, live []PartitionPosition) error
+
+// swapIdleBound bounds how long the swap's transaction may sit idle while
+// catchUp runs (a frozen rebuild must not hold the live partitions for
+// ever).
+const swapIdleBound = "90s"
+
+// SwapCaughtUp is [Store.Swap] that first lets the shadow read as far as
+// the live projection got: it locks the live positions (live batches wait
+// from then on), calls catchUp with them, and only then locks the shadow's
+// and swaps. The rows handed over are then never older than what live
+// instances had projected, and those instances continue from positions
+// that match the rows. Where the shadow still lags a live position, the
+// records in between are read again by the live instances after the swap
+// (SwapResult.Reread); until they are, those jobs read at the rebuilt
+// version.
+func (s *Store) SwapCaughtUp(ctx context.Context, shadow *Store, keepOld bool, catchUp CatchUp) (SwapResult, error) {
 	for attempt := 1; ; attempt++ {
-		res, err := s.swap(ctx, shadow, keepOld)
+		res, err := s.swap(ctx, shadow, keepOld, catchUp)
 		var pgErr *pgconn.PgError
 		// A writer outside the partitions' locks (a repair tool) can
 		// deadlock with the swap's multi-row statements; the swap is the
@@ -342,10 +376,10 @@ func (s *Store) Swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResu
 	}
 }
 
-func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResult, error) {
+func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool, catchUp CatchUp) (SwapResult, error) {
 	var res SwapResult
 	live, sh := s.projection, shadow.projection
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, s.pool, readCommitted, func(tx pgx.Tx) error {
 		exec := func(sql string, args ...any) (int64, error) {
 			tag, err := tx.Exec(ctx, sql, args...)
 			if err != nil {
@@ -372,8 +406,47 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResu
 		// Positions first, in the order a batch takes its locks (position,
 		// then rows): this waits for batches and claims in flight, so the
 		// epochs read below are final, and never deadlocks with them.
-		if _, err := exec(`SELECT 1 FROM `+s.partitions+` WHERE projection IN ($1, $2) ORDER BY projection, topic, partition FOR UPDATE`, live, sh); err != nil {
+		// The live rows first, then the shadow's: only the swap takes
+		// both.
+		positions := func(projection string) ([]PartitionPosition, error) {
+			rows, err := tx.Query(ctx, `SELECT topic, partition, next_offset FROM `+s.partitions+`
+				WHERE projection = $1 ORDER BY topic, partition FOR UPDATE`, projection)
+			if err != nil {
+				return nil, fmt.Errorf("store: swap %s into %s: lock %s's positions: %w", sh, live, projection, err)
+			}
+			out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (PartitionPosition, error) {
+				var p PartitionPosition
+				return p, r.Scan(&p.Topic, &p.Partition, &p.Next)
+			})
+			if err != nil {
+				return nil, fmt.Errorf("store: swap %s into %s: lock %s's positions: %w", sh, live, projection, err)
+			}
+			return out, nil
+		}
+		livePos, err := positions(live)
+		if err != nil {
 			return err
+		}
+		if catchUp != nil {
+			if _, err := exec(`SET LOCAL idle_in_transaction_session_timeout = '` + swapIdleBound + `'`); err != nil {
+				return err
+			}
+			if err := catchUp(ctx, livePos); err != nil {
+				return fmt.Errorf("store: swap %s into %s: %w", sh, live, err)
+			}
+		}
+		shadowPos, err := positions(sh)
+		if err != nil {
+			return err
+		}
+		rebuilt := map[[2]any]int64{}
+		for _, p := range shadowPos {
+			rebuilt[[2]any{p.Topic, p.Partition}] = p.Next
+		}
+		for _, p := range livePos {
+			if next := max(rebuilt[[2]any{p.Topic, p.Partition}], 0); p.Next > next {
+				res.Reread += p.Next - next
+			}
 		}
 		if keepOld {
 			kept, err := s.keptName(ctx, tx)
@@ -482,6 +555,42 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResu
 	return res, err
 }
 
+// rebuildLockClass keys the session advisory lock a rebuild holds for as
+// long as it runs, with the projection's lock class as the second key.
+const rebuildLockClass int32 = 0x70727262 // "prrb"
+
+// ErrRebuildRunning means another rebuild of the same table holds its lock.
+var ErrRebuildRunning = errors.New("store: another rebuild of this table is running")
+
+// LockRebuild takes the lock that lets one rebuild of s's table run at a
+// time: two would share the shadow, each resetting or swapping what the
+// other writes. It returns [ErrRebuildRunning] at once if another holds
+// it. The lock lives in a connection of its own until release is called,
+// or until the process ends and PostgreSQL drops the connection.
+func (s *Store) LockRebuild(ctx context.Context) (release func(), err error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("store: lock the rebuild of %s: %w", s.projection, err)
+	}
+	var got bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, rebuildLockClass, s.lockClass).Scan(&got); err != nil {
+		conn.Release()
+		return nil, fmt.Errorf("store: lock the rebuild of %s: %w", s.projection, err)
+	}
+	if !got {
+		conn.Release()
+		return nil, ErrRebuildRunning
+	}
+	return func() {
+		// A connection that cannot say unlock is closed: its lock goes
+		// with it.
+		if _, err := conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1, $2)`, rebuildLockClass, s.lockClass); err != nil {
+			_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		}
+		conn.Release()
+	}, nil
+}
+
 // swapLockClass keys the advisory lock a swap holds for its whole
 // transaction, with the projection's lock class as the second key.
 const swapLockClass int32 = 0x70727377 // "prsw"
@@ -507,6 +616,11 @@ func (e *SwapWaitError) Error() string {
 }
 
 func (e *SwapWaitError) Unwrap() error { return e.Err }
+
+// ClaimLockTimeout is how long one claim, or one batch's fence, waits for
+// the partition's row before it gives up with a *[ClaimWaitError] or a
+// *[SwapWaitError].
+func (s *Store) ClaimLockTimeout() time.Duration { return s.claimLockTimeout }
 
 // swapping reports whether a rebuild's swap into s's table is running, and
 // for how long. It waits for nothing.

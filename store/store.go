@@ -231,7 +231,7 @@ func (s *Store) JobsTable() string { return s.jobs }
 // starting at once are serialised by an advisory lock held for the
 // migration transaction.
 func (s *Store) Migrate(ctx context.Context) error {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	tx, err := s.pool.BeginTx(ctx, readCommitted)
 	if err != nil {
 		return fmt.Errorf("store: migrate: %w", err)
 	}
@@ -337,3 +337,8 @@ func Refusal(err error) string {
 	}
 	return "refused by PostgreSQL: " + err.Error()
 }
+
+// readCommitted is the isolation every write transaction sets, whatever
+// the server's default_transaction_isolation: the fence and the version
+// conditions are argued under it (docs/design.md).
+var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}

@@ -85,3 +85,72 @@ func TestBatchesAndClaimsSayTheyWaitForASwap(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 2, rows["j"].Version, "the rows match the position handed over")
 }
+
+// TestSwapLetsTheShadowCatchUp: the swap locks the live positions first
+// and hands them to catchUp, while the shadow's own positions are still
+// free to move; the rows and positions handed over are the shadow's after
+// it caught up, so no record a live instance had projected is rolled
+// back. Where the shadow still lags, the swap says how many records the
+// live instances read again.
+func TestSwapLetsTheShadowCatchUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	live, err := store.New(pgtest.Pool(t), store.Config{Schema: schema, Table: "jobs", ClaimLockTimeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, live.Migrate(ctx))
+	write := func(s *store.Store, epoch, next, version int64) error {
+		_, err := s.Apply(ctx, &store.Batch{Topic: "t", Partition: 0, Epoch: epoch, NextOffset: next,
+			Snapshots: []store.Write{{JobID: "j", Version: version, State: json.RawMessage(`{}`), Offset: next - 1}}})
+		return err
+	}
+	lc, err := live.Claim(ctx, "t", 0, "live")
+	require.NoError(t, err)
+	// The live instance projected v3 at offset 12.
+	require.NoError(t, write(live, lc.Epoch, 13, 3))
+
+	for _, tc := range []struct {
+		name       string
+		catchUp    bool
+		wantNext   int64
+		wantVer    int64
+		wantReread int64
+	}{
+		{"caught up", true, 13, 3, 0},
+		{"still behind", false, 10, 2, 3},
+	} {
+		shadow, err := live.Shadow()
+		require.NoError(t, err)
+		require.NoError(t, shadow.Reset(ctx))
+		require.NoError(t, shadow.Migrate(ctx))
+		sc, err := shadow.Claim(ctx, "t", 0, "shadow")
+		require.NoError(t, err)
+		// The shadow had read up to offset 9 (v2) when the swap began.
+		require.NoError(t, write(shadow, sc.Epoch, 10, 2))
+
+		var seen []store.PartitionPosition
+		res, err := live.SwapCaughtUp(ctx, shadow, false, func(ctx context.Context, pos []store.PartitionPosition) error {
+			seen = pos
+			// Live batches wait while catchUp runs.
+			var sw *store.SwapWaitError
+			require.ErrorAs(t, write(live, lc.Epoch, 14, 4), &sw, tc.name)
+			if tc.catchUp {
+				return write(shadow, sc.Epoch, 13, 3)
+			}
+			return nil
+		})
+		require.NoError(t, err, tc.name)
+		require.Equal(t, []store.PartitionPosition{{Topic: "t", Partition: 0, Next: 13}}, seen, tc.name)
+		require.Equal(t, tc.wantReread, res.Reread, tc.name)
+		pos, err := live.Positions(ctx)
+		require.NoError(t, err)
+		require.Len(t, pos, 1)
+		require.Equal(t, tc.wantNext, pos[0].NextOffset, tc.name)
+		rows, err := live.LoadJobs(ctx, []string{"j"})
+		require.NoError(t, err)
+		require.Equal(t, tc.wantVer, rows["j"].Version, "%s: the rows match the positions handed over", tc.name)
+		lc, err = live.Claim(ctx, "t", 0, "live")
+		require.NoError(t, err)
+		require.NoError(t, write(live, lc.Epoch, 13, 3), "the live instance projects again from the rebuilt position")
+	}
+}

@@ -61,7 +61,7 @@ func (s *Store) SampleJobIDs(ctx context.Context, n int) ([]string, error) {
 // (step "verify") in the same transaction. It returns whether it applied and
 // the job's version before (0: neither row nor tombstone).
 func (s *Store) Heal(ctx context.Context, jobID string, version int64, state json.RawMessage, eventID string, deleted bool) (applied bool, before int64, err error) {
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, s.pool, readCommitted, func(tx pgx.Tx) error {
 		w := Write{JobID: jobID, Version: version, State: state, Offset: -1, EventID: eventID}
 		// Exclusive on the job's stripe: the heal may touch its tombstone.
 		b := &Batch{Deletes: []Write{w}}

@@ -181,6 +181,7 @@ func TestBadUsageExits2(t *testing.T) {
 		{"zero --group-rebalance-timeout", []string{db}, []string{"rebuild", "--brokers", brokers, "--group-rebalance-timeout", "0s"}, []string{"--group-rebalance-timeout"}},
 		{"bad --group-join-backoff", []string{db}, []string{"run", "--brokers", brokers, "--group-join-backoff", "x"}, []string{"--group-join-backoff", "10s"}},
 		{"zero --batch-linger", []string{db}, []string{"run", "--brokers", brokers, "--batch-linger", "0s"}, []string{"--batch-linger 0s", "must be positive", "10s"}},
+		{"--statement-timeout above half --stall-timeout", []string{db}, []string{"run", "--brokers", brokers, "--statement-timeout", "5m"}, []string{"--stall-timeout 2m0s", "--statement-timeout 5m0s", "10m0s or more"}},
 		{"zero --statement-timeout", []string{db}, []string{"run", "--brokers", brokers, "--statement-timeout", "0s"}, []string{"--statement-timeout", "at least 1ms", "5m"}},
 		{"rebuild negative --claim-lock-timeout", []string{db}, []string{"rebuild", "--brokers", brokers, "--claim-lock-timeout", "-1s"}, []string{"--claim-lock-timeout", "2s"}},
 		{"idle timeout variable below 1ms", []string{db, "PROJECTOR_IDLE_IN_TRANSACTION_TIMEOUT=500us"}, []string{"run", "--brokers", brokers}, []string{"--idle-in-transaction-timeout", "at least 1ms"}},

@@ -105,6 +105,14 @@ Example:
 			return err
 		}
 		defer live.Close()
+		release, err := live.LockRebuild(ctx)
+		if errors.Is(err, store.ErrRebuildRunning) {
+			return fmt.Errorf("nothing was changed: another rebuild of %s.%s is running (it holds the shadow %s); wait for it to end, or stop it", o.schema, o.table, shadowName(o))
+		}
+		if err != nil {
+			return err
+		}
+		defer release()
 		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		target, err := projection.HighWatermarks(hctx, o.kafkaConfig(), o.topic)
 		cancel()
@@ -136,35 +144,65 @@ Example:
 		}
 		defer stop()
 		rctx, cancelRun := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- p.Run(rctx) }()
+		defer cancelRun()
+		runDone := make(chan struct{})
+		var runErr error
+		go func() {
+			defer close(runDone)
+			runErr = p.Run(rctx)
+		}()
+		// stopShadow stops the rebuild's projection and waits for it: its
+		// batch in flight commits or is dropped, its positions stay true.
+		stopShadow := func() error {
+			cancelRun()
+			<-runDone
+			return runErr
+		}
+		defer stopShadow()
 		o.progress = newProgress(env.stderr, logger, "rebuild", sum(target))
-		waitErr := waitRebuilt(ctx, shadow, target, o)
+		waitErr := waitRebuilt(ctx, shadow, target, o, runDone)
 		o.progress.finish()
-		cancelRun()
-		if err := <-done; err != nil {
-			return err
+		if o.dryRun || waitErr != nil {
+			if err := stopShadow(); err != nil {
+				return err
+			}
 		}
 		if waitErr != nil {
 			return fmt.Errorf("rebuild stopped before the swap, the live read model is untouched (the shadow %s stays; run again to continue from it): %w", shadowName(o), waitErr)
 		}
-		c := p.Status().Counters
 		if o.dryRun {
 			d, err := live.Diff(ctx, shadow, driftSample)
 			if err != nil {
 				return err
 			}
-			printDrift(env.stdout, o, d, c)
+			printDrift(env.stdout, o, d, p.Status().Counters)
 			return nil
 		}
-		res, err := live.Swap(ctx, shadow, o.keepOld)
+		// The shadow keeps reading until the swap holds the live positions
+		// and it has read as far as they say, so the swap hands over rows
+		// no older than what live instances had projected.
+		catchUp := func(ctx context.Context, livePos []store.PartitionPosition) error {
+			reached := shadowReaches(ctx, shadow, o.topic, livePos, runDone)
+			if err := stopShadow(); err != nil {
+				return err
+			}
+			return reached
+		}
+		res, err := live.SwapCaughtUp(ctx, shadow, o.keepOld, catchUp)
+		if serr := stopShadow(); err == nil && serr != nil {
+			err = serr
+		}
 		if err != nil {
 			return fmt.Errorf("the live read model is untouched (the shadow %s stays; run again to swap it): %w", shadowName(o), err)
 		}
+		c := p.Status().Counters
 		fmt.Fprintf(env.stdout, "swapped: %s.%s is the rebuilt read model (this run: %d records read, %d applied, %d quarantined; %d held jobs carried over; rows changed: %d updated, %d inserted, %d deleted)\n",
 			o.schema, o.table, c.Consumed, c.Applied, c.Quarantined, c.HeldJobs, res.Updated, res.Inserted, res.Deleted)
 		if res.OldTable != "" {
 			fmt.Fprintf(env.stdout, "the previous read model is kept as %s\n", res.OldTable)
+		}
+		if res.Reread > 0 {
+			fmt.Fprintf(env.stdout, "live instances had projected %d records past the rebuilt positions: they read them again from those positions, and until they have, the jobs they change read at their rebuilt version\n", res.Reread)
 		}
 		return nil
 	},
@@ -254,7 +292,7 @@ func sum(m map[int]int64) int64 {
 
 // waitRebuilt waits until the shadow's positions reach target, then up to
 // --held-wait for held gaps to close.
-func waitRebuilt(ctx context.Context, shadow *store.Store, target map[int]int64, o *rebuildOpts) error {
+func waitRebuilt(ctx context.Context, shadow *store.Store, target map[int]int64, o *rebuildOpts, stopped <-chan struct{}) error {
 	start := time.Now()
 	var caughtUp time.Time
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -263,6 +301,8 @@ func waitRebuilt(ctx context.Context, shadow *store.Store, target map[int]int64,
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-stopped:
+			return errors.New("the rebuild's projection stopped (see the log above)")
 		case <-tick.C:
 		}
 		if caughtUp.IsZero() {
@@ -313,6 +353,40 @@ func (t setTracker) String() string {
 func (t setTracker) Set(v string) error {
 	*t.set = true
 	return t.Value.Set(v)
+}
+
+// catchUpBound is how long the swap, holding the live positions, waits
+// for the shadow to read as far as they say.
+const catchUpBound = 30 * time.Second
+
+// shadowReaches waits until the shadow's positions of topic are at least
+// the live ones, for at most catchUpBound, or until the shadow's
+// projection stopped. What it did not reach, the live instances read again
+// after the swap.
+func shadowReaches(ctx context.Context, shadow *store.Store, topic string, live []store.PartitionPosition, stopped <-chan struct{}) error {
+	deadline := time.Now().Add(catchUpBound)
+	for {
+		prog, err := shadow.Progress(ctx, topic)
+		if err != nil {
+			return err
+		}
+		behind := false
+		for _, p := range live {
+			if p.Topic == topic && p.Next > max(prog.Positions[p.Partition], 0) {
+				behind = true
+			}
+		}
+		if !behind || time.Now().After(deadline) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-stopped:
+			return nil
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // shadowName is the rebuild table as people write it: schema.table.

@@ -570,3 +570,73 @@ func TestRebuildKeepsAUsersCheck(t *testing.T) {
 	require.Equal(t, int(s.quarantined), s.quarantineCount(), "one quarantine row per record")
 	require.Contains(t, s.queryString(`SELECT error FROM `+s.table("projector_quarantine")+` WHERE key = 'job-banned'`), "no_banned")
 }
+
+// TestRebuildSwapPausesLiveWritesQuietly: while a swap runs longer than a
+// batch would wait, a `projector run` whose records arrive says it waits
+// for the rebuild's swap, does not report PostgreSQL as failing, nor a
+// stall past --stall-timeout, and once
+// the swap commits claims again and projects the records that arrived
+// meanwhile.
+func TestRebuildSwapPausesLiveWritesQuietly(t *testing.T) {
+	t.Parallel()
+	s := newStory(t, 2)
+	s.jobs("before", 10, 1, 3)
+	// A stall bound shorter than the swap: a pause for a swap is no stall.
+	p := startBin(t, "run", dbEnv(), s.runArgs("g-live", "inst-live", "--log-level", "info",
+		"--statement-timeout", "1s", "--stall-timeout", "3s")...)
+	s.caughtUp(joinWithin, p)
+
+	// A user's statement trigger makes the swap's update slow.
+	s.exec(`CREATE FUNCTION ` + s.table("slow_swap") + `() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN IF current_setting('application_name') = 'projector rebuild swap' THEN PERFORM pg_sleep(6); END IF; RETURN NULL; END $$`)
+	s.exec(`CREATE TRIGGER slow_swap BEFORE UPDATE ON ` + s.table("jobs") + ` FOR EACH STATEMENT EXECUTE FUNCTION ` + s.table("slow_swap") + `()`)
+
+	r := startBin(t, "rebuild", dbEnv(), "rebuild", "--brokers", s.brokers(), "--topic", s.topic, "--schema", s.schema, "--held-wait", "1s", "--log-level", "warn")
+	eventually(t, 60*time.Second, "the swap is in the slow trigger, holding the partitions", func() (bool, string) {
+		var n int
+		ctx, cancel := s.ctx()
+		defer cancel()
+		err := pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'projector rebuild swap' AND wait_event = 'PgSleep'`).Scan(&n)
+		return err == nil && n > 0, fmt.Sprint(n, err)
+	})
+	s.jobs("during", 10, 1, 2)
+	eventually(t, 60*time.Second, "the rebuild exits", func() (bool, string) { return r.exited(), "" })
+	require.Equal(t, 0, r.code, "%s\n%s", r.out.String(), r.logs.String())
+	require.Contains(t, r.out.String(), "swapped:")
+
+	s.caughtUp(joinWithin, p)
+	s.requireModel()
+	p.requireAlive()
+	require.False(t, p.logged("partition stalled", nil), "a swap is not a stall: %s", p.logs.String())
+	require.True(t, p.logged("waiting for a rebuild's swap into the read model", map[string]string{"table": s.schema + ".jobs"}), "%s", p.logs.String())
+	require.False(t, p.logged("PostgreSQL is failing", nil), "a swap is not an outage: %s", p.logs.String())
+	require.False(t, p.logged("claim waits for the previous owner", nil), "a swap is not a stuck owner: %s", p.logs.String())
+	require.False(t, p.logged("partition worker stopped", map[string]string{"level": "ERROR"}), "a fence after a swap is no error: %s", p.logs.String())
+	p.stop(stopWithin)
+}
+
+// TestRebuildRefusesASecondRebuildOfTheTable: two rebuilds of one table
+// would share its shadow, each resetting or swapping what the other
+// writes; while one runs, another exits 1 having changed nothing, and once
+// it ended, the next one runs.
+func TestRebuildRefusesASecondRebuildOfTheTable(t *testing.T) {
+	t.Parallel()
+	s := newStory(t, 1)
+	s.jobs("j", 3, 1, 2)
+	ctx, cancel := s.ctx()
+	defer cancel()
+	release, err := s.st.LockRebuild(ctx) // as a rebuild in progress does
+	require.NoError(t, err)
+	args := []string{"rebuild", "--brokers", s.brokers(), "--topic", s.topic, "--schema", s.schema, "--held-wait", "1s", "--group", "other-group"}
+	r := runBin(t, 60*time.Second, dbEnv(), args...)
+	require.Equal(t, 1, r.code, "%s", r)
+	require.Contains(t, r.stderr, "another rebuild of "+s.schema+".jobs is running", "%s", r)
+	require.Contains(t, r.stderr, "nothing was changed", "%s", r)
+	require.Empty(t, s.tablesLike("projector_rebuild_%"), "no shadow created")
+
+	release()
+	r = runBin(t, 60*time.Second, dbEnv(), args...)
+	require.Equal(t, 0, r.code, "%s", r)
+	s.requireModel()
+}

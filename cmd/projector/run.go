@@ -54,7 +54,7 @@ func (b *boundFlags) register(fs *flag.FlagSet) {
 	d := store.Config{}.WithDefaults()
 	fs.DurationVar(&b.claimLock, "claim-lock-timeout", d.ClaimLockTimeout, "how long one claim of a partition waits for the previous owner's open batch\ntransaction before it logs why and tries again")
 	fs.DurationVar(&b.idle, "idle-in-transaction-timeout", d.IdleInTransactionTimeout, "PostgreSQL ends a batch transaction whose client sent nothing for this long\n(a frozen or cut-off instance) and so releases its partition")
-	fs.DurationVar(&b.statement, "statement-timeout", d.StatementTimeout, "longest one statement of a batch transaction may run; raise it if batches\nlegitimately take longer. A batch transaction is given up after twice this\n(at least 2m) and retried")
+	fs.DurationVar(&b.statement, "statement-timeout", d.StatementTimeout, "longest one statement of a batch transaction may run; raise it if batches\nlegitimately take longer. A batch transaction is given up after twice this\n(at least 2m) and retried; --stall-timeout must be at least twice this")
 }
 
 func (b *boundFlags) validate() error {
@@ -215,6 +215,13 @@ Example:
 		}
 		st, err := openStore(ctx, o.databaseURL, o.storeConfig())
 		if err != nil {
+			if ctx.Err() != nil {
+				// SIGINT or SIGTERM while starting (connecting, or
+				// waiting for another instance's migration): nothing was
+				// begun, so this is a clean stop, not a failure.
+				logger.Info("stopped while starting", "err", err)
+				return nil
+			}
 			return err
 		}
 		defer st.Close()
@@ -305,6 +312,13 @@ func (o *runOpts) validate() error {
 	}
 	if err := o.bounds.validate(); err != nil {
 		return err
+	}
+	// A batch transaction may legitimately run as long as twice the
+	// statement timeout: the progress watchdog must not stop the instance
+	// in the middle of one.
+	if o.stallTimeout < 2*o.bounds.statement {
+		return usagef("--stall-timeout %s is below twice --statement-timeout %s: a batch may legitimately run that long and the watchdog would stop the instance in the middle of it; raise --stall-timeout to %s or more",
+			o.stallTimeout, o.bounds.statement, 2*o.bounds.statement)
 	}
 	return o.gap.validate()
 }
