@@ -475,12 +475,17 @@ func TestFaultSigtermWhileStarting(t *testing.T) {
 	}
 	defer unlock()
 
-	a := startBin(t, "run a", dbEnv(), s.args("inst-a")...)
+	// Other tests' instances wait for the same lock: only this one's
+	// backend, named by PGAPPNAME, says that a is waiting (and so is
+	// running, with its signal handler in place).
+	app := fmt.Sprintf("sigterm-while-starting-%d", os.Getpid())
+	a := startBin(t, "run a", dbEnv("PGAPPNAME="+app), s.args("inst-a")...)
 	eventually(t, 15*time.Second, "run waits for the migration lock", func() (bool, string) {
 		a.requireAlive()
 		var waiting int
 		err := pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity s USING (pid)
-			WHERE l.locktype = 'advisory' AND NOT l.granted AND s.query LIKE '%projector.migrate%'`).Scan(&waiting)
+			WHERE l.locktype = 'advisory' AND NOT l.granted AND s.query LIKE '%projector.migrate%'
+				AND s.application_name = $1`, app).Scan(&waiting)
 		return err == nil && waiting > 0, fmt.Sprintf("waiting %d, %v", waiting, err)
 	})
 	a.stop(10 * time.Second)
