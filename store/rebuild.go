@@ -678,15 +678,18 @@ var DriftKinds = []string{"missing", "behind", "ahead", "differs", "extra"}
 // sample job ids per kind.
 func (s *Store) Diff(ctx context.Context, shadow *Store, sample int) (Drift, error) {
 	d := Drift{Counts: map[string]int64{}, Samples: map[string][]string{}}
-	rows, err := s.pool.Query(ctx, `SELECT kind, count(*), (array_agg(job_id ORDER BY job_id))[1:$1] FROM (
+	// The samples are each kind's first ids by a top-N sort, never an
+	// array of every differing id.
+	rows, err := s.pool.Query(ctx, `WITH d AS MATERIALIZED (
 		SELECT coalesce(l.job_id, s.job_id) AS job_id, CASE
 			WHEN l.job_id IS NULL THEN 'missing'
 			WHEN s.job_id IS NULL THEN 'extra'
 			WHEN l.version < s.version THEN 'behind'
 			WHEN l.version > s.version THEN 'ahead'
 			WHEN l.state IS DISTINCT FROM s.state THEN 'differs' END AS kind
-		FROM `+s.jobs+` AS l FULL JOIN `+shadow.jobs+` AS s ON s.job_id = l.job_id) d
-		WHERE kind IS NOT NULL GROUP BY kind`, sample)
+		FROM `+s.jobs+` AS l FULL JOIN `+shadow.jobs+` AS s ON s.job_id = l.job_id
+	), c AS (SELECT kind, count(*) AS n FROM d WHERE kind IS NOT NULL GROUP BY kind)
+	SELECT c.kind, c.n, ARRAY(SELECT d.job_id FROM d WHERE d.kind = c.kind ORDER BY d.job_id LIMIT $1) FROM c`, sample)
 	if err != nil {
 		return d, fmt.Errorf("store: compare %s with %s: %w", s.projection, shadow.projection, err)
 	}
