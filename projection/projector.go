@@ -281,7 +281,7 @@ func (p *Projector) startGeneration(gen *kafka.Generation) {
 		}
 	})
 	for _, a := range assigned {
-		b, alive := p.health.loop(fmt.Sprintf("partition %d worker", a.ID))
+		b, alive := p.health.loop(fmt.Sprintf("partition %d worker", a.ID), 0)
 		w := &worker{
 			p:         p,
 			beat:      b,
