@@ -51,15 +51,22 @@ type health struct {
 	loops map[*beat]string
 }
 
-// beat is a loop's sign of life.
-type beat struct{ at atomic.Int64 }
+// beat is a loop's sign of life. floor is the longest silence the loop
+// keeps by design (its own wait and bound per turn): a loop is wedged only
+// when silent for longer than both floor and StallTimeout, so a short
+// StallTimeout does not make a monitor that turns every few seconds
+// look wedged between two turns.
+type beat struct {
+	at    atomic.Int64
+	floor time.Duration
+}
 
 func (b *beat) now() { b.at.Store(time.Now().UnixNano()) }
 
 // loop registers a loop under name; it is alive while it beats at least
-// once per StallTimeout. done removes it.
-func (h *health) loop(name string) (b *beat, done func()) {
-	b = &beat{}
+// once per StallTimeout, or per floor when that is longer. done removes it.
+func (h *health) loop(name string, floor time.Duration) (b *beat, done func()) {
+	b = &beat{floor: floor}
 	b.now()
 	h.mu.Lock()
 	if h.loops == nil {
@@ -114,9 +121,10 @@ func (p *Projector) Liveness() Health {
 	checks := make([]Check, 0, len(p.health.loops))
 	for b, name := range p.health.loops {
 		ago := now.Sub(time.Unix(0, b.at.Load()))
-		c := Check{Name: name, OK: ago <= p.cfg.StallTimeout, Detail: fmt.Sprintf("last sign of life %s ago", ago.Round(time.Millisecond))}
+		limit := max(p.cfg.StallTimeout, b.floor)
+		c := Check{Name: name, OK: ago <= limit, Detail: fmt.Sprintf("last sign of life %s ago", ago.Round(time.Millisecond))}
 		if !c.OK {
-			c.Detail = fmt.Sprintf("wedged: no sign of life for %s (stall timeout %s)", ago.Round(time.Second), p.cfg.StallTimeout)
+			c.Detail = fmt.Sprintf("wedged: no sign of life for %s (stall timeout %s)", ago.Round(time.Second), limit)
 		}
 		checks = append(checks, c)
 	}
@@ -179,7 +187,8 @@ func (p *Projector) Ready() bool { return p.Readiness().OK }
 // watchDatabase pings PostgreSQL in the background, so readiness follows
 // the database even when no batch is committed.
 func (p *Projector) watchDatabase(ctx context.Context) {
-	b, done := p.health.loop("database monitor")
+	// A turn: a ping bounded by databasePingTimeout, then the next tick.
+	b, done := p.health.loop("database monitor", 2*(databasePingEvery+databasePingTimeout))
 	defer done()
 	t := time.NewTicker(databasePingEvery)
 	defer t.Stop()
@@ -220,7 +229,8 @@ func (p *Projector) databaseFailed(err error, next time.Duration) {
 // is fetched, and the topic's existence is known; it logs catch-up progress
 // and the quarantine lines held back.
 func (p *Projector) watchBrokers(ctx context.Context) {
-	b, done := p.health.loop("broker monitor")
+	// A turn: a poll bounded by brokerPollEvery, then the next tick.
+	b, done := p.health.loop("broker monitor", 2*(brokerPollEvery+brokerPollEvery))
 	defer done()
 	poll := time.NewTicker(brokerPollEvery)
 	defer poll.Stop()

@@ -401,3 +401,23 @@ func TestDatabaseOutageIsNotAStall(t *testing.T) {
 	r.caughtUp(60*time.Second, run)
 	r.requireModel(s)
 }
+
+// TestShortStallTimeoutKeepsIdleMonitorsLive: the background monitors turn
+// every few seconds by design (the broker poll every 5 s); a StallTimeout
+// shorter than that must not make /healthz call them wedged between two
+// turns. Liveness is watched over more than two broker polls.
+func TestShortStallTimeoutKeepsIdleMonitorsLive(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, 1)
+	run := r.start(r.config(func(c *Config) { c.StallTimeout = time.Second }))
+	r.produce(rec{0, "a", snap("a", 1, `{}`)})
+	r.caughtUp(20*time.Second, run)
+	// The observation window, not synchronisation: every sample must be
+	// live.
+	until := time.Now().Add(2*brokerPollEvery + 2*time.Second)
+	for time.Now().Before(until) {
+		h := run.p.Liveness()
+		require.True(t, h.OK, "/healthz of an idle instance: %s", failing(h))
+		time.Sleep(100 * time.Millisecond)
+	}
+}

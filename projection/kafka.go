@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -72,6 +73,11 @@ func (s *SASL) Validate() error {
 	if s.Password == "" {
 		errs = append(errs, errors.New("sasl: a password is required"))
 	}
+	if len(errs) == 0 && s.Mechanism != SASLPlain {
+		if _, err := s.mechanism(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -83,11 +89,24 @@ func (s *SASL) mechanism() (sasl.Mechanism, error) {
 	case SASLPlain:
 		return plain.Mechanism{Username: s.Username, Password: s.Password}, nil
 	case SASLScramSHA256:
-		return scram.Mechanism(scram.SHA256, s.Username, s.Password)
+		return s.scram(scram.SHA256)
 	case SASLScramSHA512:
-		return scram.Mechanism(scram.SHA512, s.Username, s.Password)
+		return s.scram(scram.SHA512)
 	}
 	return nil, s.Validate()
+}
+
+// scram builds a SCRAM mechanism. The SCRAM library's error for a name or
+// password SASLprep refuses quotes the password: it is never passed on.
+func (s *SASL) scram(algo scram.Algorithm) (sasl.Mechanism, error) {
+	m, err := scram.Mechanism(algo, s.Username, s.Password)
+	if err == nil {
+		return m, nil
+	}
+	if strings.Contains(err.Error(), "password") {
+		return nil, fmt.Errorf("sasl %s: the password of user %q holds characters SCRAM refuses (SASLprep: no control or unassigned characters)", s.Mechanism, s.Username)
+	}
+	return nil, fmt.Errorf("sasl %s: username %q holds characters SCRAM refuses (SASLprep: no control or unassigned characters)", s.Mechanism, s.Username)
 }
 
 // Validate says what is wrong with the brokers or the security settings.

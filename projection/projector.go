@@ -34,6 +34,10 @@ type Projector struct {
 	// swapWaitAt is when a worker last found a rebuild's swap holding its
 	// partition (unix nanoseconds): a pause the watchdog does not count.
 	swapWaitAt atomic.Int64
+	// applying holds, per partition, when its batch transaction in flight
+	// started (unix nanoseconds): a batch that PostgreSQL makes wait is
+	// bounded by its own time limit, and the watchdog does not count it.
+	applying sync.Map
 
 	dbOutage, kafkaOutage outage
 	// quarantineLog rate-limits the log line of each quarantined record.
@@ -277,7 +281,7 @@ func (p *Projector) startGeneration(gen *kafka.Generation) {
 		}
 	})
 	for _, a := range assigned {
-		b, alive := p.health.loop(fmt.Sprintf("partition %d worker", a.ID))
+		b, alive := p.health.loop(fmt.Sprintf("partition %d worker", a.ID), 0)
 		w := &worker{
 			p:         p,
 			beat:      b,

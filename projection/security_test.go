@@ -181,3 +181,23 @@ func TestTLS(t *testing.T) {
 		require.Contains(t, ae.Error(), "certificate")
 	})
 }
+
+// TestSCRAMPasswordRefusedBySASLprepStaysSecret: a password SASLprep
+// refuses (here with a control character) is a configuration error that
+// names the mechanism and the user and never quotes the password, from
+// Validate and from New alike (the SCRAM library's own error quotes it).
+func TestSCRAMPasswordRefusedBySASLprepStaysSecret(t *testing.T) {
+	t.Parallel()
+	const secret = "hunter2\x07tail-9c1"
+	for _, mech := range []string{SASLScramSHA256, SASLScramSHA512} {
+		s := &SASL{Mechanism: mech, Username: "app", Password: secret}
+		err := s.Validate()
+		require.Error(t, err, mech)
+		require.NotContains(t, err.Error(), "hunter2", mech)
+		require.Contains(t, err.Error(), mech)
+		require.Contains(t, err.Error(), `"app"`)
+		_, err = Kafka{Brokers: []string{"127.0.0.1:9092"}, SASL: s}.clients()
+		require.Error(t, err, mech)
+		require.NotContains(t, err.Error(), "hunter2", mech)
+	}
+}

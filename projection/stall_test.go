@@ -65,3 +65,60 @@ func TestStalledBatchIsLoggedWhileItWaits(t *testing.T) {
 	r.caughtUp(20*time.Second, &running{p: p})
 	require.Equal(t, int64(2), r.rows()["stall"].Version)
 }
+
+// A batch that PostgreSQL keeps waiting, within the batch's own time
+// limit, is not a stall: the default --stall-timeout equals the default
+// batch limit, and the watchdog must not stop the instance (nor /healthz
+// fail) in the middle of a batch that is allowed to run. Here a row lock
+// held by the test keeps the batch waiting for several stall timeouts.
+func TestSlowBatchWithinItsLimitIsNotAStall(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := newRig(t, 1)
+	logs := &lockedBuffer{}
+	const stall = time.Second
+	cfg := r.config(func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		c.StallTimeout = stall
+	})
+	p, err := New(cfg)
+	require.NoError(t, err)
+	p.testStallWarning = 200 * time.Millisecond
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(rctx) }()
+	t.Cleanup(func() {
+		stop()
+		<-done
+	})
+
+	r.produce(rec{0, "slow", snap("slow", 1, `{"n":1}`)})
+	r.caughtUp(20*time.Second, &running{p: p})
+	tx, err := r.store.Pool().Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM `+r.store.JobsTable()+` WHERE job_id = 'slow' FOR UPDATE`)
+	require.NoError(t, err)
+	r.produce(rec{0, "slow", snap("slow", 2, `{"n":2}`)})
+	// The batch waits on the lock: once it has run for three stall
+	// timeouts (its own log says so), the instance must still be running,
+	// live, and not have found a stall.
+	r.eventually(30*time.Second, "the batch has waited for three stall timeouts", func() (bool, string) {
+		return strings.Contains(logs.String(), "batch transaction still running") &&
+			strings.Contains(logs.String(), "running_for=3s"), "the batch has not waited that long yet"
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("Run ended while a batch within its limit waited: %v\n%s", err, logs.String())
+	default:
+	}
+	require.NotContains(t, logs.String(), "partition stalled")
+	for _, c := range p.Liveness().Checks {
+		if c.Name == "partition 0 worker" || c.Name == "progress" {
+			require.True(t, c.OK, "/healthz during a batch within its limit: %+v", c)
+		}
+	}
+	require.NoError(t, tx.Rollback(ctx))
+	r.caughtUp(20*time.Second, &running{p: p})
+	require.Equal(t, int64(2), r.rows()["slow"].Version)
+}

@@ -67,7 +67,7 @@ func (p *Projector) watchProgress(ctx context.Context, stalled func(error)) {
 		for _, ps := range p.book.list() {
 			seen[ps.Partition] = true
 			m, ok := marks[ps.Partition]
-			if !ok || outage || swapping || ps.Lag == 0 || m.epoch != ps.Epoch || m.position != ps.Position {
+			if !ok || outage || swapping || p.applyBounded(ps.Partition, now) || ps.Lag == 0 || m.epoch != ps.Epoch || m.position != ps.Position {
 				marks[ps.Partition] = progressMark{epoch: ps.Epoch, position: ps.Position, since: now}
 				continue
 			}
@@ -89,6 +89,23 @@ func (p *Projector) watchProgress(ctx context.Context, stalled func(error)) {
 			}
 		}
 	}
+}
+
+// applyBounded reports whether partition's batch transaction is in flight
+// and still within its own time limit (and the shutdown grace beyond it).
+// Such a batch is not a wedge: PostgreSQL is making it wait (a lock, a
+// slow trigger, a long statement) and it either commits or is given up
+// and retried as a database failure, which the watchdog does not count
+// either. Without this, the default --stall-timeout (2m), equal to the
+// default batch limit (2m), would stop the instance in the middle of a
+// batch that was allowed to run.
+func (p *Projector) applyBounded(partition int, now time.Time) bool {
+	v, ok := p.applying.Load(partition)
+	if !ok {
+		return false
+	}
+	started := time.Unix(0, v.(int64))
+	return now.Sub(started) < batchTimeout(p.cfg.Store)+shutdownGrace
 }
 
 // stallCheck is the progress check of /healthz.

@@ -305,11 +305,15 @@ const claimWaitLogEvery = 30 * time.Second
 const stallWarning = 10 * time.Second
 
 // watchStall logs while a batch transaction runs past stallWarning, until
-// the returned stop is called; stop waits for the watcher to end.
+// the returned stop is called; stop waits for the watcher to end. While
+// the batch is within its own time limit it also beats for the worker: a
+// batch PostgreSQL makes wait is bounded, not wedged, and /healthz must
+// not fail (and a liveness probe restart the instance) in its middle.
 func (w *worker) watchStall(records int) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	start := time.Now()
+	bound := batchTimeout(w.p.cfg.Store) + shutdownGrace
 	wg.Go(func() {
 		every := stallWarning
 		if w.p.testStallWarning > 0 {
@@ -317,10 +321,16 @@ func (w *worker) watchStall(records int) (stop func()) {
 		}
 		t := time.NewTicker(every)
 		defer t.Stop()
+		alive := time.NewTicker(max(min(time.Second, w.p.cfg.StallTimeout/4), 10*time.Millisecond))
+		defer alive.Stop()
 		for {
 			select {
 			case <-done:
 				return
+			case <-alive.C:
+				if time.Since(start) < bound {
+					w.beat.now()
+				}
 			case <-t.C:
 				w.log.Warn("batch transaction still running: PostgreSQL is slow, stalled or unreachable",
 					"running_for", time.Since(start).Round(time.Second).String(), "records", records, "gives_up_after", batchTimeout(w.p.cfg.Store).String())
@@ -509,7 +519,10 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 			}
 			failpoint.Hit(failpoint.Planned)
 			stop := w.watchStall(len(msgs))
+			started := time.Now().UnixNano()
+			w.p.applying.Store(w.partition, started)
 			result, err = w.p.cfg.Store.Apply(actx, pl.batch)
+			w.p.applying.CompareAndDelete(w.partition, started)
 			stop()
 		}
 		cancel()

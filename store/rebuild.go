@@ -439,6 +439,16 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool, catchUp C
 		if err != nil {
 			return err
 		}
+		// Every job stripe of the live projection, exclusive, after the
+		// positions as a batch takes them: a write that moves no position
+		// (verify --repair, quarantine replay) waits for the swap and
+		// applies to the rebuilt model, never between the swap's writes of
+		// rows and of tombstones. Those writers take no position lock, so
+		// this never deadlocks with them; the shadow's catch-up above uses
+		// the shadow's own stripes.
+		if _, err := exec(`SELECT pg_advisory_xact_lock($1, s) FROM generate_series(0, $2::int - 1) AS s`, s.lockClass, lockStripes); err != nil {
+			return err
+		}
 		rebuilt := map[[2]any]int64{}
 		for _, p := range shadowPos {
 			rebuilt[[2]any{p.Topic, p.Partition}] = p.Next
@@ -678,15 +688,18 @@ var DriftKinds = []string{"missing", "behind", "ahead", "differs", "extra"}
 // sample job ids per kind.
 func (s *Store) Diff(ctx context.Context, shadow *Store, sample int) (Drift, error) {
 	d := Drift{Counts: map[string]int64{}, Samples: map[string][]string{}}
-	rows, err := s.pool.Query(ctx, `SELECT kind, count(*), (array_agg(job_id ORDER BY job_id))[1:$1] FROM (
+	// The samples are each kind's first ids by a top-N sort, never an
+	// array of every differing id.
+	rows, err := s.pool.Query(ctx, `WITH d AS MATERIALIZED (
 		SELECT coalesce(l.job_id, s.job_id) AS job_id, CASE
 			WHEN l.job_id IS NULL THEN 'missing'
 			WHEN s.job_id IS NULL THEN 'extra'
 			WHEN l.version < s.version THEN 'behind'
 			WHEN l.version > s.version THEN 'ahead'
 			WHEN l.state IS DISTINCT FROM s.state THEN 'differs' END AS kind
-		FROM `+s.jobs+` AS l FULL JOIN `+shadow.jobs+` AS s ON s.job_id = l.job_id) d
-		WHERE kind IS NOT NULL GROUP BY kind`, sample)
+		FROM `+s.jobs+` AS l FULL JOIN `+shadow.jobs+` AS s ON s.job_id = l.job_id
+	), c AS (SELECT kind, count(*) AS n FROM d WHERE kind IS NOT NULL GROUP BY kind)
+	SELECT c.kind, c.n, ARRAY(SELECT d.job_id FROM d WHERE d.kind = c.kind ORDER BY d.job_id LIMIT $1) FROM c`, sample)
 	if err != nil {
 		return d, fmt.Errorf("store: compare %s with %s: %w", s.projection, shadow.projection, err)
 	}

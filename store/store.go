@@ -342,3 +342,17 @@ func Refusal(err error) string {
 // the server's default_transaction_isolation: the fence and the version
 // conditions are argued under it (docs/design.md).
 var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+
+// IsUnreachable reports whether err is the server not answering (refused,
+// cut, timed out) rather than an answer that refuses this projector (wrong
+// password, missing database, no privilege): the first is worth waiting
+// out, the second is a configuration to fix.
+func IsUnreachable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		// An answer from the server: only "starting up" or "too many
+		// connections" pass with time.
+		return pgErr.Code == "57P03" || pgErr.Code == "53300"
+	}
+	return true
+}

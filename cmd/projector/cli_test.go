@@ -233,11 +233,11 @@ func TestUnknownFlagNamesIt(t *testing.T) {
 }
 
 // TestUnreachableDatabaseExits1: settings are right but the server does not
-// answer: a runtime failure, with the error, and no password in it.
+// answer: a runtime failure, with the error, and no password in it. (run
+// waits for it instead: TestRunWaitsForAnUnreachableDatabase.)
 func TestUnreachableDatabaseExits1(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
-		{"run", "--brokers", "127.0.0.1:9", "--http-addr", "off"},
 		{"status"},
 		{"rebuild", "--brokers", "127.0.0.1:9"},
 	} {
@@ -300,4 +300,20 @@ func TestEveryTableTakingCommandChecksNames(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestRunWaitsForAnUnreachableDatabase: the daemon started before its
+// database answers waits for it, saying so (server named, no password),
+// and a stop while it waits is clean.
+func TestRunWaitsForAnUnreachableDatabase(t *testing.T) {
+	t.Parallel()
+	p := startBin(t, "run", baseEnv("DATABASE_URL=postgres://postgres:s3cret@127.0.0.1:1/x?connect_timeout=2"),
+		"run", "--brokers", "127.0.0.1:9", "--http-addr", "off", "--log-format", "json")
+	eventually(t, 20*time.Second, "run logs that it waits for PostgreSQL", func() (bool, string) {
+		p.requireAlive()
+		return p.logged("PostgreSQL does not answer at start", nil), p.logs.String()
+	})
+	require.Contains(t, p.logs.String(), "127.0.0.1:1", "the server is named")
+	require.NotContains(t, p.logs.String(), "s3cret")
+	p.stop(10 * time.Second)
 }

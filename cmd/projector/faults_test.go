@@ -441,14 +441,16 @@ func TestFaultDatabaseUnreachableAtStartup(t *testing.T) {
 	proxy := faulttest.NewProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
 	url := fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable&connect_timeout=2", cfg.ConnConfig.User, proxy.Addr(), cfg.ConnConfig.Database)
 	proxy.Cut()
-	r := runBin(t, 30*time.Second, baseEnv("DATABASE_URL="+url), s.args("inst-a")...)
-	require.Equal(t, 1, r.code, "%s", r)
-	require.Contains(t, r.stderr, proxy.Addr(), "the message names the server")
+	a := startBin(t, "run a", baseEnv("DATABASE_URL="+url), s.args("inst-a")...)
+	eventually(t, 30*time.Second, "a waits for PostgreSQL", func() (bool, string) {
+		a.requireAlive()
+		return strings.Contains(a.logs.String(), "PostgreSQL does not answer at start"), a.logs.String()
+	})
+	require.Contains(t, a.logs.String(), proxy.Addr(), "the message names the server")
 
 	proxy.Restore()
-	b := startBin(t, "run b", baseEnv("DATABASE_URL="+url), s.args("inst-b")...)
-	s.hist.Settled(90*time.Second, alive(b)...)
-	b.stop(stopWithin)
+	s.hist.Settled(90*time.Second, alive(a)...)
+	a.stop(stopWithin)
 	s.hist.Check(s.ref, faulttest.Options{})
 }
 

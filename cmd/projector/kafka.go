@@ -76,6 +76,9 @@ func (k *kafkaFlags) apply(brokers []string) (projection.Kafka, error) {
 	if s.Password == "" {
 		return out, usagef("--kafka-sasl-mechanism %s needs a password: set %s or pass --kafka-sasl-password-file", s.Mechanism, saslPasswordEnv)
 	}
+	if err := s.Validate(); err != nil {
+		return out, usagef("--kafka-sasl-mechanism %s: %v", s.Mechanism, err)
+	}
 	out.SASL = s
 	return out, nil
 }

@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"strconv"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/projector/projector/projection"
 	"github.com/projector/projector/store"
@@ -26,22 +28,33 @@ and reason, under an id the commands below take.`,
 
 // quarantineEntry is one record as list and show print it in JSON.
 type quarantineEntry struct {
-	ID        int64     `json:"id"`
-	Topic     string    `json:"topic"`
-	Partition int       `json:"partition"`
-	Offset    int64     `json:"offset"`
-	Key       string    `json:"key"`
-	Error     string    `json:"error"`
-	Time      time.Time `json:"time"`
-	Value     *string   `json:"value,omitempty"`
+	ID        int64  `json:"id"`
+	Topic     string `json:"topic"`
+	Partition int    `json:"partition"`
+	Offset    int64  `json:"offset"`
+	Key       string `json:"key"`
+	// KeyBase64 carries the key's exact bytes when they are not valid
+	// UTF-8: JSON strings cannot, and key then has each invalid byte
+	// replaced by U+FFFD, so two different keys could print alike.
+	KeyBase64   string    `json:"key_base64,omitempty"`
+	Error       string    `json:"error"`
+	Time        time.Time `json:"time"`
+	Value       *string   `json:"value,omitempty"`
+	ValueBase64 string    `json:"value_base64,omitempty"`
 }
 
 func entryOf(q store.QuarantineRecord, withValue bool) quarantineEntry {
 	e := quarantineEntry{ID: q.ID, Topic: q.Topic, Partition: q.Partition, Offset: q.Offset,
 		Key: string(q.Key), Error: q.Error, Time: q.Time.UTC()}
+	if !utf8.Valid(q.Key) {
+		e.KeyBase64 = base64.StdEncoding.EncodeToString(q.Key)
+	}
 	if withValue {
 		v := string(q.Value)
 		e.Value = &v
+		if !utf8.Valid(q.Value) {
+			e.ValueBase64 = base64.StdEncoding.EncodeToString(q.Value)
+		}
 	}
 	return e
 }

@@ -43,6 +43,13 @@ never blocked. The shadow's positions and held deltas become the live ones,
 its quarantine is merged into the live one (never deleted), and every
 partition's epoch moves on, which fences any 'projector run' still working
 the old model (it claims again and continues from the rebuilt positions).
+The swap first holds the live positions and lets the shadow read as far as
+they say, so no record a live instance projected is rolled back. Writes of
+'projector run' pause for the whole swap (they log that they wait for it);
+its length grows with the table and the share of rows that differ.
+
+One rebuild of a table runs at a time: a second one exits 1, changing
+nothing.
 
 Before reading anything it checks the topic and what is attached to the
 table; what a swap could not keep (rules, a column added NOT NULL without a

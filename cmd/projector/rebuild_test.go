@@ -588,7 +588,7 @@ func TestRebuildSwapPausesLiveWritesQuietly(t *testing.T) {
 
 	// A user's statement trigger makes the swap's update slow.
 	s.exec(`CREATE FUNCTION ` + s.table("slow_swap") + `() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN IF current_setting('application_name') = 'projector rebuild swap' THEN PERFORM pg_sleep(6); END IF; RETURN NULL; END $$`)
+		BEGIN IF current_setting('application_name') = 'projector rebuild swap' THEN PERFORM pg_sleep(10); END IF; RETURN NULL; END $$`)
 	s.exec(`CREATE TRIGGER slow_swap BEFORE UPDATE ON ` + s.table("jobs") + ` FOR EACH STATEMENT EXECUTE FUNCTION ` + s.table("slow_swap") + `()`)
 
 	r := startBin(t, "rebuild", dbEnv(), "rebuild", "--brokers", s.brokers(), "--topic", s.topic, "--schema", s.schema, "--held-wait", "1s", "--log-level", "warn")

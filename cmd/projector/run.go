@@ -213,7 +213,7 @@ Example:
 		if err := o.validate(); err != nil {
 			return err
 		}
-		st, err := openStore(ctx, o.databaseURL, o.storeConfig())
+		st, err := openStoreWaiting(ctx, o.databaseURL, o.storeConfig(), logger)
 		if err != nil {
 			if ctx.Err() != nil {
 				// SIGINT or SIGTERM while starting (connecting, or
@@ -377,6 +377,44 @@ func registerStoreFlags(fs *flag.FlagSet, url, schema, table *string) {
 
 // openStore checks the settings (exit 2 when they are wrong), then connects
 // and migrates (exit 1 when the server fails).
+// openStoreWaiting is [openStore] for the daemon: a server that does not
+// answer yet (a database restarting, a network not up) is waited for with
+// backoff, logged at the start and at most every 30 s, so a fleet started
+// before its database comes up by itself. Settings the server refuses
+// (password, database, privileges) end at once with exit 1, and bad
+// settings with exit 2.
+func openStoreWaiting(ctx context.Context, url string, cfg store.Config, log *slog.Logger) (*store.Store, error) {
+	start := time.Now()
+	var lastLog time.Time
+	bo := 200 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		st, err := openStore(ctx, url, cfg)
+		if err == nil {
+			if attempt > 1 {
+				log.Info("PostgreSQL answers; starting", "waited", time.Since(start).Round(time.Millisecond).String(), "attempts", attempt)
+			}
+			return st, nil
+		}
+		var ue *usageError
+		if errors.As(err, &ue) || ctx.Err() != nil || !store.IsUnreachable(err) {
+			return nil, err
+		}
+		if attempt == 1 || time.Since(lastLog) >= 30*time.Second {
+			lastLog = time.Now()
+			log.Warn("PostgreSQL does not answer at start; waiting for it (not ready until it does)",
+				"err", err, "attempt", attempt, "retry_in", bo.String())
+		}
+		t := time.NewTimer(bo)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("stopped while waiting for PostgreSQL: %w", err)
+		case <-t.C:
+		}
+		bo = min(bo*2, 10*time.Second)
+	}
+}
+
 func openStore(ctx context.Context, url string, cfg store.Config) (*store.Store, error) {
 	if strings.TrimSpace(url) == "" {
 		return nil, usagef("DATABASE_URL is not set: set it or pass --database-url, e.g. postgres://user@127.0.0.1:5432/db")

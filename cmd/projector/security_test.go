@@ -70,3 +70,17 @@ func TestRunSASL(t *testing.T) {
 	require.NotContains(t, help.stdout, password)
 	require.NotContains(t, help.stdout, "--kafka-sasl-password ")
 }
+
+// TestRunSCRAMPasswordRefusedBySASLprep: a password SCRAM cannot use
+// (a control character in it) is bad configuration: run exits 2 naming
+// the mechanism and the user, and the password shows in no output.
+func TestRunSCRAMPasswordRefusedBySASLprep(t *testing.T) {
+	t.Parallel()
+	const secret = "pony\x07-secret-77"
+	res := runBin(t, 30*time.Second, dbEnv("PROJECTOR_KAFKA_SASL_PASSWORD="+secret), "run", "--brokers", "127.0.0.1:9092",
+		"--topic", "t", "--group", "g", "--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-username", "app")
+	require.Equal(t, exitUsage, res.code, "%s", res)
+	require.Contains(t, res.stderr, "SCRAM-SHA-512")
+	require.Contains(t, res.stderr, `"app"`)
+	require.NotContains(t, res.stderr+res.stdout, "secret-77")
+}

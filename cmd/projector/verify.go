@@ -40,12 +40,13 @@ that a job was deleted (410 Gone, or a delete record): a delete the read model
 has no trace of is no drift.
 
 --all checks every row, every tombstone and every job held without a row,
---sample N a random
-N of them, --job the jobs named (the only way to find rows missing
+--sample N a random N of them, --job the jobs named (the only way to find rows missing
 altogether). --repair heals missing, behind and differs with the authority's
 snapshot, through a statement that never lowers a version; each repair is
 written to the gap log (step verify). Jobs the authority does not know (404)
-are listed, not counted as drift.
+are listed, not counted as drift. Repair differs only while 'projector run'
+is stopped: a same-version rewrite is invisible to a running instance, whose
+next delta for the job would be built on the state it cached before.
 
 Exit codes: 0 no drift remains, 3 drift remains (after --repair: what was not
 healed, such as ahead), 1 the check itself failed (store, or authority errors
