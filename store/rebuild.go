@@ -439,6 +439,16 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool, catchUp C
 		if err != nil {
 			return err
 		}
+		// Every job stripe of the live projection, exclusive, after the
+		// positions as a batch takes them: a write that moves no position
+		// (verify --repair, quarantine replay) waits for the swap and
+		// applies to the rebuilt model, never between the swap's writes of
+		// rows and of tombstones. Those writers take no position lock, so
+		// this never deadlocks with them; the shadow's catch-up above uses
+		// the shadow's own stripes.
+		if _, err := exec(`SELECT pg_advisory_xact_lock($1, s) FROM generate_series(0, $2::int - 1) AS s`, s.lockClass, lockStripes); err != nil {
+			return err
+		}
 		rebuilt := map[[2]any]int64{}
 		for _, p := range shadowPos {
 			rebuilt[[2]any{p.Topic, p.Partition}] = p.Next
