@@ -146,6 +146,10 @@ func printExplain(env *cmdEnv, sf storeFlags, rep *explainReport) {
 		fmt.Fprintln(w, "\nheld deltas: none")
 	} else {
 		fmt.Fprintf(w, "\nheld deltas: %d, waiting for versions %s\n", len(rep.Held), versions(rep.WaitingFor))
+		if t := rep.Tombstone; t != nil {
+			fmt.Fprintf(w, "  (the job is deleted at version %d: the held deltas wait for a snapshot above version %d to create it again;\n"+
+				"  a delta at version %d has no state to change and goes to the quarantine)\n", t.Version, t.Version, t.Version+1)
+		}
 		fmt.Fprintln(w, "  VERSION\tREAD AT\tHELD SINCE\tWAITS FOR\tATTEMPTS\tLAST STEP\tLAST ATTEMPT\tLAST ERROR")
 		for _, h := range rep.Held {
 			last := "-"

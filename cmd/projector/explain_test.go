@@ -84,6 +84,9 @@ func TestExplain(t *testing.T) {
 		rec(0, evil, snapshotValue(evil, 1, map[string]any{"processed": 0})),
 		rec(1, "gone", snapshotValue("gone", 1, map[string]any{"processed": 0})),
 		rec(1, "gone", []byte(`{"job_id":"gone","version":2,"kind":"delete","event_id":"evt-gone-2"}`)),
+		rec(1, "gone-held", snapshotValue("gone-held", 1, map[string]any{"processed": 0})),
+		rec(1, "gone-held", []byte(`{"job_id":"gone-held","version":3,"kind":"delete"}`)),
+		rec(1, "gone-held", deltaValue("gone-held", 5, map[string]any{"op": "increment", "path": "/processed", "by": 5})),
 	)
 	args := s.runArgs("g-explain", "inst-explain", "--gap-wait", "0", "--reread=false",
 		"--snapshot-url", authority.URL, "--gap-retry-max", "1s", "--http-addr", "off")
@@ -152,6 +155,21 @@ func TestExplain(t *testing.T) {
 	require.Equal(t, 0, text.code, "%s", text)
 	require.Regexp(t, `(?m)^\s+deleted\s+at version 2, `, text.stdout)
 	require.Regexp(t, `(?m)^\s+written from\s+\S+/1@4, event evt-gone-2$`, text.stdout)
+
+	// A deleted job with a delta held above it says what can release it:
+	// v4 is missing, and only a snapshot above the delete can supply it.
+	var goneHeld explainJSON
+	eventually(t, joinWithin, "explain shows gone-held's held delta", func() (bool, string) {
+		goneHeld = s.explain("gone-held")
+		return len(goneHeld.Held) == 1, goneHeld.String()
+	})
+	require.True(t, goneHeld.Deleted)
+	require.Equal(t, int64(3), *goneHeld.Version)
+	require.Equal(t, []int64{4}, goneHeld.WaitingFor)
+	text = runBin(t, 30*time.Second, dbEnv(), "explain", "--schema", s.schema, "gone-held")
+	require.Equal(t, 0, text.code, "%s", text)
+	require.Contains(t, text.stdout, "held deltas: 1, waiting for versions 4")
+	require.Contains(t, text.stdout, "the job is deleted at version 3: the held deltas wait for a snapshot above version 3")
 
 	// A job that is neither in the read model nor held: exit 1, saying so.
 	r := runBin(t, 30*time.Second, dbEnv(), "explain", "--schema", s.schema, "nobody")
