@@ -224,7 +224,7 @@ func (p *plan) advance(w *worker, j gapfill.Job, ins []gapfill.Input, now time.T
 	if out.Changed {
 		p.batch.Updates = append(p.batch.Updates, store.Write{
 			JobID: j.ID, Version: next.Version, State: next.Raw, Deleted: next.Deleted,
-			Expect: j.Version, ExpectDeleted: j.Deleted,
+			Expect: j.Version, ExpectDeleted: j.Deleted, ExpectEventID: j.EventID,
 			Offset: out.LastOffset, EventID: out.LastEventID, LastOps: next.LastOps,
 		})
 	}

@@ -120,7 +120,7 @@ func replayOne(ctx context.Context, st *store.Store, q store.QuarantineRecord, r
 		var w *store.Write
 		if out.Changed {
 			w = &store.Write{JobID: ev.JobID, Version: next.Version, State: next.Raw, Deleted: next.Deleted,
-				Expect: job.Version, ExpectDeleted: job.Deleted,
+				Expect: job.Version, ExpectDeleted: job.Deleted, ExpectEventID: job.EventID,
 				Offset: q.Offset, EventID: ev.EventID, LastOps: next.LastOps}
 		}
 		err = st.Unquarantine(ctx, q, w)

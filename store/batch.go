@@ -194,6 +194,10 @@ type Write struct {
 	// to apply; 0 means the row must not exist, and no tombstone either.
 	// Ignored for snapshots and deletes.
 	Expect int64
+	// ExpectEventID is the event id of the row an update was computed from
+	// ("" for none): with Expect it makes the condition, so a row rewritten
+	// at the same version (verify --repair) is not built upon blindly.
+	ExpectEventID string
 	// ExpectDeleted means the job must be deleted at Expect (a tombstone,
 	// no row) for an [Batch.Updates] write to apply.
 	ExpectDeleted bool
@@ -554,17 +558,18 @@ func (s *Store) applyUpdates(ctx context.Context, tx pgx.Tx, b *Batch) error {
 	if len(upd) > 0 {
 		ids, vers, states, offs, evs := columns(upd)
 		expect := make([]int64, len(upd))
+		expectEv := make([]string, len(upd))
 		for i, w := range upd {
-			expect[i] = w.Expect
+			expect[i], expectEv[i] = w.Expect, w.ExpectEventID
 		}
 		err := collect(tx.Query(ctx, `UPDATE `+s.jobs+` AS t SET
 				version = i.version, state = i.state::jsonb, updated_at = now(),
 				source_topic = $8, source_partition = $9, source_offset = i.off, event_id = NULLIF(i.event_id, ''),
 				last_ops = NULLIF(i.last_ops, '')::jsonb
-			FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::bigint[], $7::text[])
-				AS i(job_id, version, state, off, event_id, expect, last_ops)
-			WHERE t.job_id = i.job_id AND t.version = i.expect
-			RETURNING t.job_id`, ids, vers, states, offs, evs, expect, lastOps(upd), b.Topic, b.Partition))
+			FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::bigint[], $7::text[], $10::text[])
+				AS i(job_id, version, state, off, event_id, expect, last_ops, expect_ev)
+			WHERE t.job_id = i.job_id AND t.version = i.expect AND coalesce(t.event_id, '') = i.expect_ev
+			RETURNING t.job_id`, ids, vers, states, offs, evs, expect, lastOps(upd), b.Topic, b.Partition, expectEv))
 		if err != nil {
 			return fmt.Errorf("store: apply %s/%d@%d: updates: %w", b.Topic, b.Partition, b.NextOffset, err)
 		}

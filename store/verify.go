@@ -89,7 +89,14 @@ func (s *Store) Heal(ctx context.Context, jobID string, version int64, state jso
 					ON CONFLICT (job_id) DO UPDATE SET
 						version = excluded.version, state = excluded.state, updated_at = excluded.updated_at,
 						source_topic = excluded.source_topic, source_partition = excluded.source_partition,
-						source_offset = excluded.source_offset, event_id = excluded.event_id, last_ops = NULL
+						source_offset = excluded.source_offset, last_ops = NULL,
+						-- A same-version rewrite leaves the version where it was, so
+						-- it marks the row's event id instead: a running engine's
+						-- update, conditioned on the event id it computed from,
+						-- then misses and reloads the repaired row.
+						event_id = CASE WHEN t.version = excluded.version
+							THEN concat('verify#', txid_current(), ':', excluded.event_id)
+							ELSE excluded.event_id END
 					WHERE t.version < excluded.version
 						OR (t.version = excluded.version AND t.state IS DISTINCT FROM excluded.state)
 					RETURNING t.job_id

@@ -44,9 +44,9 @@ has no trace of is no drift.
 altogether). --repair heals missing, behind and differs with the authority's
 snapshot, through a statement that never lowers a version; each repair is
 written to the gap log (step verify). Jobs the authority does not know (404)
-are listed, not counted as drift. Repair differs only while 'projector run'
-is stopped: a same-version rewrite is invisible to a running instance, whose
-next delta for the job would be built on the state it cached before.
+are listed, not counted as drift. Repairs are safe while 'projector run'
+runs: a same-version rewrite (differs) marks the row's event_id, on which a
+running instance's next update is conditioned, so it reloads the repair.
 
 Exit codes: 0 no drift remains, 3 drift remains (after --repair: what was not
 healed, such as ahead), 1 the check itself failed (store, or authority errors
