@@ -18,7 +18,7 @@ func pruneInterval(retention time.Duration) time.Duration {
 
 // pruneTombstones deletes, in small batches and until ctx ends, the
 // tombstones older than the retention. Every instance prunes; they delete
-// disjoint rows or nothing.
+// disjoint rows (each passes over the rows another has locked).
 func (p *Projector) pruneTombstones(ctx context.Context) {
 	retention := p.cfg.TombstoneRetention
 	if retention <= 0 {

@@ -246,16 +246,21 @@ func (s *Store) CountTombstones(ctx context.Context) (int64, error) {
 
 // PruneTombstones deletes at most limit tombstones of deletes made before
 // cutoff, oldest first, and returns how many it deleted. Small batches
-// keep each statement short: call it again while it returns limit.
+// keep each statement short: call it again while it returns limit. It
+// passes over the tombstones another pruner or a batch has locked, so
+// instances pruning at once delete disjoint rows and never wait.
 //
 // Pruning lowers a deleted job's version back to 0, so an event older
 // than the delete arriving afterwards can create the job again: that is
 // the trade-off of a bounded retention (docs/contract.md).
 func (s *Store) PruneTombstones(ctx context.Context, cutoff time.Time, limit int) (int64, error) {
-	tag, err := s.pool.Exec(ctx, `DELETE FROM `+s.tombstones+` t USING (
+	// The CTE runs once: a locking subquery the plan rescans would skip
+	// the rows this statement already deleted and pick more than limit.
+	tag, err := s.pool.Exec(ctx, `WITH old AS MATERIALIZED (
 			SELECT job_id FROM `+s.tombstones+` WHERE projection = $1 AND deleted_at < $2
-			ORDER BY deleted_at LIMIT $3
-		) old
+			ORDER BY deleted_at LIMIT $3 FOR UPDATE SKIP LOCKED
+		)
+		DELETE FROM `+s.tombstones+` t USING old
 		WHERE t.projection = $1 AND t.job_id = old.job_id AND t.deleted_at < $2`, s.projection, cutoff, limit)
 	if err != nil {
 		return 0, fmt.Errorf("store: prune tombstones before %s: %w", cutoff.UTC().Format(time.RFC3339), err)

@@ -284,3 +284,44 @@ func TestHeldJobsOfADeletedJob(t *testing.T) {
 	require.Equal(t, int64(3), held[0].RowVersion)
 	require.Equal(t, []int64{4, 5}, held[0].Missing)
 }
+
+// Every instance prunes: one pruner passes over the tombstones another
+// (or a batch) has locked instead of waiting for them.
+func TestPruneTombstonesSkipsLockedOnes(t *testing.T) {
+	t.Parallel()
+	s := pgtest.Store(t)
+	ctx := context.Background()
+	b := newBatcher(t, s, 0)
+	b.must(store.Batch{Deletes: []store.Write{deleteW("a", 3)}})
+	b.must(store.Batch{Deletes: []store.Write{deleteW("b", 3)}})
+
+	// Another pruner is deleting the oldest, uncommitted.
+	other, err := s.Pool().Begin(ctx)
+	require.NoError(t, err)
+	defer other.Rollback(ctx)
+	tag, err := other.Exec(ctx, `DELETE FROM `+s.Schema()+`.projector_tombstones WHERE job_id = 'a'`)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), tag.RowsAffected())
+
+	pruned := make(chan int64, 1)
+	go func() {
+		n, err := s.PruneTombstones(ctx, time.Now().Add(time.Hour), 1)
+		if err != nil {
+			n = -1
+		}
+		pruned <- n
+	}()
+	var n int64
+	require.Eventually(t, func() bool {
+		select {
+		case n = <-pruned:
+			return true
+		default:
+			return false
+		}
+	}, 30*time.Second, 10*time.Millisecond, "the pruner waits for the other's rows")
+	require.Equal(t, int64(1), n, "the next unlocked tombstone is pruned")
+	_, ok := tombstoneOf(t, s, "b")
+	require.False(t, ok)
+	require.NoError(t, other.Rollback(ctx))
+}
