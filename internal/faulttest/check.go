@@ -69,6 +69,9 @@ func (h *History) Check(ref *Reference, opts Options) Report {
 	}
 	rep.Changes = len(changes)
 	rep.Violations = append(rep.Violations, historyViolations(ref, changes, &rep)...)
+	if rep.Changes > 0 && rep.Checked == 0 {
+		rep.Violations = append(rep.Violations, "invariant 3: no audited change could be compared with a reference state")
+	}
 	if rep.Samples == 0 {
 		rep.Violations = append(rep.Violations, "invariant 4: no sample of the committed offsets and stored positions was taken")
 	}
