@@ -368,11 +368,15 @@ func TestFaultBrokerCutAndStalled(t *testing.T) {
 			t.Parallel()
 			f := newFaultRig(t, faultOpts{seed: seed, jobs: 200})
 			f.produceAll()
-			f.start(f.config(func(c *Config) { c.BatchSize = 20 }))
+			lc, logs := f.countLines("Kafka is failing")
+			f.start(f.config(logs, func(c *Config) { c.BatchSize = 20 }))
 			f.waitCommitted(1, 30*time.Second)
 
 			f.broker.Cut()
-			time.Sleep(2 * time.Second) // the length of the outage
+			f.eventually(20*time.Second, "the engine sees the cut broker", func() (bool, string) {
+				return lc.count() > 0, "no Kafka failure logged yet"
+			})
+			time.Sleep(time.Second) // the outage lasts a while: the length of the fault, not a synchronisation
 			f.broker.Restore()
 			before := f.committedRecords()
 			f.waitCommitted(before+1, 30*time.Second)
