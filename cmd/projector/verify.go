@@ -47,6 +47,8 @@ written to the gap log (step verify). Jobs the authority does not know (404)
 are listed, not counted as drift. Repairs are safe while 'projector run'
 runs: a same-version rewrite (differs) marks the row's event_id, on which a
 running instance's next update is conditioned, so it reloads the repair.
+Do not repair while 'projector rebuild' of the table runs: the swap replaces
+rows with the rebuilt ones, which never saw the repair.
 
 Exit codes: 0 no drift remains, 3 drift remains (after --repair: what was not
 healed, such as ahead), 1 the check itself failed (store, or authority errors
