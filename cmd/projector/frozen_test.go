@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/projector/projector/internal/pgtest"
 )
 
 // groupTiming are consumer group timings short enough for a test: a
@@ -59,26 +57,11 @@ func TestRunFrozenOwnerIsTakenOver(t *testing.T) {
 
 	// Hold the job's row so a's next batch stops inside its transaction,
 	// after the fence, waiting for this lock.
-	ctx := t.Context()
-	tx, err := pgtest.Pool(t).Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
-	_, err = tx.Exec(ctx, `SELECT 1 FROM `+s.table("jobs")+` WHERE job_id = 'frozen' FOR UPDATE`)
-	require.NoError(t, err)
-	s.produce(rec(0, "frozen", snapshotValue("frozen", 2, map[string]any{"status": "running"})))
-	eventually(t, joinWithin, "a's batch waits inside its transaction", func() (bool, string) {
-		a.requireAlive()
-		var n int
-		err := pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND state = 'active' AND strpos(query, $1) > 0`, s.table("jobs")).Scan(&n)
-		if err != nil {
-			return false, err.Error()
-		}
-		return n > 0, fmt.Sprintf("%d backends waiting", n)
-	})
+	release := s.holdRow(a, "frozen", rec(0, "frozen", snapshotValue("frozen", 2, map[string]any{"status": "running"})))
+	defer release()
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
 	t.Cleanup(func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) }) // so the cleanup's kill ends it
-	require.NoError(t, tx.Rollback(ctx))
+	release()
 	frozenAt := time.Now()
 
 	b := startBin(t, "run b", dbEnv("PROJECTOR_CLAIM_LOCK_TIMEOUT=300ms"), s.runArgs("g-frozen", "inst-b", groupTiming...)...)

@@ -9,8 +9,6 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
-
-	"github.com/projector/projector/internal/pgtest"
 )
 
 // groupOffsets reads the offsets consumer group has committed for the
@@ -55,23 +53,8 @@ func TestRunSIGTERMCommitsTheStoredPositionsToTheGroup(t *testing.T) {
 
 	// Hold a job's row so the next batch of its partition stops inside
 	// its transaction.
-	ctx := t.Context()
-	tx, err := pgtest.Pool(t).Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
-	_, err = tx.Exec(ctx, `SELECT 1 FROM `+s.table("jobs")+` WHERE job_id = 'stop-0' FOR UPDATE`)
-	require.NoError(t, err)
-	s.produce(rec(0, "stop-0", snapshotValue("stop-0", 9, map[string]any{"status": "stopped"})))
-	eventually(t, joinWithin, "the batch waits inside its transaction", func() (bool, string) {
-		a.requireAlive()
-		var n int
-		err := pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND state = 'active' AND strpos(query, $1) > 0`, s.table("jobs")).Scan(&n)
-		if err != nil {
-			return false, err.Error()
-		}
-		return n > 0, fmt.Sprintf("%d backends waiting", n)
-	})
+	release := s.holdRow(a, "stop-0", rec(0, "stop-0", snapshotValue("stop-0", 9, map[string]any{"status": "stopped"})))
+	defer release()
 
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGTERM))
 	// Let the batch go once the instance has left its generation: its
@@ -81,7 +64,7 @@ func TestRunSIGTERMCommitsTheStoredPositionsToTheGroup(t *testing.T) {
 		code, body, err := get(addr, "/readyz")
 		return err != nil || code != http.StatusOK, fmt.Sprintf("%d %s", code, body)
 	})
-	require.NoError(t, tx.Rollback(ctx))
+	release()
 	select {
 	case <-a.done:
 	case <-time.After(stopWithin):

@@ -306,3 +306,27 @@ func (s *story) runArgs(group, owner string, extra ...string) []string {
 		"--http-addr", "127.0.0.1:0", "--owner", owner, "--log-format", "json", "--batch-linger", "10ms",
 	}, extra...)
 }
+
+// holdRow locks job's row, produces recs, and waits until p's batch is
+// blocked on that lock inside its transaction (after the fence). The
+// returned release lets the batch go; calling it again does nothing.
+func (s *story) holdRow(p *proc, job string, recs ...kafkatest.Record) (release func()) {
+	s.t.Helper()
+	ctx := s.t.Context()
+	tx, err := pgtest.Pool(s.t).Begin(ctx)
+	require.NoError(s.t, err)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM `+s.table("jobs")+` WHERE job_id = $1 FOR UPDATE`, job)
+	require.NoError(s.t, err)
+	s.produce(recs...)
+	eventually(s.t, joinWithin, "the batch waits inside its transaction", func() (bool, string) {
+		p.requireAlive()
+		var n int
+		err := pgtest.Pool(s.t).QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND state = 'active' AND strpos(query, $1) > 0`, s.table("jobs")).Scan(&n)
+		if err != nil {
+			return false, err.Error()
+		}
+		return n > 0, fmt.Sprintf("%d backends waiting", n)
+	})
+	return func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }
+}
