@@ -5,8 +5,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/projector/projector/internal/pgtest"
 )
 
 // TestRunStatementTimeoutFlag: --statement-timeout is the bound PostgreSQL
@@ -22,18 +20,13 @@ func TestRunStatementTimeoutFlag(t *testing.T) {
 
 	// Hold the job's row: the next batch's write waits for it, longer
 	// than the statement timeout.
-	ctx := t.Context()
-	tx, err := pgtest.Pool(t).Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
-	_, err = tx.Exec(ctx, `SELECT 1 FROM `+s.table("jobs")+` WHERE job_id = 'slow' FOR UPDATE`)
-	require.NoError(t, err)
+	release := s.lockRow("slow")
 	s.produce(rec(0, "slow", snapshotValue("slow", 2, map[string]any{"status": "running"})))
 	eventually(t, joinWithin, "the batch's statement is cancelled at the statement timeout", func() (bool, string) {
 		a.requireAlive()
 		return a.logged("ran past the statement timeout", map[string]string{"statement_timeout": "300ms"}), "no such log line yet"
 	})
-	require.NoError(t, tx.Rollback(ctx))
+	release()
 	s.waitRow(joinWithin, "slow", 2, `{"status":"running"}`, a)
 	a.stop(stopWithin)
 	require.Zero(t, s.quarantineCount(), "a statement timeout is not the record's fault")
@@ -49,18 +42,13 @@ func TestRunBoundsFromVariables(t *testing.T) {
 	a := startBin(t, "run", dbEnv("PROJECTOR_STATEMENT_TIMEOUT=250ms", "PROJECTOR_IDLE_IN_TRANSACTION_TIMEOUT=5s", "PROJECTOR_CLAIM_LOCK_TIMEOUT=1s"),
 		s.runArgs("g-stmt-env", "inst-a")...)
 	s.waitRow(joinWithin, "slow", 1, `{"status":"queued"}`, a)
-	ctx := t.Context()
-	tx, err := pgtest.Pool(t).Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
-	_, err = tx.Exec(ctx, `SELECT 1 FROM `+s.table("jobs")+` WHERE job_id = 'slow' FOR UPDATE`)
-	require.NoError(t, err)
+	release := s.lockRow("slow")
 	s.produce(rec(0, "slow", snapshotValue("slow", 2, map[string]any{"status": "running"})))
 	eventually(t, joinWithin, "the batch's statement is cancelled at the statement timeout", func() (bool, string) {
 		a.requireAlive()
 		return a.logged("ran past the statement timeout", map[string]string{"statement_timeout": "250ms"}), fmt.Sprint("no such log line yet")
 	})
-	require.NoError(t, tx.Rollback(ctx))
+	release()
 	s.waitRow(joinWithin, "slow", 2, `{"status":"running"}`, a)
 	a.stop(stopWithin)
 }

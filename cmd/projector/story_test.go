@@ -313,10 +313,7 @@ func (s *story) runArgs(group, owner string, extra ...string) []string {
 func (s *story) holdRow(p *proc, job string, recs ...kafkatest.Record) (release func()) {
 	s.t.Helper()
 	ctx := s.t.Context()
-	tx, err := pgtest.Pool(s.t).Begin(ctx)
-	require.NoError(s.t, err)
-	_, err = tx.Exec(ctx, `SELECT 1 FROM `+s.table("jobs")+` WHERE job_id = $1 FOR UPDATE`, job)
-	require.NoError(s.t, err)
+	release = s.lockRow(job)
 	s.produce(recs...)
 	eventually(s.t, joinWithin, "the batch waits inside its transaction", func() (bool, string) {
 		p.requireAlive()
@@ -328,5 +325,19 @@ func (s *story) holdRow(p *proc, job string, recs ...kafkatest.Record) (release 
 		}
 		return n > 0, fmt.Sprintf("%d backends waiting", n)
 	})
-	return func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }
+	return release
+}
+
+// lockRow locks job's row in a transaction of its own until release is
+// called (again: nothing) or the test ends.
+func (s *story) lockRow(job string) (release func()) {
+	s.t.Helper()
+	ctx := s.t.Context()
+	tx, err := pgtest.Pool(s.t).Begin(ctx)
+	require.NoError(s.t, err)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM `+s.table("jobs")+` WHERE job_id = $1 FOR UPDATE`, job)
+	require.NoError(s.t, err)
+	release = func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }
+	s.t.Cleanup(release)
+	return release
 }
