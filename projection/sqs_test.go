@@ -1,7 +1,10 @@
 package projection
 
 import (
+	"context"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -138,4 +141,45 @@ func TestSQSClient(t *testing.T) {
 	n, err = c.counts(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, SQSCounts{}, n)
+}
+
+// TestSQSReader: messages taken from the reader stay invisible past their
+// visibility timeout while in flight, are deleted by ack, and a message
+// whose group is not its job id is counted.
+func TestSQSReader(t *testing.T) {
+	e := sqstest.New(t)
+	url := sqstest.Queue(t, e, time.Second)
+	cfg := emulatorSQS(e, url, time.Second)
+	c, err := cfg.client(t.Context())
+	require.NoError(t, err)
+	defer c.close()
+	r := newSQSReader(c, slog.New(slog.DiscardHandler), 10)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() { r.run(ctx) })
+	defer func() { cancel(); wg.Wait() }()
+
+	sendSQS(t, e, url, "j1", `{"job_id":"j1","version":1,"kind":"snapshot","state":{}}`,
+		"other", `{"job_id":"j2","version":1,"kind":"snapshot","state":{}}`)
+	var got []sqsMessage
+	deadline := time.Now().Add(5 * time.Second)
+	for len(got) < 2 && time.Now().Before(deadline) {
+		got = append(got, r.take(ctx, 10, time.Second, 50*time.Millisecond)...)
+	}
+	require.Len(t, got, 2)
+	require.Equal(t, int64(1), r.stats.groupMismatch.Load(), "j2 was sent in group other")
+
+	// Twice the visibility timeout later, the keeper has kept both hidden.
+	time.Sleep(2 * time.Second)
+	n, err := c.counts(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, SQSCounts{InFlight: 2}, n)
+	require.Empty(t, r.take(ctx, 10, 100*time.Millisecond, time.Millisecond), "a message in flight was delivered again")
+
+	r.ack(t.Context(), got)
+	n, err = c.counts(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, SQSCounts{}, n)
+	st := r.stats.snapshot()
+	require.Equal(t, SQSCounters{Received: 2, GroupNotJobID: 1, Deleted: 2}, st)
 }
