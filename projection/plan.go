@@ -41,7 +41,7 @@ func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.R
 		next = msgs[len(msgs)-1].Offset + 1
 	}
 	p := &plan{
-		batch:    &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: next},
+		batch:    w.newBatch(next),
 		tally:    tally{consumed: int64(len(msgs))},
 		jobs:     map[string]gapfill.Job{},
 		closed:   map[string]gapfill.Source{},
@@ -91,7 +91,11 @@ func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.R
 	for _, id := range order {
 		j, cached := w.cache.get(id)
 		if hasDelta[id] || (cached && len(j.Held) > 0) {
-			if !cached {
+			// Without an owner (an unfenced source), another engine may
+			// have moved the row since it was cached: read it, unless the
+			// job holds deltas. The conditional writes are what is correct
+			// either way; owning the partition only saves this read.
+			if !cached || (w.unfenced && len(j.Held) == 0) {
 				need = append(need, id)
 			}
 		}

@@ -2,6 +2,8 @@ package projection
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"log/slog"
 	"strings"
 	"sync"
@@ -26,13 +28,17 @@ func emulatorSQS(e *sqsemu.Emulator, queueURL string, visibility time.Duration) 
 	}.WithDefaults()
 }
 
-// sendSQS sends each value to queueURL with its group id.
+var sendSeq atomic.Int64
+
+// sendSQS sends each value to queueURL with its group id, and a
+// deduplication id of its own, so that a value sent twice arrives twice.
 func sendSQS(t testing.TB, e *sqsemu.Emulator, queueURL string, groupValues ...string) {
 	t.Helper()
 	c := e.Client()
 	for i := 0; i+1 < len(groupValues); i += 2 {
 		_, err := c.SendMessage(t.Context(), &sqs.SendMessageInput{QueueUrl: aws.String(queueURL),
-			MessageGroupId: aws.String(groupValues[i]), MessageBody: aws.String(groupValues[i+1])})
+			MessageGroupId: aws.String(groupValues[i]), MessageBody: aws.String(groupValues[i+1]),
+			MessageDeduplicationId: aws.String(fmt.Sprint(sendSeq.Add(1)))})
 		require.NoError(t, err)
 	}
 }

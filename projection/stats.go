@@ -119,6 +119,11 @@ type PartitionStatus struct {
 	UpdatedAt     time.Time `json:"updated_at"`
 	// Held lists the jobs whose deltas wait for missing versions.
 	Held []HeldJob `json:"held"`
+	// queue marks an SQS queue's entry: Position counts the messages this
+	// instance committed, and HighWatermark is Position plus the queue's
+	// approximate visible and in-flight messages, which go down as well as
+	// up.
+	queue bool
 }
 
 // HeldJob is one job the gap detector holds.
@@ -145,6 +150,9 @@ type Status struct {
 	Readiness  Health            `json:"readiness"`
 	Partitions []PartitionStatus `json:"partitions"`
 	Counters   Counters          `json:"counters"`
+	// Source is kafka or sqs; SQS is the queue's view with Source sqs.
+	Source string     `json:"source"`
+	SQS    *SQSStatus `json:"sqs,omitempty"`
 }
 
 type partitionBook struct {
@@ -163,7 +171,9 @@ func (b *partitionBook) set(p PartitionStatus, by any) {
 		b.owner = make(map[int]any)
 	}
 	b.owner[p.Partition] = by
-	if old, ok := b.parts[p.Partition]; ok && old.HighWatermark > p.HighWatermark {
+	if old, ok := b.parts[p.Partition]; ok && p.queue {
+		p.HighWatermark = p.Position + (old.HighWatermark - old.Position)
+	} else if ok && old.HighWatermark > p.HighWatermark {
 		p.HighWatermark = old.HighWatermark
 	}
 	p.Lag = lagOf(p)
@@ -189,6 +199,18 @@ func (b *partitionBook) setHighWatermarks(hwm map[int]int64) {
 			p.Lag = lagOf(p)
 			b.parts[id] = p
 		}
+	}
+}
+
+// setQueueLag records a queue's approximate visible and in-flight
+// messages as the lag of its entry.
+func (b *partitionBook) setQueueLag(id int, lag int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if p, ok := b.parts[id]; ok && p.queue {
+		p.HighWatermark = p.Position + lag
+		p.Lag = lagOf(p)
+		b.parts[id] = p
 	}
 }
 

@@ -50,6 +50,19 @@ type worker struct {
 
 	// swapLogged is when the worker last said it waits for a swap.
 	swapLogged time.Time
+
+	// unfenced marks a worker of a source with no owners to fence (an SQS
+	// queue): its batches are committed without the partition's fence.
+	unfenced bool
+	// coords name the SQS messages of the batch in flight, by offset.
+	coords map[int64]store.Coordinate
+}
+
+// newBatch is an empty batch of this worker's partition, moving its
+// position to next.
+func (w *worker) newBatch(next int64) *store.Batch {
+	return &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: next,
+		Unfenced: w.unfenced, Coordinates: w.coords}
 }
 
 // minApplyTimeout is the least a batch transaction is given (see
@@ -739,7 +752,7 @@ func (w *worker) publish() {
 		}
 		w.heldView, w.heldVersion, w.heldBuiltAt, w.heldViewSeen = held, v, time.Now(), true
 	}
-	w.p.book.set(PartitionStatus{Partition: w.partition, Position: w.position, HighWatermark: w.hwm, Epoch: w.epoch, Held: w.heldView}, w)
+	w.p.book.set(PartitionStatus{Partition: w.partition, Position: w.position, HighWatermark: w.hwm, Epoch: w.epoch, Held: w.heldView, queue: w.unfenced}, w)
 }
 
 func firstOffset(msgs []kafka.Message) int64 {

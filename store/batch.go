@@ -224,12 +224,23 @@ type Held struct {
 	Since           time.Time
 	// LogTime is the record's broker timestamp; zero when unknown.
 	LogTime time.Time
+	// Coordinate names an SQS message; zero for a Kafka record.
+	Coordinate Coordinate
+}
+
+// Coordinate names a record read from SQS, which has no partition and
+// offset: its message id and, on a FIFO queue, its 128-bit sequence
+// number. The record's Offset stands for it in keys (see the migration
+// 006_sqs_coordinates.sql).
+type Coordinate struct {
+	MessageID      string `json:"message_id,omitempty"`
+	SequenceNumber string `json:"sequence_number,omitempty"`
 }
 
 // LoadHeld reads the held deltas a partition's previous owner stored.
 func (s *Store) LoadHeld(ctx context.Context, topic string, p int) ([]Held, error) {
 	rows, err := s.pool.Query(ctx, `SELECT job_id, version, partition, coalesce(source_partition, partition), "offset",
-			ops::text, event_id, held_since, log_time
+			ops::text, event_id, held_since, log_time, coalesce(message_id, ''), coalesce(sequence_number, '')
 		FROM `+s.held+` WHERE projection = $1 AND topic = $2 AND partition = $3 ORDER BY job_id, version`,
 		s.projection, topic, p)
 	if err != nil {
@@ -241,7 +252,8 @@ func (s *Store) LoadHeld(ctx context.Context, topic string, p int) ([]Held, erro
 		var h Held
 		var ops string
 		var logTime *time.Time
-		if err := rows.Scan(&h.JobID, &h.Version, &h.Partition, &h.SourcePartition, &h.Offset, &ops, &h.EventID, &h.Since, &logTime); err != nil {
+		if err := rows.Scan(&h.JobID, &h.Version, &h.Partition, &h.SourcePartition, &h.Offset, &ops, &h.EventID, &h.Since, &logTime,
+			&h.Coordinate.MessageID, &h.Coordinate.SequenceNumber); err != nil {
 			return nil, fmt.Errorf("store: load held %s/%d: %w", topic, p, err)
 		}
 		h.Ops = json.RawMessage(ops)
@@ -273,6 +285,13 @@ type Batch struct {
 	Topic     string
 	Partition int
 	Epoch     int64
+	// Unfenced is a batch of a source with no owners to fence (SQS): the
+	// partition's row is neither checked nor written, and the conditional
+	// writes alone decide what applies.
+	Unfenced bool
+	// Coordinates name, by offset, the SQS messages of the batch (and of
+	// the held deltas it may quarantine), for the held and quarantine rows.
+	Coordinates map[int64]Coordinate
 	// NextOffset is the position after this batch: last offset read + 1.
 	NextOffset int64
 	// Snapshots are applied where the row's version is below theirs; at
@@ -339,6 +358,14 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 		millis(s.idleTimeout), millis(s.statementTimeout), millis(s.claimLockTimeout)).Scan(&lockTimeout, nil, nil, nil); err != nil {
 		return res, fmt.Errorf("store: apply %s/%d@%d: bounds: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
+	if b.Unfenced {
+		// Nothing to fence: put the bounds back as they were.
+		_, err = tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, lockTimeout)
+		if err != nil {
+			return res, fmt.Errorf("store: apply %s: bounds: %w", b.Topic, err)
+		}
+		return s.applyWrites(ctx, tx, b, res)
+	}
 	tag, err := tx.Exec(ctx, `UPDATE `+s.partitions+` SET next_offset = $5, updated_at = now()
 		WHERE projection = $1 AND topic = $2 AND partition = $3 AND epoch = $4`,
 		s.projection, b.Topic, b.Partition, b.Epoch, b.NextOffset)
@@ -358,6 +385,12 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 	if tag.RowsAffected() == 0 {
 		return res, ErrFenced
 	}
+	return s.applyWrites(ctx, tx, b, res)
+}
+
+// applyWrites is the rest of [Store.Apply] after the fence: the writes, held
+// rows and quarantine, and the commit.
+func (s *Store) applyWrites(ctx context.Context, tx pgx.Tx, b *Batch, res Result) (Result, error) {
 	if err := s.lockJobs(ctx, tx, b); err != nil {
 		return res, fmt.Errorf("store: apply %s/%d@%d: lock jobs: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
@@ -431,20 +464,23 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 		evs := make([]string, len(b.Hold))
 		since := make([]time.Time, len(b.Hold))
 		logTimes := make([]*time.Time, len(b.Hold))
+		msgIDs, seqs := make([]*string, len(b.Hold)), make([]*string, len(b.Hold))
 		for i, h := range b.Hold {
 			ids[i], vers[i], parts[i], srcs[i] = h.JobID, h.Version, int32(h.Partition), int32(h.SourcePartition)
 			offs[i], ops[i], evs[i], since[i] = h.Offset, string(h.Ops), h.EventID, h.Since
 			if !h.LogTime.IsZero() {
 				logTimes[i] = &h.LogTime
 			}
+			msgIDs[i], seqs[i] = b.coordinate(h.Offset, h.Coordinate)
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO `+s.held+`
-				(projection, job_id, version, topic, partition, source_partition, "offset", ops, event_id, held_since, log_time)
-			SELECT $1, i.job_id, i.version, $2, i.part, i.src, i.off, i.ops::jsonb, i.ev, i.since, i.logt
+				(projection, job_id, version, topic, partition, source_partition, "offset", ops, event_id, held_since, log_time,
+				 message_id, sequence_number)
+			SELECT $1, i.job_id, i.version, $2, i.part, i.src, i.off, i.ops::jsonb, i.ev, i.since, i.logt, i.msg, i.seq
 			FROM unnest($3::text[], $4::bigint[], $5::int[], $6::int[], $7::bigint[], $8::text[], $9::text[],
-				$10::timestamptz[], $11::timestamptz[]) AS i(job_id, version, part, src, off, ops, ev, since, logt)
+				$10::timestamptz[], $11::timestamptz[], $12::text[], $13::text[]) AS i(job_id, version, part, src, off, ops, ev, since, logt, msg, seq)
 			ON CONFLICT (projection, job_id, version) DO NOTHING`,
-			s.projection, b.Topic, ids, vers, parts, srcs, offs, ops, evs, since, logTimes); err != nil {
+			s.projection, b.Topic, ids, vers, parts, srcs, offs, ops, evs, since, logTimes, msgIDs, seqs); err != nil {
 
 			return res, fmt.Errorf("store: apply %s/%d@%d: hold: %w", b.Topic, b.Partition, b.NextOffset, err)
 		}
@@ -471,7 +507,9 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 		keys := make([][]byte, len(b.Bad))
 		vals := make([][]byte, len(b.Bad))
 		errs := make([]string, len(b.Bad))
+		msgIDs, seqs := make([]*string, len(b.Bad)), make([]*string, len(b.Bad))
 		for i, r := range b.Bad {
+			msgIDs[i], seqs[i] = b.coordinate(r.Offset, Coordinate{})
 			// The reason quotes input: keep it text PostgreSQL accepts.
 			reason := strings.ToValidUTF8(strings.ReplaceAll(r.Err, "\x00", ""), "\uFFFD")
 			parts[i], offs[i], keys[i], vals[i], errs[i] = int32(r.Partition), r.Offset, r.Key, r.Value, reason
@@ -479,11 +517,11 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 				parts[i] = int32(b.Partition)
 			}
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO `+s.quarantine+` (projection, topic, partition, "offset", key, value, error)
-			SELECT $1, $2, i.part, i.off, i.key, i.value, i.err
-			FROM unnest($3::int[], $4::bigint[], $5::bytea[], $6::bytea[], $7::text[]) AS i(part, off, key, value, err)
+		if _, err := tx.Exec(ctx, `INSERT INTO `+s.quarantine+` (projection, topic, partition, "offset", key, value, error, message_id, sequence_number)
+			SELECT $1, $2, i.part, i.off, i.key, i.value, i.err, i.msg, i.seq
+			FROM unnest($3::int[], $4::bigint[], $5::bytea[], $6::bytea[], $7::text[], $8::text[], $9::text[]) AS i(part, off, key, value, err, msg, seq)
 			ON CONFLICT (projection, topic, partition, "offset") DO NOTHING`,
-			s.projection, b.Topic, parts, offs, keys, vals, errs); err != nil {
+			s.projection, b.Topic, parts, offs, keys, vals, errs, msgIDs, seqs); err != nil {
 			return res, fmt.Errorf("store: apply %s/%d@%d: quarantine: %w", b.Topic, b.Partition, b.NextOffset, err)
 		}
 	}
@@ -493,6 +531,21 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 		return res, fmt.Errorf("store: apply %s/%d@%d: commit: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
 	return res, nil
+}
+
+// coordinate is the SQS message id and sequence number of the record at
+// offset, from the batch's coordinates or else c; nil for a Kafka record.
+func (b *Batch) coordinate(offset int64, c Coordinate) (msgID, seq *string) {
+	if bc, ok := b.Coordinates[offset]; ok {
+		c = bc
+	}
+	if c.MessageID != "" {
+		msgID = &c.MessageID
+	}
+	if c.SequenceNumber != "" {
+		seq = &c.SequenceNumber
+	}
+	return msgID, seq
 }
 
 // snapshotConflicts looks, among the snapshots that did not apply, for rows

@@ -1,0 +1,221 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/projector/projector/gapfill"
+	"github.com/projector/projector/store"
+)
+
+// sqsState is an SQS-fed engine's queue side: its client, its reader, the
+// queue's last counts, and when the queue last answered.
+type sqsState struct {
+	client *sqsClient
+	reader *sqsReader
+	outage outage
+	// counts are the queue's approximate counts as last read; countsAt is
+	// when (unix nanoseconds), and answeredAt when the queue last answered
+	// any request.
+	counts     atomic.Pointer[SQSCounts]
+	answeredAt atomic.Int64
+	// noKeep, set by a test before Run, turns the visibility keeper off, so
+	// messages come back to other consumers while their batch is in flight.
+	noKeep bool
+}
+
+// queuePollEvery is how often the queue's counts are read, for the lag.
+const queuePollEvery = 5 * time.Second
+
+// queueFresh is how recently the queue must have answered for /readyz.
+const queueFresh = 30 * time.Second
+
+// runSQS runs one engine on an SQS queue until ctx ends. There are no
+// partitions and no owners: any number of engines may receive from the
+// queue at once, and a message may reach two of them (a visibility
+// timeout ran out, a delete failed). Every batch is committed unfenced;
+// the conditional writes alone decide what applies, so a message applied
+// twice is dropped as a duplicate or stale the second time.
+func (p *Projector) runSQS(ctx context.Context) error {
+	cfg := p.cfg
+	q := p.sqs
+	q.reader.failed = func(err error, next time.Duration) { q.outage.failed(err, next) }
+	q.reader.ok = func() {
+		q.answeredAt.Store(time.Now().UnixNano())
+		q.outage.ok()
+	}
+	if q.noKeep {
+		q.reader.keep = 0
+	}
+	b, alive := p.health.loop("queue worker", 0)
+	defer alive()
+	w := &worker{
+		p: p, beat: b, topic: cfg.Topic, partition: 0, unfenced: true,
+		log:       cfg.Logger.With("queue", cfg.SQS.QueueURL),
+		cache:     newJobCache(p.budget),
+		committed: func(int, int64) {},
+	}
+	defer p.book.drop(0, w)
+	p.health.inGroup.Store(true)
+	defer p.health.inGroup.Store(false)
+	return w.runQueue(ctx)
+}
+
+// runQueue is [worker.run] for a queue: restore the held deltas, then
+// take batches from the reader, commit them, and delete their messages.
+func (w *worker) runQueue(ctx context.Context) error {
+	cfg := w.p.cfg
+	r := w.p.sqs.reader
+	w.detector = gapfill.NewDetector(cfg.gapPolicy())
+	if err := w.restore(ctx); err != nil {
+		return err
+	}
+	w.position = 0
+	w.publish()
+	w.log.Info("receiving from the queue", "held_jobs", w.detector.Len(), "visibility", cfg.SQS.Visibility.String(),
+		"wait", cfg.SQS.Wait.String(), "max_messages", cfg.SQS.MaxMessages)
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	wg.Go(func() { r.run(rctx) })
+	w.attempts = w.startAttempts(rctx, &wg)
+	for {
+		w.beat.now()
+		wait := idleWake
+		if w.attempts.busy() {
+			wait = attemptPoll
+		}
+		if due, ok := w.detector.NextDue(); ok && time.Until(due) < wait {
+			wait = max(time.Until(due), 10*time.Millisecond)
+		}
+		msgs := r.take(ctx, cfg.BatchSize, wait, cfg.BatchLinger)
+		res := w.attempts.collect(w)
+		if len(msgs) > 0 || len(res) > 0 {
+			w.coords = coordinatesOf(msgs)
+			err := w.commit(ctx, recordsOf(w.topic, msgs), res)
+			w.coords = nil
+			switch {
+			case err != nil:
+				r.forget(msgs)
+				if errors.Is(err, errFenced) {
+					// Unfenced batches are never fenced.
+					err = fmt.Errorf("projection: queue batch fenced: %w", err)
+				}
+				return err
+			case ctx.Err() != nil:
+				// The batch may or may not have landed: its messages are
+				// not deleted, and come back to be dropped as duplicates
+				// if it did.
+				r.forget(msgs)
+			default:
+				r.ack(ctx, msgs)
+				w.position += int64(len(msgs))
+			}
+		}
+		w.reschedule(res)
+		if ctx.Err() != nil {
+			return nil
+		}
+		w.attempts.schedule(w)
+		w.publish()
+	}
+}
+
+// recordsOf carries messages through the engine as records of the queue:
+// the body is the value, with no key (the job id is in the body), the
+// offset stands for the message (see [sqsMessage.Offset]), and the time is
+// when SQS accepted it.
+func recordsOf(topic string, msgs []sqsMessage) []kafka.Message {
+	out := make([]kafka.Message, len(msgs))
+	for i, m := range msgs {
+		out[i] = kafka.Message{Topic: topic, Offset: m.Offset(), Value: m.Body, Time: m.Sent}
+	}
+	return out
+}
+
+// coordinatesOf names msgs by the offsets that stand for them.
+func coordinatesOf(msgs []sqsMessage) map[int64]store.Coordinate {
+	out := make(map[int64]store.Coordinate, len(msgs))
+	for _, m := range msgs {
+		out[m.Offset()] = store.Coordinate{MessageID: m.ID, SequenceNumber: m.Sequence}
+	}
+	return out
+}
+
+// watchQueue reads the queue's approximate counts every queuePollEvery:
+// visible and in-flight messages are the lag.
+func (p *Projector) watchQueue(ctx context.Context) {
+	b, done := p.health.loop("queue monitor", 2*(queuePollEvery+queuePollEvery))
+	defer done()
+	t := time.NewTicker(queuePollEvery)
+	defer t.Stop()
+	progress := progressLog{at: time.Now(), consumed: p.counters.consumed.Load()}
+	for {
+		b.now()
+		qctx, cancel := context.WithTimeout(ctx, queuePollEvery)
+		n, err := p.sqs.client.counts(qctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			p.sqs.outage.failed(err, queuePollEvery)
+		default:
+			p.sqs.answeredAt.Store(time.Now().UnixNano())
+			p.sqs.outage.ok()
+			p.sqs.counts.Store(&n)
+			p.book.setQueueLag(0, n.Visible+n.InFlight)
+		}
+		if now := time.Now(); now.Sub(progress.at) >= progressEvery-queuePollEvery/2 {
+			progress.log(p, now)
+			p.quarantineLog.flush(now)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// queueCheck is the readiness of the queue: it answered recently.
+func (p *Projector) queueCheck() Check {
+	at := p.sqs.answeredAt.Load()
+	if at == 0 {
+		return Check{Name: "queue", Detail: fmt.Sprintf("queue %s has not answered yet", p.cfg.SQS.QueueURL)}
+	}
+	ago := time.Since(time.Unix(0, at))
+	c := Check{Name: "queue", OK: ago <= queueFresh, Detail: fmt.Sprintf("queue %s answered %s ago", p.cfg.SQS.QueueURL, ago.Round(time.Millisecond))}
+	if !c.OK {
+		c.Detail = fmt.Sprintf("queue %s has not answered for %s", p.cfg.SQS.QueueURL, ago.Round(time.Second))
+	}
+	return c
+}
+
+// SQSStatus is an SQS-fed engine's view of its queue, in /status.
+type SQSStatus struct {
+	QueueURL string `json:"queue_url"`
+	// Counts are the queue's approximate counts as last read (every 5 s);
+	// nil before the first read.
+	Counts   *SQSCounts  `json:"counts"`
+	Counters SQSCounters `json:"counters"`
+}
+
+func (p *Projector) sqsStatus() *SQSStatus {
+	if p.sqs == nil {
+		return nil
+	}
+	s := &SQSStatus{QueueURL: p.cfg.SQS.QueueURL, Counts: p.sqs.counts.Load()}
+	if r := p.sqs.reader; r != nil {
+		s.Counters = r.stats.snapshot()
+	}
+	return s
+}
