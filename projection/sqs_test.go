@@ -3,10 +3,10 @@ package projection
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
