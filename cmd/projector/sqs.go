@@ -10,8 +10,8 @@ import (
 
 // Sources `projector run` and `projector demo` read from.
 const (
-	sourceKafka = "kafka"
-	sourceSQS   = "sqs"
+	sourceKafka = projection.SourceKafka
+	sourceSQS   = projection.SourceSQS
 )
 
 // sqsFlags choose the source and, for SQS, the queue and how it is read.
@@ -44,7 +44,7 @@ func (s *sqsFlags) registerQueue(fs *flag.FlagSet) {
 // --source sqs.
 func (s *sqsFlags) validate() error {
 	switch s.source {
-	case sourceKafka:
+	case sourceKafka, "":
 		return nil
 	case sourceSQS:
 	default:
