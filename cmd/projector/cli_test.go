@@ -33,7 +33,7 @@ var runFlags = map[string]string{
 	"source": "PROJECTOR_SOURCE", "sqs-queue-url": "PROJECTOR_SQS_QUEUE_URL", "sqs-endpoint": "PROJECTOR_SQS_ENDPOINT",
 	"sqs-region": "PROJECTOR_SQS_REGION", "sqs-wait": "PROJECTOR_SQS_WAIT", "sqs-visibility": "PROJECTOR_SQS_VISIBILITY",
 	"sqs-max-messages": "PROJECTOR_SQS_MAX_MESSAGES",
-	"cache-bytes": "PROJECTOR_CACHE_BYTES", "claim-lock-timeout": "PROJECTOR_CLAIM_LOCK_TIMEOUT",
+	"cache-bytes":      "PROJECTOR_CACHE_BYTES", "claim-lock-timeout": "PROJECTOR_CLAIM_LOCK_TIMEOUT",
 	"idle-in-transaction-timeout": "PROJECTOR_IDLE_IN_TRANSACTION_TIMEOUT", "statement-timeout": "PROJECTOR_STATEMENT_TIMEOUT",
 }
 
