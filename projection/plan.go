@@ -7,8 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/projector/projector/delta"
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
@@ -32,16 +30,45 @@ type plan struct {
 	folds map[string]snapshot.Folded
 }
 
+// newBatch is an empty batch of this worker's partition that moves its
+// position to next. The batch of an unordered source (an SQS queue) is
+// unfenced, and names the SQS messages of recs for its held and
+// quarantine rows.
+func (w *worker) newBatch(next int64, recs ...Record) *store.Batch {
+	return &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: next,
+		Unfenced: w.unordered(), Coordinates: coordinatesOf(recs)}
+}
+
+// unordered reports whether the worker's source has no ordered positions
+// and no owners to fence (an SQS queue).
+func (w *worker) unordered() bool { return w.src != nil && !w.src.Ordered() }
+
+// coordinatesOf names the SQS messages among recs by the offsets that
+// stand for them; nil when there are none (Kafka).
+func coordinatesOf(recs []Record) map[int64]store.Coordinate {
+	var out map[int64]store.Coordinate
+	for _, r := range recs {
+		if r.Coord.MessageID == "" {
+			continue
+		}
+		if out == nil {
+			out = make(map[int64]store.Coordinate, len(recs))
+		}
+		out[r.Coord.Offset] = store.Coordinate{MessageID: r.Coord.MessageID, SequenceNumber: r.Coord.Sequence}
+	}
+	return out
+}
+
 // plan turns fetched records and finished gap resolutions into the writes
 // of one transaction. It reads rows it does not know, but changes nothing
 // the worker keeps until [worker.settle] runs after the commit.
-func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.Resolution, now time.Time) (*plan, error) {
+func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resolution, now time.Time) (*plan, error) {
 	next := w.position
 	if len(msgs) > 0 {
-		next = msgs[len(msgs)-1].Offset + 1
+		next = msgs[len(msgs)-1].Coord.Offset + 1
 	}
 	p := &plan{
-		batch:    w.newBatch(next),
+		batch:    w.newBatch(next, msgs...),
 		tally:    tally{consumed: int64(len(msgs))},
 		jobs:     map[string]gapfill.Job{},
 		closed:   map[string]gapfill.Source{},
@@ -63,13 +90,13 @@ func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.R
 	for _, m := range msgs {
 		ev, err := event.Decode(m.Key, m.Value)
 		if err != nil {
-			p.quarantine(store.Bad{Partition: -1, Offset: m.Offset, Key: m.Key, Value: m.Value, Err: err.Error()})
+			p.quarantine(store.Bad{Partition: -1, Offset: m.Coord.Offset, Key: m.Key, Value: m.Value, Err: err.Error()})
 			continue
 		}
 		if ev.Kind == event.Delta {
 			hasDelta[ev.JobID] = true
 		}
-		add(ev.JobID, gapfill.Input{Event: ev, Partition: w.partition, Offset: m.Offset, Source: gapfill.FromLog, At: now, LogTime: m.Time})
+		add(ev.JobID, gapfill.Input{Event: ev, Partition: w.partition, Offset: m.Coord.Offset, Source: gapfill.FromLog, At: now, LogTime: m.Time})
 
 	}
 	// Gap resolutions go first: they are older news than this batch.
@@ -95,7 +122,7 @@ func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.R
 			// have moved the row since it was cached: read it, unless the
 			// job holds deltas. The conditional writes are what is correct
 			// either way; owning the partition only saves this read.
-			if !cached || (w.unfenced && len(j.Held) == 0) {
+			if !cached || (w.unordered() && len(j.Held) == 0) {
 				need = append(need, id)
 			}
 		}

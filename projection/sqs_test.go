@@ -116,7 +116,7 @@ func TestSQSClient(t *testing.T) {
 	// Past the first timeout, extended messages stay hidden.
 	for range 3 {
 		time.Sleep(400 * time.Millisecond)
-		failed, err := c.extend(t.Context(), msgs)
+		failed, err := c.changeVisibility(t.Context(), msgs, cfg.Visibility)
 		require.NoError(t, err)
 		require.Empty(t, failed)
 	}
@@ -182,7 +182,7 @@ func TestSQSReader(t *testing.T) {
 	require.Equal(t, SQSCounts{InFlight: 2}, n)
 	require.Empty(t, r.take(ctx, 10, 100*time.Millisecond, time.Millisecond), "a message in flight was delivered again")
 
-	r.ack(t.Context(), got)
+	r.ack(t.Context(), []string{got[0].ID, got[1].ID})
 	n, err = c.counts(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, SQSCounts{}, n)

@@ -8,10 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/projector/projector/gapfill"
-	"github.com/projector/projector/store"
 )
 
 // sqsState is an SQS-fed engine's queue side: its client, its reader, the
@@ -56,7 +53,7 @@ func (p *Projector) runSQS(ctx context.Context) error {
 	b, alive := p.health.loop("queue worker", 0)
 	defer alive()
 	w := &worker{
-		p: p, beat: b, topic: cfg.Topic, partition: 0, unfenced: true,
+		p: p, beat: b, topic: cfg.Topic, partition: 0, position: -1,
 		log:       cfg.Logger.With("queue", cfg.SQS.QueueURL),
 		cache:     newJobCache(p.budget),
 		committed: func(int, int64) {},
@@ -67,16 +64,18 @@ func (p *Projector) runSQS(ctx context.Context) error {
 	return w.runQueue(ctx)
 }
 
-// runQueue is [worker.run] for a queue: restore the held deltas, then
-// take batches from the reader, commit them, and delete their messages.
+// runQueue is [worker.run] for a queue, which has no claim: restore the
+// held deltas, then fetch batches, commit them unfenced, and acknowledge
+// (delete) their messages once committed.
 func (w *worker) runQueue(ctx context.Context) error {
 	cfg := w.p.cfg
 	r := w.p.sqs.reader
 	w.detector = gapfill.NewDetector(cfg.gapPolicy())
+	src := &sqsSource{r: r, batchSize: cfg.BatchSize, linger: cfg.BatchLinger}
+	w.src = src
 	if err := w.restore(ctx); err != nil {
 		return err
 	}
-	w.position = 0
 	w.publish()
 	w.log.Info("receiving from the queue", "held_jobs", w.detector.Len(), "visibility", cfg.SQS.Visibility.String(),
 		"wait", cfg.SQS.Wait.String(), "max_messages", cfg.SQS.MaxMessages)
@@ -86,38 +85,20 @@ func (w *worker) runQueue(ctx context.Context) error {
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
 	wg.Go(func() { r.run(rctx) })
+	defer src.Close()
 	w.attempts = w.startAttempts(rctx, &wg)
 	for {
 		w.beat.now()
-		wait := idleWake
-		if w.attempts.busy() {
-			wait = attemptPoll
-		}
-		if due, ok := w.detector.NextDue(); ok && time.Until(due) < wait {
-			wait = max(time.Until(due), 10*time.Millisecond)
-		}
-		msgs := r.take(ctx, cfg.BatchSize, wait, cfg.BatchLinger)
+		msgs := w.fetch(ctx)
 		res := w.attempts.collect(w)
 		if len(msgs) > 0 || len(res) > 0 {
-			w.coords = coordinatesOf(msgs)
-			err := w.commit(ctx, recordsOf(w.topic, msgs), res)
-			w.coords = nil
-			switch {
-			case err != nil:
-				r.forget(msgs)
+			// commit acknowledges what it committed; what it did not
+			// stays unacknowledged and comes back.
+			if err := w.commit(ctx, msgs, res); err != nil {
 				if errors.Is(err, errFenced) {
-					// Unfenced batches are never fenced.
-					err = fmt.Errorf("projection: queue batch fenced: %w", err)
+					err = fmt.Errorf("projection: an unfenced queue batch was fenced: %w", err)
 				}
 				return err
-			case ctx.Err() != nil:
-				// The batch may or may not have landed: its messages are
-				// not deleted, and come back to be dropped as duplicates
-				// if it did.
-				r.forget(msgs)
-			default:
-				r.ack(ctx, msgs)
-				w.position += int64(len(msgs))
 			}
 		}
 		w.reschedule(res)
@@ -127,27 +108,6 @@ func (w *worker) runQueue(ctx context.Context) error {
 		w.attempts.schedule(w)
 		w.publish()
 	}
-}
-
-// recordsOf carries messages through the engine as records of the queue:
-// the body is the value, with no key (the job id is in the body), the
-// offset stands for the message (see [sqsMessage.Offset]), and the time is
-// when SQS accepted it.
-func recordsOf(topic string, msgs []sqsMessage) []kafka.Message {
-	out := make([]kafka.Message, len(msgs))
-	for i, m := range msgs {
-		out[i] = kafka.Message{Topic: topic, Offset: m.Offset(), Value: m.Body, Time: m.Sent}
-	}
-	return out
-}
-
-// coordinatesOf names msgs by the offsets that stand for them.
-func coordinatesOf(msgs []sqsMessage) map[int64]store.Coordinate {
-	out := make(map[int64]store.Coordinate, len(msgs))
-	for _, m := range msgs {
-		out[m.Offset()] = store.Coordinate{MessageID: m.ID, SequenceNumber: m.Sequence}
-	}
-	return out
 }
 
 // watchQueue reads the queue's approximate counts every queuePollEvery:

@@ -30,8 +30,11 @@ type sqsReader struct {
 	failed func(err error, next time.Duration)
 	ok     func()
 
-	mu       sync.Mutex
-	inFlight map[string]sqsMessage // by receipt handle
+	mu sync.Mutex
+	// inFlight are the messages received and not yet deleted, by message
+	// id, with the latest receipt handle (a message received again while
+	// in flight has a new one; only the latest deletes it).
+	inFlight map[string]sqsMessage
 
 	// keep is how often the visibility of the messages in flight is
 	// extended: a third of the visibility timeout. 0 turns the keeper off
@@ -100,7 +103,7 @@ func (r *sqsReader) run(ctx context.Context) {
 		r.ok()
 		r.mu.Lock()
 		for _, m := range msgs {
-			r.inFlight[m.Receipt] = m
+			r.inFlight[m.ID] = m
 		}
 		r.mu.Unlock()
 		for _, m := range msgs {
@@ -160,11 +163,11 @@ func (r *sqsReader) take(ctx context.Context, maxMsgs int, wait, linger time.Dur
 	return msgs
 }
 
-// ack deletes msgs, whose batch committed, and stops keeping them
-// invisible. A message not deleted comes back later and is dropped as a
-// duplicate or stale then.
-func (r *sqsReader) ack(ctx context.Context, msgs []sqsMessage) {
-	r.forget(msgs)
+// ack deletes the messages ids name, whose batch committed, and stops
+// keeping them invisible. A message not deleted comes back later and is
+// dropped as a duplicate or stale then.
+func (r *sqsReader) ack(ctx context.Context, ids []string) {
+	msgs := r.forget(ids)
 	if len(msgs) == 0 {
 		return
 	}
@@ -179,14 +182,39 @@ func (r *sqsReader) ack(ctx context.Context, msgs []sqsMessage) {
 	}
 }
 
-// forget stops keeping msgs invisible (their batch committed, or was
-// abandoned to be delivered again).
-func (r *sqsReader) forget(msgs []sqsMessage) {
+// forget stops keeping the messages ids name invisible and returns them
+// (those still in flight).
+func (r *sqsReader) forget(ids []string) []sqsMessage {
 	r.mu.Lock()
-	for _, m := range msgs {
-		delete(r.inFlight, m.Receipt)
+	defer r.mu.Unlock()
+	var out []sqsMessage
+	for _, id := range ids {
+		if m, ok := r.inFlight[id]; ok {
+			out = append(out, m)
+			delete(r.inFlight, id)
+		}
 	}
+	return out
+}
+
+// release makes every message still in flight visible again at once, for
+// another consumer (or this one, later) to receive: the engine stops.
+func (r *sqsReader) release() {
+	r.mu.Lock()
+	msgs := make([]sqsMessage, 0, len(r.inFlight))
+	for _, m := range r.inFlight {
+		msgs = append(msgs, m)
+	}
+	clear(r.inFlight)
 	r.mu.Unlock()
+	if len(msgs) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := r.c.changeVisibility(ctx, msgs, 0); err != nil {
+		r.log.Debug("releasing messages in flight failed; they come back after their visibility timeout", "messages", len(msgs), "err", err)
+	}
 }
 
 // keepInvisible extends, every keep, the visibility of every message in
@@ -210,7 +238,7 @@ func (r *sqsReader) keepInvisible(ctx context.Context) {
 			continue
 		}
 		ectx, cancel := context.WithTimeout(ctx, r.keep)
-		failed, err := r.c.extend(ectx, msgs)
+		failed, err := r.c.changeVisibility(ectx, msgs, r.c.cfg.Visibility)
 		cancel()
 		if err != nil && !errors.Is(err, context.Canceled) {
 			r.log.Warn("extending the visibility of messages in flight failed; they may be delivered again (safe: duplicates are dropped)", "messages", len(msgs), "err", err)
@@ -223,6 +251,57 @@ func (r *sqsReader) keepInvisible(ctx context.Context) {
 				"failed", len(failed), "of", len(msgs), "first", firstFailure(failed))
 		}
 	}
+}
+
+var _ Source = (*sqsSource)(nil)
+
+// sqsSource is an SQS queue as a [Source]: unordered, acknowledged by
+// deleting the messages.
+type sqsSource struct {
+	r         *sqsReader
+	batchSize int
+	linger    time.Duration
+}
+
+// Fetch takes up to a batch of received messages as records: the body is
+// the value, with no key (the job id is in the body), and the coordinate
+// names the message.
+func (s *sqsSource) Fetch(ctx context.Context, wait time.Duration) ([]Record, error) {
+	msgs := s.r.take(ctx, s.batchSize, wait, s.linger)
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	recs := make([]Record, len(msgs))
+	for i, m := range msgs {
+		recs[i] = Record{Value: m.Body, Time: m.Sent,
+			Coord: Coord{Partition: -1, Offset: m.Offset(), MessageID: m.ID, Sequence: m.Sequence, Group: m.Group}}
+	}
+	return recs, nil
+}
+
+// Ack deletes the messages of a committed batch.
+func (s *sqsSource) Ack(ctx context.Context, recs []Record) error {
+	ids := make([]string, len(recs))
+	for i, r := range recs {
+		ids[i] = r.Coord.MessageID
+	}
+	s.r.ack(ctx, ids)
+	return nil
+}
+
+// Ordered is false: no positions, no owners; the store alone arbitrates.
+func (s *sqsSource) Ordered() bool { return false }
+
+// Lag is the queue's approximate visible and in-flight messages.
+func (s *sqsSource) Lag(ctx context.Context) (int64, error) {
+	n, err := s.r.c.counts(ctx)
+	return n.Visible + n.InFlight, err
+}
+
+// Close makes what is still in flight visible again.
+func (s *sqsSource) Close() error {
+	s.r.release()
+	return nil
 }
 
 func firstFailure(f batchFailure) string {

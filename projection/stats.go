@@ -119,10 +119,11 @@ type PartitionStatus struct {
 	UpdatedAt     time.Time `json:"updated_at"`
 	// Held lists the jobs whose deltas wait for missing versions.
 	Held []HeldJob `json:"held"`
-	// queue marks an SQS queue's entry: Position counts the messages this
-	// instance committed, and HighWatermark is Position plus the queue's
-	// approximate visible and in-flight messages, which go down as well as
-	// up.
+	// queue marks an SQS queue's entry: Position is the offset after the
+	// last message this instance committed (see [sqsMessage.Offset]); it
+	// moves with every batch but orders nothing. HighWatermark and Lag are
+	// the queue's approximate visible plus in-flight messages, which go
+	// down as well as up.
 	queue bool
 }
 
@@ -171,9 +172,7 @@ func (b *partitionBook) set(p PartitionStatus, by any) {
 		b.owner = make(map[int]any)
 	}
 	b.owner[p.Partition] = by
-	if old, ok := b.parts[p.Partition]; ok && p.queue {
-		p.HighWatermark = p.Position + (old.HighWatermark - old.Position)
-	} else if ok && old.HighWatermark > p.HighWatermark {
+	if old, ok := b.parts[p.Partition]; ok && (p.queue || old.HighWatermark > p.HighWatermark) {
 		p.HighWatermark = old.HighWatermark
 	}
 	p.Lag = lagOf(p)
@@ -182,7 +181,7 @@ func (b *partitionBook) set(p PartitionStatus, by any) {
 }
 
 func lagOf(p PartitionStatus) int64 {
-	if p.Position < 0 {
+	if p.Position < 0 || p.queue {
 		return p.HighWatermark
 	}
 	return max(p.HighWatermark-p.Position, 0)
@@ -208,7 +207,7 @@ func (b *partitionBook) setQueueLag(id int, lag int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if p, ok := b.parts[id]; ok && p.queue {
-		p.HighWatermark = p.Position + lag
+		p.HighWatermark = lag
 		p.Lag = lagOf(p)
 		b.parts[id] = p
 	}
