@@ -58,6 +58,7 @@ func (p *Projector) runSQS(ctx context.Context) error {
 		cache:     newJobCache(p.budget),
 		committed: func(int, int64) {},
 	}
+	p.book.setQueue(0)
 	defer p.book.drop(0, w)
 	p.health.inGroup.Store(true)
 	defer p.health.inGroup.Store(false)
@@ -81,11 +82,15 @@ func (w *worker) runQueue(ctx context.Context) error {
 		"wait", cfg.SQS.Wait.String(), "max_messages", cfg.SQS.MaxMessages)
 
 	var wg sync.WaitGroup
-	defer wg.Wait()
 	rctx, stop := context.WithCancel(ctx)
-	defer stop()
+	// Once the receiver has stopped, what is still in flight (received,
+	// never committed) is made visible again.
+	defer func() {
+		stop()
+		wg.Wait()
+		_ = src.Close()
+	}()
 	wg.Go(func() { r.run(rctx) })
-	defer src.Close()
 	w.attempts = w.startAttempts(rctx, &wg)
 	for {
 		w.beat.now()

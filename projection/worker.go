@@ -671,7 +671,7 @@ func (w *worker) publish() {
 		}
 		w.heldView, w.heldVersion, w.heldBuiltAt, w.heldViewSeen = held, v, time.Now(), true
 	}
-	w.p.book.set(PartitionStatus{Partition: w.partition, Position: w.position, HighWatermark: w.hwm, Epoch: w.epoch, Held: w.heldView, queue: w.unordered()}, w)
+	w.p.book.set(PartitionStatus{Partition: w.partition, Position: w.position, HighWatermark: w.hwm, Epoch: w.epoch, Held: w.heldView}, w)
 }
 
 func errString(err error) string {
