@@ -10,6 +10,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/stretchr/testify/require"
 
 	"github.com/projector/projector/internal/pgtest"
@@ -81,17 +82,13 @@ func TestRunSQS(t *testing.T) {
 	send("bad", `not json`)
 
 	var st *liveStatus
-	eventually(t, 30*time.Second, "every message projected and the lag at 0", func() (bool, string) {
+	eventually(t, 30*time.Second, "every message projected", func() (bool, string) {
 		p.requireAlive()
 		var err error
 		if st, err = fetchStatus(addr); err != nil {
 			return false, err.Error()
 		}
-		lag := int64(-1)
-		if len(st.Partitions) == 1 {
-			lag = st.Partitions[0].Lag
-		}
-		return st.Counters.Consumed == 42 && lag == 0, fmt.Sprintf("%+v lag %d", st.Counters, lag)
+		return st.Counters.Consumed == 42, fmt.Sprintf("%+v", st.Counters)
 	})
 	require.True(t, st.Ready)
 	require.Equal(t, int64(1), st.Counters.Stale)
@@ -100,11 +97,27 @@ func TestRunSQS(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, code, "%s", body)
 	require.Contains(t, string(body), "queue")
-	_, body, err = get(addr, "/metrics")
+	// Messages are deleted after their batch committed, and the queue's
+	// counts are read every 5 s: both follow the counters.
+	eventually(t, 15*time.Second, "every message deleted and the queue seen empty", func() (bool, string) {
+		_, body, err := get(addr, "/metrics")
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, m := range []string{`projector_sqs_messages_total{event="deleted"} 42`, `projector_sqs_messages_total{event="received"} 42`,
+			`projector_sqs_queue_messages{state="visible"} 0`, `projector_sqs_queue_messages{state="in_flight"} 0`,
+			`projector_partition_lag{partition="0"} 0`} {
+			if !strings.Contains(string(body), m) {
+				return false, "no " + m
+			}
+		}
+		return true, ""
+	})
+	n, err := c.GetQueueAttributes(t.Context(), &sqs.GetQueueAttributesInput{QueueUrl: aws.String(queue),
+		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameApproximateNumberOfMessages, types.QueueAttributeNameApproximateNumberOfMessagesNotVisible}})
 	require.NoError(t, err)
-	for _, m := range []string{`projector_sqs_queue_messages{state="visible"} 0`, `projector_sqs_queue_messages{state="in_flight"} 0`,
-		`projector_sqs_messages_total{event="deleted"} 42`, `projector_partition_lag{partition="0"} 0`} {
-		require.Contains(t, string(body), m)
+	for k, v := range n.Attributes {
+		require.Equal(t, "0", v, "%s", k)
 	}
 
 	st2, err := store.New(pgtest.Pool(t), store.Config{Schema: schema})
