@@ -94,7 +94,7 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 			}
 		}
 	}
-	loaded, err := w.p.cfg.Store.LoadJobs(ctx, need)
+	loaded, err := w.store.LoadJobs(ctx, need)
 	if err != nil {
 		return nil, err
 	}
@@ -322,7 +322,7 @@ func (w *worker) unspill(ctx context.Context, order []string, known map[string]g
 	if len(keys) == 0 {
 		return nil
 	}
-	ops, err := w.p.cfg.Store.LoadHeldOps(ctx, keys)
+	ops, err := w.store.LoadHeldOps(ctx, keys)
 	if err != nil {
 		return err
 	}
@@ -356,7 +356,7 @@ func (w *worker) wholeHeld(ctx context.Context, id string, h gapfill.Held) gapfi
 		return h
 	}
 	key := store.HeldKey{JobID: id, Version: h.Event.Version}
-	ops, err := w.p.cfg.Store.LoadHeldOps(ctx, []store.HeldKey{key})
+	ops, err := w.store.LoadHeldOps(ctx, []store.HeldKey{key})
 	if err != nil || ops[key] == nil {
 		w.log.Warn("the ops of a held delta could not be read back; quarantined without them", "job_id", id, "version", h.Event.Version, "err", err)
 		return h
