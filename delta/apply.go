@@ -118,7 +118,7 @@ func Apply(state map[string]any, ops []Op) (map[string]any, error) {
 // was: what the ops before the failing one changed is undone. The values
 // ops set share nothing with the ops.
 func Patch(state map[string]any, ops []Op) error {
-	var undo undoLog
+	undo := make(undoLog, 0, 4) // most deltas change a few members
 	for i, op := range ops {
 		if err := patchOp(state, op, &undo); err != nil {
 			undo.rollback()

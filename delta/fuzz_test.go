@@ -25,6 +25,11 @@ func FuzzApply(f *testing.F) {
 
 	f.Fuzz(func(t *testing.T, stateRaw, opsRaw []byte) {
 		ops, err := delta.ParseOps(opsRaw)
+		if json.Valid(opsRaw) {
+			validOps, validErr := delta.ParseValidOps(opsRaw)
+			require.Equal(t, ops, validOps)
+			require.Equal(t, err, validErr)
+		}
 		if err != nil {
 			var opErr *delta.OpError
 			require.ErrorAs(t, err, &opErr)
