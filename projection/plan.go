@@ -7,8 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/projector/projector/delta"
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
@@ -35,10 +33,10 @@ type plan struct {
 // plan turns fetched records and finished gap resolutions into the writes
 // of one transaction. It reads rows it does not know, but changes nothing
 // the worker keeps until [worker.settle] runs after the commit.
-func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.Resolution, now time.Time) (*plan, error) {
+func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resolution, now time.Time) (*plan, error) {
 	next := w.position
 	if len(msgs) > 0 {
-		next = msgs[len(msgs)-1].Offset + 1
+		next = msgs[len(msgs)-1].Coord.Offset + 1
 	}
 	p := &plan{
 		batch:    &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: next},
@@ -60,7 +58,7 @@ func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.R
 	for _, m := range msgs {
 		ev, err := event.Decode(m.Key, m.Value)
 		if err != nil {
-			p.quarantine(store.Bad{Partition: -1, Offset: m.Offset, Key: m.Key, Value: m.Value, Err: err.Error()})
+			p.quarantine(store.Bad{Partition: -1, Offset: m.Coord.Offset, Key: m.Key, Value: m.Value, Err: err.Error()})
 			continue
 		}
 		if ev.Kind == event.Delta {
@@ -70,7 +68,7 @@ func (w *worker) plan(ctx context.Context, msgs []kafka.Message, res []gapfill.R
 			order = append(order, ev.JobID)
 		}
 		count[ev.JobID]++
-		decoded = append(decoded, gapfill.Input{Event: ev, Partition: w.partition, Offset: m.Offset, Source: gapfill.FromLog, At: now, LogTime: m.Time})
+		decoded = append(decoded, gapfill.Input{Event: ev, Partition: w.partition, Offset: m.Coord.Offset, Source: gapfill.FromLog, At: now, LogTime: m.Time})
 	}
 	inputs := make(map[string][]gapfill.Input, len(order))
 	all := make([]gapfill.Input, len(decoded))

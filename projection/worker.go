@@ -34,9 +34,8 @@ type worker struct {
 	// beat is this worker's sign of life for /healthz.
 	beat *beat
 
-	// readSincePosition is set once a record was read after the reader
-	// was (re)positioned at the stored position.
-	readSincePosition bool
+	// src is where the partition's records come from, from the claim on.
+	src Source
 
 	// attempts runs the held jobs' attempts in the background.
 	attempts *attempts
@@ -118,28 +117,17 @@ func (w *worker) run(ctx context.Context) error {
 		}
 	}
 	w.log.Info("partition claimed", "next_offset", claim.NextOffset, "held_jobs", w.detector.Len())
-	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers:   cfg.Brokers,
-		Topic:     w.topic,
-		Partition: w.partition,
-		MinBytes:  1,
-		MaxBytes:  16 << 20,
-		MaxWait:   cfg.MaxWait,
-		// The reader fetches in the background while a batch is written:
-		// a queue of a whole batch lets the next one be ready when the
-		// write ends (kafka-go's default of 100 made batches of ~100
-		// records once the log was behind).
-		QueueCapacity: cfg.BatchSize,
-		Dialer:        w.p.dialer,
-		ErrorLogger:   kafka.LoggerFunc(func(msg string, args ...any) { w.log.Debug("kafka: " + fmt.Sprintf(msg, args...)) }),
-		// Return an out-of-range position instead of retrying it for ever
-		// in silence: see [worker.outOfRange].
-		OffsetOutOfRangeError: true,
-	})
-	defer r.Close()
-	if err := r.SetOffset(start); err != nil {
-		return fmt.Errorf("projection: %s/%d: set offset %d: %w", w.topic, w.partition, start, err)
+	src, err := openKafkaSource(kafkaSourceConfig{
+		Brokers: cfg.Brokers, Topic: w.topic, Partition: w.partition, Dialer: w.p.dialer,
+		MaxWait: cfg.MaxWait, BatchSize: cfg.BatchSize, Linger: cfg.BatchLinger, Log: w.log,
+		Bounds: w.logBounds, Committed: w.committed, Lost: &w.p.counters.lost,
+		Moved: func(next int64) { w.position = next },
+	}, claim.NextOffset, start)
+	if err != nil {
+		return err
 	}
+	defer src.Close()
+	w.src = src
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -150,10 +138,10 @@ func (w *worker) run(ctx context.Context) error {
 		w.beat.now()
 		// Fetch first: it waits only briefly while attempts are in flight,
 		// and at most idleWake when none is, so no answer waits behind it.
-		msgs, hwm := w.fetch(ctx, r)
+		msgs := w.fetch(ctx)
 		res := w.attempts.collect(w)
-		if hwm > w.hwm {
-			w.hwm = hwm
+		if e, ok := w.src.(interface{ end() int64 }); ok {
+			w.hwm = e.end()
 		}
 		if len(msgs) > 0 || len(res) > 0 {
 			if err := w.commit(ctx, msgs, res); err != nil {
@@ -381,8 +369,7 @@ func (w *worker) latestStart(ctx context.Context) (int64, error) {
 // fetch waits for the first record, or until a held gap falls due or a
 // resolution arrives, then gathers more for up to the linger time or the
 // batch size. It returns early when ctx ends.
-func (w *worker) fetch(ctx context.Context, r *kafka.Reader) ([]kafka.Message, int64) {
-	cfg := w.p.cfg
+func (w *worker) fetch(ctx context.Context) []Record {
 	// An idle worker still wakes up every idleWake, so its beat shows it
 	// alive.
 	wait := idleWake
@@ -393,77 +380,13 @@ func (w *worker) fetch(ctx context.Context, r *kafka.Reader) ([]kafka.Message, i
 	if due, ok := w.detector.NextDue(); ok && time.Until(due) < wait {
 		wait = max(time.Until(due), 10*time.Millisecond)
 	}
-	fctx, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
-	m, err := r.FetchMessage(fctx)
+	recs, err := w.src.Fetch(ctx, wait)
 	if err != nil {
-		switch {
-		case ctx.Err() != nil || fctx.Err() != nil:
-		case errors.Is(err, kafka.OffsetOutOfRange):
-			w.outOfRange(ctx, r)
-		default:
-			w.p.kafkaOutage.failed(fmt.Errorf("fetch %s/%d: %w", w.topic, w.partition, err), time.Second)
-			sleep(ctx, time.Second)
-		}
-		return nil, 0
-	}
-	if w.position >= 0 && m.Offset > w.position && !w.readSincePosition {
-		// kafka-go moves a reader whose offset is below the log start to
-		// the log start without a word: records were deleted (retention,
-		// compaction) before this projection read them. Say so.
-		w.log.Error("records between the stored position and the first record read were never delivered: deleted from the log (retention or compaction) before they were read",
-			"position", w.position, "first_read", m.Offset, "lost_records", m.Offset-w.position)
-		w.p.counters.lost.Add(m.Offset - w.position)
-	}
-	w.readSincePosition = true
-	msgs := []kafka.Message{m}
-	hwm := m.HighWaterMark
-	lctx, cancel := context.WithTimeout(ctx, cfg.BatchLinger)
-	defer cancel()
-	for len(msgs) < cfg.BatchSize {
-		m, err := r.FetchMessage(lctx)
-		if err != nil {
-			break
-		}
-		msgs = append(msgs, m)
-		hwm = m.HighWaterMark
-	}
-	return msgs, hwm
-}
-
-// outOfRange handles a position the partition no longer holds. Below the
-// log start, records were deleted (retention, compaction, DeleteRecords)
-// before they were read: nothing can read them any more, so the worker
-// says so loudly, counts them, and goes on from the log start (the gaps
-// they leave are held and closed like any other). Past the log end, the
-// topic was recreated or its log truncated: the worker reports it and
-// waits rather than skip what will be appended.
-func (w *worker) outOfRange(ctx context.Context, r *kafka.Reader) {
-	first, last, err := w.logBounds(ctx)
-	switch {
-	case err != nil:
-		w.log.Warn("offset out of range; reading the partition's bounds failed", "position", w.position, "err", err)
+		w.p.kafkaOutage.failed(err, time.Second)
 		sleep(ctx, time.Second)
-	case w.position >= 0 && w.position < first:
-		w.log.Error("records were deleted from the log before they were read (retention or compaction); continuing from the log start",
-			"position", w.position, "log_start", first, "lost_records", first-w.position)
-		w.p.counters.lost.Add(first - w.position)
-		w.position = first
-		w.readSincePosition = false
-	case w.position > last:
-		w.log.Error("the stored position is past the end of the partition: was the topic recreated or its log truncated? waiting; rebuild the projection if the topic was recreated",
-			"position", w.position, "log_end", last)
-		sleep(ctx, 10*time.Second)
-	default:
-		sleep(ctx, time.Second)
+		return nil
 	}
-	next := w.position
-	if next < 0 {
-		next = kafka.FirstOffset
-	}
-	if err := r.SetOffset(next); err != nil {
-		w.log.Warn("set offset", "offset", next, "err", err)
-	}
+	return recs
 }
 
 func (w *worker) logBounds(ctx context.Context) (first, last int64, err error) {
@@ -504,7 +427,7 @@ func (w *worker) reschedule(res []gapfill.Resolution) {
 // running when ctx ends is finished (its work is done, only the commit
 // remains); a batch that never landed is abandoned, to be read again by
 // whoever owns the partition next.
-func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill.Resolution) error {
+func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolution) error {
 	bo := retryPolicy()
 	staleRetries := 0
 	for {
@@ -533,7 +456,7 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 			w.settle(pl, result, now)
 			if len(msgs) > 0 {
 				w.position = pl.batch.NextOffset
-				w.committed(w.partition, pl.batch.NextOffset)
+				w.ack(ctx, msgs)
 			}
 			return nil
 		}
@@ -597,6 +520,15 @@ func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill
 		if err := w.restore(ctx); err != nil {
 			return w.unrestored(ctx, err)
 		}
+	}
+}
+
+// ack acknowledges records whose batch committed. A failure is logged
+// only: the records are delivered again and dropped as duplicates.
+func (w *worker) ack(ctx context.Context, recs []Record) {
+	if err := w.src.Ack(ctx, recs); err != nil {
+		w.log.Warn("acknowledging a committed batch failed; its records will be delivered again and dropped as duplicates",
+			"records", len(recs), "first_offset", firstOffset(recs), "err", err)
 	}
 }
 
@@ -740,13 +672,6 @@ func (w *worker) publish() {
 		w.heldView, w.heldVersion, w.heldBuiltAt, w.heldViewSeen = held, v, time.Now(), true
 	}
 	w.p.book.set(PartitionStatus{Partition: w.partition, Position: w.position, HighWatermark: w.hwm, Epoch: w.epoch, Held: w.heldView}, w)
-}
-
-func firstOffset(msgs []kafka.Message) int64 {
-	if len(msgs) == 0 {
-		return -1
-	}
-	return msgs[0].Offset
 }
 
 func errString(err error) string {

@@ -1,0 +1,141 @@
+package projection
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/stretchr/testify/require"
+
+	"github.com/projector/projector/internal/sqsemu"
+	"github.com/projector/projector/internal/sqstest"
+)
+
+// emulatorSQS is the configuration of a queue on the emulator, with
+// short timings for tests.
+func emulatorSQS(e *sqsemu.Emulator, queueURL string, visibility time.Duration) SQS {
+	return SQS{
+		QueueURL: queueURL, Endpoint: e.Endpoint, Region: sqsemu.Region, Wait: time.Second, Visibility: visibility,
+		Credentials: credentials.NewStaticCredentialsProvider(sqsemu.AccessKey, sqsemu.SecretKey, ""),
+	}.WithDefaults()
+}
+
+// sendSQS sends each value to queueURL with its group id.
+func sendSQS(t testing.TB, e *sqsemu.Emulator, queueURL string, groupValues ...string) {
+	t.Helper()
+	c := e.Client()
+	for i := 0; i+1 < len(groupValues); i += 2 {
+		_, err := c.SendMessage(t.Context(), &sqs.SendMessageInput{QueueUrl: aws.String(queueURL),
+			MessageGroupId: aws.String(groupValues[i]), MessageBody: aws.String(groupValues[i+1])})
+		require.NoError(t, err)
+	}
+}
+
+func TestSQSValidate(t *testing.T) {
+	ok := SQS{QueueURL: "https://sqs.eu-west-1.amazonaws.com/1/q.fifo"}.WithDefaults()
+	require.NoError(t, ok.Validate())
+	require.Equal(t, 20*time.Second, ok.Wait)
+	require.Equal(t, 60*time.Second, ok.Visibility)
+	require.Equal(t, 10, ok.MaxMessages)
+	for _, c := range []struct {
+		s    SQS
+		want string
+	}{
+		{SQS{}, "sqs-queue-url: required"},
+		{SQS{QueueURL: "q.fifo"}, "sqs-queue-url \"q.fifo\": not an http or https URL"},
+		{SQS{QueueURL: ok.QueueURL, Endpoint: "localhost:4566"}, "sqs-endpoint"},
+		{SQS{QueueURL: ok.QueueURL, Wait: 21 * time.Second}, "sqs-wait 21s"},
+		{SQS{QueueURL: ok.QueueURL, Visibility: 1500 * time.Millisecond}, "sqs-visibility 1.5s"},
+		{SQS{QueueURL: ok.QueueURL, MaxMessages: 11}, "sqs-max-messages 11: SQS returns 1 to 10"},
+		{SQS{QueueURL: ok.QueueURL, MaxMessages: -1}, "sqs-max-messages -1"},
+	} {
+		err := c.s.WithDefaults().Validate()
+		require.Error(t, err, "%+v", c.s)
+		require.Contains(t, err.Error(), c.want)
+	}
+	require.NoError(t, SQS{QueueURL: ok.QueueURL, Wait: NoSQSWait}.WithDefaults().Validate())
+	require.Equal(t, "sqs:q.fifo", ok.Name())
+}
+
+// TestSQSMessageOffset: the offset kept for a message is its 128-bit
+// sequence number modulo 2^63, and without one a hash of its id; both fit
+// a bigint and differ between messages.
+func TestSQSMessageOffset(t *testing.T) {
+	require.Equal(t, int64(42), sqsMessage{Sequence: "42"}.Offset())
+	// 18849496460467696128 - 2^64
+	require.Equal(t, int64(402752386758144512), sqsMessage{Sequence: "18849496460467696128"}.Offset())
+	a, b := sqsMessage{ID: "a"}.Offset(), sqsMessage{ID: "b"}.Offset()
+	require.GreaterOrEqual(t, a, int64(0))
+	require.NotEqual(t, a, b)
+}
+
+// TestSQSClient runs the client against the emulator: a receive returns
+// the body, group, sequence number and receive count; extend keeps a
+// message hidden past its first visibility timeout; delete removes it; the
+// counts see visible and in-flight messages.
+func TestSQSClient(t *testing.T) {
+	e := sqstest.New(t)
+	url := sqstest.Queue(t, e, time.Second)
+	cfg := emulatorSQS(e, url, time.Second)
+	c, err := cfg.client(t.Context())
+	require.NoError(t, err)
+	defer c.close()
+	sendSQS(t, e, url, "job-1", `{"n":1}`, "job-2", `{"n":2}`, "job-2", `{"n":3}`)
+
+	n, err := c.counts(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, SQSCounts{Visible: 3}, n)
+
+	msgs, err := c.receive(t.Context())
+	require.NoError(t, err)
+	require.NotEmpty(t, msgs)
+	for _, m := range msgs {
+		require.NotEmpty(t, m.ID)
+		require.NotEmpty(t, m.Receipt)
+		require.True(t, strings.HasPrefix(m.Group, "job-"), m.Group)
+		require.NotEmpty(t, m.Sequence)
+		require.Equal(t, 1, m.Receives)
+		require.False(t, m.Sent.IsZero())
+	}
+	n, err = c.counts(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, int64(len(msgs)), n.InFlight)
+
+	// Past the first timeout, extended messages stay hidden.
+	for range 3 {
+		time.Sleep(400 * time.Millisecond)
+		failed, err := c.extend(t.Context(), msgs)
+		require.NoError(t, err)
+		require.Empty(t, failed)
+	}
+	n, err = c.counts(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, int64(len(msgs)), n.InFlight, "extended messages came back")
+
+	failed, err := c.deleteMessages(t.Context(), msgs)
+	require.NoError(t, err)
+	require.Empty(t, failed)
+	// Whatever is left (the emulator hands out one message per group per
+	// receive) is received next, never a deleted one.
+	deleted := map[string]bool{}
+	for _, m := range msgs {
+		deleted[m.ID] = true
+	}
+	left := 3 - len(msgs)
+	for got := 0; got < left; {
+		more, err := c.receive(t.Context())
+		require.NoError(t, err)
+		for _, m := range more {
+			require.False(t, deleted[m.ID], "deleted message %s came back", m.ID)
+			got++
+		}
+		_, err = c.deleteMessages(t.Context(), more)
+		require.NoError(t, err)
+	}
+	n, err = c.counts(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, SQSCounts{}, n)
+}
