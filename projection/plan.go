@@ -49,15 +49,12 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 	}
 
 	// Decode and group by job, keeping each job's records in log order.
-	inputs := map[string][]gapfill.Input{}
+	// Each job's records are counted first and then placed in one array
+	// cut to size: growing a slice per job was a tenth of a batch's CPU.
+	decoded := make([]gapfill.Input, 0, len(msgs))
+	count := map[string]int{}
 	var order []string
 	hasDelta := map[string]bool{}
-	add := func(id string, in ...gapfill.Input) {
-		if _, seen := inputs[id]; !seen {
-			order = append(order, id)
-		}
-		inputs[id] = append(inputs[id], in...)
-	}
 	for _, m := range msgs {
 		ev, err := event.Decode(m.Key, m.Value)
 		if err != nil {
@@ -67,8 +64,20 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 		if ev.Kind == event.Delta {
 			hasDelta[ev.JobID] = true
 		}
-		add(ev.JobID, gapfill.Input{Event: ev, Partition: w.partition, Offset: m.Coord.Offset, Source: gapfill.FromLog, At: now, LogTime: m.Time})
-
+		if count[ev.JobID] == 0 {
+			order = append(order, ev.JobID)
+		}
+		count[ev.JobID]++
+		decoded = append(decoded, gapfill.Input{Event: ev, Partition: w.partition, Offset: m.Coord.Offset, Source: gapfill.FromLog, At: now, LogTime: m.Time})
+	}
+	inputs := make(map[string][]gapfill.Input, len(order))
+	all := make([]gapfill.Input, len(decoded))
+	for _, id := range order {
+		n := count[id]
+		inputs[id], all = all[:0:n], all[n:]
+	}
+	for _, in := range decoded {
+		inputs[in.Event.JobID] = append(inputs[in.Event.JobID], in)
 	}
 	// Gap resolutions go first: they are older news than this batch.
 	rows := map[string]*gapfill.Row{}
