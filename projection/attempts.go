@@ -58,7 +58,7 @@ type finished struct {
 // startAttempts starts the partition's attempt goroutines; they stop when
 // ctx ends, and wg waits for them.
 func (w *worker) startAttempts(ctx context.Context, wg *sync.WaitGroup) *attempts {
-	a := &attempts{resolver: w.p.resolver, steps: w.detector.Steps(), pool: w.p.fetchers, ctx: ctx}
+	a := &attempts{resolver: w.resolver, steps: w.detector.Steps(), pool: w.fetchers, ctx: ctx}
 	if a.resolver == nil {
 		return a
 	}
@@ -66,7 +66,7 @@ func (w *worker) startAttempts(ctx context.Context, wg *sync.WaitGroup) *attempt
 		a.reread = a.reread || s == gapfill.StepReread
 		a.snapshot = a.snapshot || s == gapfill.StepSnapshot
 	}
-	a.fetchers = max(w.p.cfg.SnapshotConcurrency, 1)
+	a.fetchers = max(w.cfg.SnapshotConcurrency, 1)
 	// At most one re-read round and a.fetchers answers are outstanding,
 	// so out never blocks the goroutines that send on it.
 	a.out = make(chan finished, a.fetchers+1)

@@ -154,7 +154,7 @@ func (w *worker) applyApart(ctx context.Context, msgs []Record, res []gapfill.Re
 	j, ok := w.cache.get(id)
 	if !ok {
 		j = gapfill.Job{ID: id}
-		rows, err := w.p.cfg.Store.LoadJobs(ctx, []string{id})
+		rows, err := w.store.LoadJobs(ctx, []string{id})
 		if err != nil {
 			return err
 		}
@@ -173,7 +173,7 @@ func (w *worker) applyApart(ctx context.Context, msgs []Record, res []gapfill.Re
 	if err != nil {
 		return err
 	}
-	result, err := w.p.cfg.Store.Apply(actx, pl.batch)
+	result, err := w.store.Apply(actx, pl.batch)
 	if err != nil {
 		return err
 	}
@@ -193,13 +193,13 @@ func (w *worker) quarantineRecord(ctx context.Context, m Record, cause error) er
 	bad.Bad = []store.Bad{{Partition: -1, Offset: m.Coord.Offset, Key: m.Key, Value: m.Value, Err: store.Refusal(cause)}}
 	actx, cancel := w.applyContext(ctx)
 	defer cancel()
-	if _, err := w.p.cfg.Store.Apply(actx, bad); err != nil {
+	if _, err := w.store.Apply(actx, bad); err != nil {
 		if errors.Is(err, store.ErrFenced) {
 			return errFenced
 		}
 		return fmt.Errorf("projection: quarantine offset %d: %w", m.Coord.Offset, err)
 	}
-	w.p.counters.add(tally{consumed: 1, quarantined: 1})
+	w.counters.add(tally{consumed: 1, quarantined: 1})
 	w.position = m.Coord.Offset + 1
 	w.ack(ctx, []Record{m})
 	return w.restoreAfterIsolate(ctx)
@@ -227,10 +227,10 @@ func (w *worker) quarantineInput(ctx context.Context, id string, in gapfill.Inpu
 	}
 	actx, cancel := w.applyContext(ctx)
 	defer cancel()
-	if _, err := w.p.cfg.Store.Apply(actx, b); err != nil {
+	if _, err := w.store.Apply(actx, b); err != nil {
 		return fmt.Errorf("projection: quarantine %q v%d: %w", id, ev.Version, err)
 	}
-	w.p.counters.add(tally{quarantined: 1})
+	w.counters.add(tally{quarantined: 1})
 	return nil
 }
 
@@ -260,7 +260,7 @@ func (w *worker) restoreAfterIsolate(ctx context.Context) error {
 // read again by whoever owns the partition next.
 func (w *worker) isolateFailed(ctx context.Context, err error) error {
 	if errors.Is(err, store.ErrFenced) {
-		w.p.counters.fenced.Add(1)
+		w.counters.fenced.Add(1)
 		return errFenced
 	}
 	if ctx.Err() != nil {

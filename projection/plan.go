@@ -78,15 +78,12 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 	}
 
 	// Decode and group by job, keeping each job's records in log order.
-	inputs := map[string][]gapfill.Input{}
+	// Each job's records are counted first and then placed in one array
+	// cut to size: growing a slice per job was a tenth of a batch's CPU.
+	decoded := make([]gapfill.Input, 0, len(msgs))
+	count := map[string]int{}
 	var order []string
 	hasDelta := map[string]bool{}
-	add := func(id string, in ...gapfill.Input) {
-		if _, seen := inputs[id]; !seen {
-			order = append(order, id)
-		}
-		inputs[id] = append(inputs[id], in...)
-	}
 	for _, m := range msgs {
 		ev, err := event.Decode(m.Key, m.Value)
 		if err != nil {
@@ -96,8 +93,20 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 		if ev.Kind == event.Delta {
 			hasDelta[ev.JobID] = true
 		}
-		add(ev.JobID, gapfill.Input{Event: ev, Partition: w.partition, Offset: m.Coord.Offset, Source: gapfill.FromLog, At: now, LogTime: m.Time})
-
+		if count[ev.JobID] == 0 {
+			order = append(order, ev.JobID)
+		}
+		count[ev.JobID]++
+		decoded = append(decoded, gapfill.Input{Event: ev, Partition: w.partition, Offset: m.Coord.Offset, Source: gapfill.FromLog, At: now, LogTime: m.Time})
+	}
+	inputs := make(map[string][]gapfill.Input, len(order))
+	all := make([]gapfill.Input, len(decoded))
+	for _, id := range order {
+		n := count[id]
+		inputs[id], all = all[:0:n], all[n:]
+	}
+	for _, in := range decoded {
+		inputs[in.Event.JobID] = append(inputs[in.Event.JobID], in)
 	}
 	// Gap resolutions go first: they are older news than this batch.
 	rows := map[string]*gapfill.Row{}
@@ -127,7 +136,7 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 			}
 		}
 	}
-	loaded, err := w.p.cfg.Store.LoadJobs(ctx, need)
+	loaded, err := w.store.LoadJobs(ctx, need)
 	if err != nil {
 		return nil, err
 	}
@@ -355,7 +364,7 @@ func (w *worker) unspill(ctx context.Context, order []string, known map[string]g
 	if len(keys) == 0 {
 		return nil
 	}
-	ops, err := w.p.cfg.Store.LoadHeldOps(ctx, keys)
+	ops, err := w.store.LoadHeldOps(ctx, keys)
 	if err != nil {
 		return err
 	}
@@ -389,7 +398,7 @@ func (w *worker) wholeHeld(ctx context.Context, id string, h gapfill.Held) gapfi
 		return h
 	}
 	key := store.HeldKey{JobID: id, Version: h.Event.Version}
-	ops, err := w.p.cfg.Store.LoadHeldOps(ctx, []store.HeldKey{key})
+	ops, err := w.store.LoadHeldOps(ctx, []store.HeldKey{key})
 	if err != nil || ops[key] == nil {
 		w.log.Warn("the ops of a held delta could not be read back; quarantined without them", "job_id", id, "version", h.Event.Version, "err", err)
 		return h

@@ -53,7 +53,7 @@ func (p *Projector) runSQS(ctx context.Context) error {
 	b, alive := p.health.loop("queue worker", 0)
 	defer alive()
 	w := &worker{
-		p: p, beat: b, topic: cfg.Topic, partition: 0, position: -1,
+		workerDeps: p.workerDeps(), beat: b, topic: cfg.Topic, partition: 0, position: -1,
 		log:       cfg.Logger.With("queue", cfg.SQS.QueueURL),
 		cache:     newJobCache(p.budget),
 		committed: func(int, int64) {},
@@ -62,24 +62,22 @@ func (p *Projector) runSQS(ctx context.Context) error {
 	defer p.book.drop(0, w)
 	p.health.inGroup.Store(true)
 	defer p.health.inGroup.Store(false)
-	return w.runQueue(ctx)
+	return w.runQueue(ctx, q.reader, cfg.SQS)
 }
 
 // runQueue is [worker.run] for a queue, which has no claim: restore the
 // held deltas, then fetch batches, commit them unfenced, and acknowledge
 // (delete) their messages once committed.
-func (w *worker) runQueue(ctx context.Context) error {
-	cfg := w.p.cfg
-	r := w.p.sqs.reader
-	w.detector = gapfill.NewDetector(cfg.gapPolicy())
-	src := &sqsSource{r: r, batchSize: cfg.BatchSize, linger: cfg.BatchLinger}
+func (w *worker) runQueue(ctx context.Context, r *sqsReader, q SQS) error {
+	w.detector = gapfill.NewDetector(w.cfg.GapPolicy)
+	src := &sqsSource{r: r, batchSize: w.cfg.BatchSize, linger: w.cfg.BatchLinger}
 	w.src = src
 	if err := w.restore(ctx); err != nil {
 		return err
 	}
 	w.publish()
-	w.log.Info("receiving from the queue", "held_jobs", w.detector.Len(), "visibility", cfg.SQS.Visibility.String(),
-		"wait", cfg.SQS.Wait.String(), "max_messages", cfg.SQS.MaxMessages)
+	w.log.Info("receiving from the queue", "held_jobs", w.detector.Len(), "visibility", q.Visibility.String(),
+		"wait", q.Wait.String(), "max_messages", q.MaxMessages)
 
 	var wg sync.WaitGroup
 	rctx, stop := context.WithCancel(ctx)
