@@ -25,7 +25,7 @@ const rereadRound = 1000
 // result is handed back to the worker as soon as it is ready, to join its
 // next batch, so a slow or failing answer for one job holds up no other
 // beyond the concurrency limit. The goroutines are fixed (one re-reader
-// per partition, --snapshot-concurrency fetchers per instance) and the
+// per partition, 3 x --snapshot-concurrency fetchers per instance) and the
 // work queued or in flight is bounded, however many jobs are held.
 //
 // Only the worker's goroutine calls its methods; the goroutines it starts
