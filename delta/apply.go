@@ -51,6 +51,9 @@ func EncodeState(state map[string]any) (json.RawMessage, error) {
 	if state == nil {
 		return json.RawMessage("{}"), nil
 	}
+	if out, ok := appendValue(make([]byte, 0, 256), state); ok {
+		return out, nil
+	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -109,7 +112,57 @@ func Apply(state map[string]any, ops []Op) (map[string]any, error) {
 	return out, nil
 }
 
+// Patch runs ops in order on state itself, for a caller that owns state
+// and would otherwise throw away the copy [Apply] makes. Either every op
+// applies, or the result is an error (a *[ApplyError]) and state is as it
+// was: what the ops before the failing one changed is undone. The values
+// ops set share nothing with the ops.
+func Patch(state map[string]any, ops []Op) error {
+	undo := make(undoLog, 0, 4) // most deltas change a few members
+	for i, op := range ops {
+		if err := patchOp(state, op, &undo); err != nil {
+			undo.rollback()
+			err.Index = i
+			return err
+		}
+	}
+	return nil
+}
+
+// undoLog records, for each member an op changed, what it was before, so
+// that a failed [Patch] can put it back, newest first.
+type undoLog []undoEntry
+
+type undoEntry struct {
+	obj     map[string]any
+	name    string
+	old     any
+	existed bool
+}
+
+func (u *undoLog) record(obj map[string]any, name string) {
+	old, existed := obj[name]
+	*u = append(*u, undoEntry{obj: obj, name: name, old: old, existed: existed})
+}
+
+func (u undoLog) rollback() {
+	for i := len(u) - 1; i >= 0; i-- {
+		e := u[i]
+		if e.existed {
+			e.obj[e.name] = e.old
+		} else {
+			delete(e.obj, e.name)
+		}
+	}
+}
+
 func applyOp(state map[string]any, op Op) *ApplyError {
+	return patchOp(state, op, nil)
+}
+
+// patchOp applies one op to state, recording in undo (when not nil) each
+// member it changes before changing it.
+func patchOp(state map[string]any, op Op, undo *undoLog) *ApplyError {
 	fail := func(format string, args ...any) *ApplyError {
 		return &ApplyError{Path: op.Path, Reason: fmt.Sprintf(format, args...)}
 	}
@@ -122,7 +175,7 @@ func applyOp(state map[string]any, op Op) *ApplyError {
 		}
 	}
 	create := op.Kind != Remove
-	parent, err := walk(state, tokens[:len(tokens)-1], create)
+	parent, err := walk(state, tokens[:len(tokens)-1], create, undo)
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -133,9 +186,15 @@ func applyOp(state map[string]any, op Op) *ApplyError {
 		if err != nil {
 			return fail("value: %v", err)
 		}
+		if undo != nil {
+			undo.record(parent, name)
+		}
 		parent[name] = v
 	case Remove:
 		if parent != nil {
+			if undo != nil {
+				undo.record(parent, name)
+			}
 			delete(parent, name)
 		}
 	case Increment:
@@ -148,6 +207,9 @@ func applyOp(state map[string]any, op Op) *ApplyError {
 		sum, err := add(cur, string(op.By))
 		if err != nil {
 			return fail("increment: %v", err)
+		}
+		if undo != nil {
+			undo.record(parent, name)
 		}
 		parent[name] = sum
 	default:
@@ -162,13 +224,17 @@ func applyOp(state map[string]any, op Op) *ApplyError {
 // that is not an object is an error: overwriting it would lose data the
 // producer did not ask to lose. Arrays count as "not an object" because the
 // contract addresses object members only.
-func walk(state map[string]any, tokens []string, create bool) (map[string]any, error) {
+// Objects it creates are recorded in undo, when not nil.
+func walk(state map[string]any, tokens []string, create bool, undo *undoLog) (map[string]any, error) {
 	cur := state
 	for i, tok := range tokens {
 		next, ok := cur[tok]
 		if !ok {
 			if !create {
 				return nil, nil
+			}
+			if undo != nil {
+				undo.record(cur, tok)
 			}
 			m := map[string]any{}
 			cur[tok] = m
@@ -296,6 +362,8 @@ func decodeValue(raw []byte) (any, error) {
 		return nil, nil
 	case (t[0] == '-' || (t[0] >= '0' && t[0] <= '9')) && isJSONNumber(t):
 		return json.Number(t), nil
+	case (t[0] == '{' || t[0] == '[') && json.Valid(t):
+		return decodeValid(t), nil
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()

@@ -633,3 +633,25 @@ func genInteger() *rapid.Generator[string] {
 		rapid.Map(rapid.Uint64(), func(u uint64) string { return "-1" + strconv.FormatUint(u, 10) + "0000000000" }),
 	)
 }
+
+func TestPatchUndoesAFailedDelta(t *testing.T) {
+	t.Parallel()
+
+	const raw = `{"a":{"n":1},"s":"text","gone":true}`
+	state := mustState(t, raw)
+	// Every op before the last changes the state (a member set, one
+	// incremented, one removed, objects created on the way); the last
+	// fails, and all of it must be undone.
+	ops := mustOps(t, `[{"op":"set","path":"/a/m","value":{"v":1}},{"op":"increment","path":"/a/n","by":2},
+		{"op":"remove","path":"/gone"},{"op":"set","path":"/new/deep/x","value":1},{"op":"set","path":"/s","value":"changed"},
+		{"op":"increment","path":"/s","by":1}]`)
+
+	err := delta.Patch(state, ops)
+	var applyErr *delta.ApplyError
+	require.ErrorAs(t, err, &applyErr)
+	require.Equal(t, 5, applyErr.Index)
+	require.Equal(t, mustState(t, raw), state)
+
+	require.NoError(t, delta.Patch(state, ops[:5]))
+	require.Equal(t, mustState(t, `{"a":{"n":3,"m":{"v":1}},"s":"changed","new":{"deep":{"x":1}}}`), state)
+}

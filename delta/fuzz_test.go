@@ -9,8 +9,8 @@ import (
 	"github.com/projector/projector/delta"
 )
 
-// FuzzApply feeds arbitrary ops and states through ParseOps, DecodeState and
-// Apply. Nothing may panic; a failure must be a typed error; a success must
+// FuzzApply feeds arbitrary ops and states through ParseOps, DecodeState,
+// Apply and Patch. Nothing may panic; a failure must be a typed error; a success must
 // leave the input alone, survive an encode/decode round trip unchanged and
 // agree with applying the ops in two runs.
 func FuzzApply(f *testing.F) {
@@ -25,6 +25,11 @@ func FuzzApply(f *testing.F) {
 
 	f.Fuzz(func(t *testing.T, stateRaw, opsRaw []byte) {
 		ops, err := delta.ParseOps(opsRaw)
+		if json.Valid(opsRaw) {
+			validOps, validErr := delta.ParseValidOps(opsRaw)
+			require.Equal(t, ops, validOps)
+			require.Equal(t, err, validErr)
+		}
 		if err != nil {
 			var opErr *delta.OpError
 			require.ErrorAs(t, err, &opErr)
@@ -42,6 +47,19 @@ func FuzzApply(f *testing.F) {
 		after, encErr := delta.EncodeState(state)
 		require.NoError(t, encErr)
 		require.Equal(t, string(before), string(after), "Apply modified its input")
+
+		// Patch, on a state of its own, ends where Apply does, or fails at
+		// the same op and leaves the state as it was.
+		own, decErr := delta.DecodeState(stateRaw)
+		require.NoError(t, decErr)
+		patchErr := delta.Patch(own, ops)
+		if err != nil {
+			require.Equal(t, err, patchErr)
+			require.Equal(t, state, own, "a failed Patch left the state changed")
+		} else {
+			require.NoError(t, patchErr)
+			require.Equal(t, got, own)
+		}
 		if err != nil {
 			var applyErr *delta.ApplyError
 			require.ErrorAs(t, err, &applyErr)

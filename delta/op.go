@@ -56,6 +56,17 @@ func (e *OpError) Error() string {
 // ops, each a known kind with a valid, non-root JSON Pointer and the operand
 // its kind requires. Errors are *[OpError].
 func ParseOps(raw json.RawMessage) ([]Op, error) {
+	return parseOps(raw, false)
+}
+
+// ParseValidOps is [ParseOps] for text that a JSON validator at least as
+// strict as encoding/json's has already accepted, such as a record value
+// event's scanner has read: it does not check the JSON again.
+func ParseValidOps(raw json.RawMessage) ([]Op, error) {
+	return parseOps(raw, true)
+}
+
+func parseOps(raw json.RawMessage, valid bool) ([]Op, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return nil, &OpError{Index: -1, Field: "ops", Reason: "required for a delta"}
@@ -63,7 +74,7 @@ func ParseOps(raw json.RawMessage) ([]Op, error) {
 	if raw[0] != '[' {
 		return nil, &OpError{Index: -1, Field: "ops", Reason: "must be an array"}
 	}
-	if !json.Valid(raw) {
+	if !valid && !json.Valid(raw) {
 		return nil, &OpError{Index: -1, Field: "ops", Reason: "must be an array of op objects"}
 	}
 	var wire [][]byte
@@ -96,21 +107,27 @@ func parseOp(i int, raw json.RawMessage) (Op, error) {
 	// Members by exact name: encoding/json's struct decoding matches
 	// names regardless of case, which would let an unknown member such as
 	// "PATH" override "path". For a repeated name the last one counts.
-	w := map[string]json.RawMessage{}
+	var w opMembers
 	members(raw, func(key string, v []byte) {
 		switch key {
-		case "op", "path", "value", "by":
-			w[key] = v
+		case "op":
+			w.op = v
+		case "path":
+			w.path = v
+		case "value":
+			w.value = v
+		case "by":
+			w.by = v
 		}
 	})
-	kind, ok, err := stringMember(w, "op")
+	kind, ok, err := stringMember(w.op)
 	if err != nil {
 		return Op{}, &OpError{Index: i, Field: "op", Reason: "must be the string set, remove or increment"}
 	}
 	if !ok {
 		return Op{}, &OpError{Index: i, Field: "op", Reason: "required (set, remove or increment)"}
 	}
-	path, ok, err := stringMember(w, "path")
+	path, ok, err := stringMember(w.path)
 	if err != nil {
 		return Op{}, &OpError{Index: i, Field: "path", Reason: "must be a JSON Pointer string"}
 	}
@@ -124,14 +141,14 @@ func parseOp(i int, raw json.RawMessage) (Op, error) {
 	op := Op{Kind: Kind(kind), Path: path, Tokens: tokens}
 	switch op.Kind {
 	case Set:
-		value := bytes.TrimSpace(w["value"])
+		value := bytes.TrimSpace(w.value)
 		if len(value) == 0 {
 			return Op{}, &OpError{Index: i, Field: "value", Reason: "required for set (use null to store null)"}
 		}
 		op.Value = value
 	case Remove:
 	case Increment:
-		by := bytes.TrimSpace(w["by"])
+		by := bytes.TrimSpace(w.by)
 		if len(by) == 0 {
 			return Op{}, &OpError{Index: i, Field: "by", Reason: "required for increment"}
 		}
@@ -170,11 +187,16 @@ func ParsePointer(p string) ([]string, error) {
 	return parts, nil
 }
 
-// stringMember reads member name of an op object as a string; ok is false
+// opMembers are the raw values of the members of an op object the format
+// names, nil when absent.
+type opMembers struct {
+	op, path, value, by []byte
+}
+
+// stringMember reads a member of an op object as a string; ok is false
 // when the member is absent or null.
-func stringMember(w map[string]json.RawMessage, name string) (s string, ok bool, err error) {
-	raw, present := w[name]
-	if !present || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+func stringMember(raw []byte) (s string, ok bool, err error) {
+	if raw == nil || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
 		return "", false, nil
 	}
 	if s, ok := plainString(raw); ok {

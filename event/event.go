@@ -132,7 +132,8 @@ func DecodeValue(value []byte) (Event, error) {
 	case Delta:
 		// Parsed from a copy: the ops' values must not alias the record.
 		ev.RawOps = bytes.Clone(bytes.TrimSpace(w.ops))
-		ops, err := delta.ParseOps(ev.RawOps)
+		// The scanner has validated the whole value, ops included.
+		ops, err := delta.ParseValidOps(ev.RawOps)
 		if err != nil {
 			return Event{}, &FieldError{Field: "ops", Reason: err.Error()}
 		}

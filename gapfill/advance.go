@@ -185,6 +185,10 @@ func Advance(job Job, inputs []Input) (Job, Outcome) {
 		job.Held = map[int64]Held{}
 	}
 	newly := map[int64]bool{}
+	// owned says job.State was made in this Advance (decoded or copied),
+	// so deltas may change it in place: the caller's state is never
+	// touched, and one copy serves every delta of the batch.
+	owned := false
 	var closer Source
 	// Held deltas the row already covers (another writer, a previous owner
 	// or a re-read moved it) are duplicates now: release them, and any
@@ -199,7 +203,7 @@ func Advance(job Job, inputs []Input) (Job, Outcome) {
 	}
 	if len(job.Held) > 0 && job.Held[job.Version+1].Event.Version != 0 {
 		closer = FromReread
-		drain(&job, &out)
+		drain(&job, &out, &owned)
 	}
 
 	for _, in := range inputs {
@@ -233,11 +237,12 @@ func Advance(job Job, inputs []Input) (Job, Outcome) {
 				continue
 			}
 			job.Version, job.State, job.Raw, job.EventID, job.LastOps, job.Deleted = ev.Version, state, ev.State, ev.EventID, nil, false
+			owned = true
 			out.Applied++
 			out.Changed = true
 			out.LastOffset, out.LastEventID = in.Offset, ev.EventID
 			cover(&job, &out)
-			drain(&job, &out)
+			drain(&job, &out, &owned)
 			if wasHeld && len(job.Held) == 0 {
 				closer = in.Source
 			}
@@ -263,7 +268,7 @@ func Advance(job Job, inputs []Input) (Job, Outcome) {
 			cover(&job, &out)
 			// A held delta next in line now follows the delete: drain
 			// refuses it to the quarantine.
-			drain(&job, &out)
+			drain(&job, &out, &owned)
 			if wasHeld && len(job.Held) == 0 {
 				closer = in.Source
 			}
@@ -279,10 +284,10 @@ func Advance(job Job, inputs []Input) (Job, Outcome) {
 					out.Duplicates++
 				}
 			case ev.Version == job.Version+1:
-				if !apply(&job, in, &out) {
+				if !apply(&job, in, &out, &owned) {
 					continue
 				}
-				drain(&job, &out)
+				drain(&job, &out, &owned)
 				if wasHeld && len(job.Held) == 0 {
 					closer = in.Source
 				}
@@ -355,27 +360,40 @@ func rawOf(job *Job) json.RawMessage {
 }
 
 // apply runs one next-in-line delta. A delta whose ops fail, or that
-// follows a delete, is rejected and the row stays where it was.
-func apply(job *Job, in Input, out *Outcome) bool {
+// follows a delete, is rejected and the row stays where it was. The state
+// is changed in place once owned (see [Advance]); until then the delta
+// applies to a copy, which Advance owns from then on.
+func apply(job *Job, in Input, out *Outcome, owned *bool) bool {
 	if job.Deleted {
 		out.Rejected = append(out.Rejected, Rejected{Input: in, Err: &DeletedError{Version: job.Version}})
 		return false
 	}
-	if job.State == nil && job.Raw != nil {
-		decoded, err := delta.DecodeState(job.Raw)
-		if err != nil {
-			out.Rejected = append(out.Rejected, Rejected{Input: in, Err: fmt.Errorf("the state it follows: %w", err)})
+	if job.State == nil {
+		state := map[string]any{}
+		if job.Raw != nil {
+			decoded, err := delta.DecodeState(job.Raw)
+			if err != nil {
+				out.Rejected = append(out.Rejected, Rejected{Input: in, Err: fmt.Errorf("the state it follows: %w", err)})
+				return false
+			}
+			state = decoded
+		}
+		job.State, *owned = state, true
+	}
+	if *owned {
+		if err := delta.Patch(job.State, in.Event.Ops); err != nil {
+			out.Rejected = append(out.Rejected, Rejected{Input: in, Err: err})
 			return false
 		}
-		job.State = decoded
+	} else {
+		state, err := delta.Apply(job.State, in.Event.Ops)
+		if err != nil {
+			out.Rejected = append(out.Rejected, Rejected{Input: in, Err: err})
+			return false
+		}
+		job.State, *owned = state, true
 	}
-	state, err := delta.Apply(job.State, in.Event.Ops)
-	if err != nil {
-
-		out.Rejected = append(out.Rejected, Rejected{Input: in, Err: err})
-		return false
-	}
-	job.Version, job.State, job.Raw, job.EventID, job.LastOps = in.Event.Version, state, nil, in.Event.EventID, in.Event.RawOps
+	job.Version, job.Raw, job.EventID, job.LastOps = in.Event.Version, nil, in.Event.EventID, in.Event.RawOps
 	out.Applied++
 	out.Changed = true
 	out.LastOffset, out.LastEventID = in.Offset, in.Event.EventID
@@ -383,7 +401,7 @@ func apply(job *Job, in Input, out *Outcome) bool {
 }
 
 // drain releases held deltas while the next one is in line.
-func drain(job *Job, out *Outcome) {
+func drain(job *Job, out *Outcome, owned *bool) {
 	for {
 		h, ok := job.Held[job.Version+1]
 		if !ok {
@@ -391,7 +409,7 @@ func drain(job *Job, out *Outcome) {
 		}
 		delete(job.Held, h.Event.Version)
 		out.Released = append(out.Released, h.Event.Version)
-		if !apply(job, h.Input, out) {
+		if !apply(job, h.Input, out, owned) {
 			// The held delta itself is bad input; the row stays and the
 			// rest stay held behind the new gap.
 			return

@@ -58,7 +58,7 @@ type finished struct {
 // startAttempts starts the partition's attempt goroutines; they stop when
 // ctx ends, and wg waits for them.
 func (w *worker) startAttempts(ctx context.Context, wg *sync.WaitGroup) *attempts {
-	a := &attempts{resolver: w.p.resolver, steps: w.detector.Steps(), pool: w.p.fetchers, ctx: ctx}
+	a := &attempts{resolver: w.resolver, steps: w.detector.Steps(), pool: w.fetchers, ctx: ctx}
 	if a.resolver == nil {
 		return a
 	}

@@ -308,7 +308,7 @@ func (w *worker) retryDatabase(ctx context.Context, op func() error) error {
 		w.beat.now()
 		err := op()
 		if err == nil {
-			w.p.databaseAnswered()
+			w.databaseAnswered()
 			return nil
 		}
 		var perm *backoff.PermanentError
@@ -319,8 +319,8 @@ func (w *worker) retryDatabase(ctx context.Context, op func() error) error {
 			return ctx.Err()
 		}
 		d := bo.NextBackOff()
-		w.p.databaseFailed(fmt.Errorf("%s/%d: %w", w.topic, w.partition, err), d)
-		w.p.dbOutage.wait(ctx, d)
+		w.databaseFailed(fmt.Errorf("%s/%d: %w", w.topic, w.partition, err), d)
+		w.dbOutage.wait(ctx, d)
 	}
 }
 
@@ -328,7 +328,7 @@ func (w *worker) retryDatabase(ctx context.Context, op func() error) error {
 // instance; the count of those not shown goes with the next line shown, or
 // into a line of its own.
 func (w *worker) logQuarantined(partition int, offset int64, reason string) {
-	ok, notShown := w.p.quarantineLog.allow(time.Now())
+	ok, notShown := w.quarantineLog.allow(time.Now())
 	if !ok {
 		return
 	}
@@ -336,7 +336,7 @@ func (w *worker) logQuarantined(partition int, offset int64, reason string) {
 	if notShown > 0 {
 		args = append(args, "not_shown_before", notShown)
 	}
-	w.p.cfg.Logger.Warn("record quarantined", args...)
+	w.instanceLog.Warn("record quarantined", args...)
 }
 
 // idleWake is the longest a worker waits for a record before it goes

@@ -9,8 +9,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/store"
@@ -22,7 +20,7 @@ import (
 // stream moves on. Gap resolutions are tried one job at a time after the
 // records; one that is refused on its own is dropped, and its job stays
 // held to be tried again.
-func (w *worker) isolate(ctx context.Context, msgs []kafka.Message, res []gapfill.Resolution, cause error) error {
+func (w *worker) isolate(ctx context.Context, msgs []Record, res []gapfill.Resolution, cause error) error {
 	if err := w.restore(ctx); err != nil {
 		return w.unrestored(ctx, err)
 	}
@@ -52,14 +50,14 @@ func (w *worker) isolate(ctx context.Context, msgs []kafka.Message, res []gapfil
 // held deltas set aside, and then each held delta in turn, so the one
 // whose effect PostgreSQL refuses is quarantined under its own
 // coordinates and the others apply.
-func (w *worker) isolateRecord(ctx context.Context, m kafka.Message, cause error) error {
+func (w *worker) isolateRecord(ctx context.Context, m Record, cause error) error {
 	id, held := w.heldOf(m)
 	if len(held) == 0 {
 		return w.quarantineRecord(ctx, m, cause)
 	}
 	w.log.Warn("batch refused by PostgreSQL; applying the record apart from the held deltas it let through",
-		"offset", m.Offset, "job_id", id, "held_deltas", len(held), "err", cause)
-	err := w.applyApart(ctx, []kafka.Message{m}, nil, id, nil)
+		"offset", m.Coord.Offset, "job_id", id, "held_deltas", len(held), "err", cause)
+	err := w.applyApart(ctx, []Record{m}, nil, id, nil)
 	switch {
 	case err == nil:
 	case store.IsBadData(err):
@@ -133,7 +131,7 @@ func (w *worker) applyHeldOneByOne(ctx context.Context, id string, held map[int6
 }
 
 // heldOf returns the job of record m and the deltas it holds, if any.
-func (w *worker) heldOf(m kafka.Message) (string, map[int64]gapfill.Held) {
+func (w *worker) heldOf(m Record) (string, map[int64]gapfill.Held) {
 	ev, err := event.Decode(m.Key, m.Value)
 	if err != nil {
 		return "", nil
@@ -149,14 +147,14 @@ func (w *worker) heldOf(m kafka.Message) (string, map[int64]gapfill.Held) {
 // id's held deltas narrowed to keep (the others stay stored, untouched).
 // The cache is reloaded from the store first, so each step starts from
 // what the previous one committed.
-func (w *worker) applyApart(ctx context.Context, msgs []kafka.Message, res []gapfill.Resolution, id string, keep map[int64]gapfill.Held) error {
+func (w *worker) applyApart(ctx context.Context, msgs []Record, res []gapfill.Resolution, id string, keep map[int64]gapfill.Held) error {
 	if err := w.restore(ctx); err != nil {
 		return err
 	}
 	j, ok := w.cache.get(id)
 	if !ok {
 		j = gapfill.Job{ID: id}
-		rows, err := w.p.cfg.Store.LoadJobs(ctx, []string{id})
+		rows, err := w.store.LoadJobs(ctx, []string{id})
 		if err != nil {
 			return err
 		}
@@ -175,35 +173,35 @@ func (w *worker) applyApart(ctx context.Context, msgs []kafka.Message, res []gap
 	if err != nil {
 		return err
 	}
-	result, err := w.p.cfg.Store.Apply(actx, pl.batch)
+	result, err := w.store.Apply(actx, pl.batch)
 	if err != nil {
 		return err
 	}
 	w.settle(pl, result, now)
 	if len(msgs) > 0 {
 		w.position = pl.batch.NextOffset
-		w.committed(w.partition, w.position)
+		w.ack(ctx, msgs)
 	}
 	return nil
 }
 
 // quarantineRecord stores record m in the quarantine with PostgreSQL's
 // refusal and moves the position past it.
-func (w *worker) quarantineRecord(ctx context.Context, m kafka.Message, cause error) error {
-	w.log.Warn("record refused by PostgreSQL; quarantined", "offset", m.Offset, "err", store.Refusal(cause))
-	bad := &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: m.Offset + 1,
-		Bad: []store.Bad{{Partition: -1, Offset: m.Offset, Key: m.Key, Value: m.Value, Err: store.Refusal(cause)}}}
+func (w *worker) quarantineRecord(ctx context.Context, m Record, cause error) error {
+	w.log.Warn("record refused by PostgreSQL; quarantined", "offset", m.Coord.Offset, "err", store.Refusal(cause))
+	bad := &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: m.Coord.Offset + 1,
+		Bad: []store.Bad{{Partition: -1, Offset: m.Coord.Offset, Key: m.Key, Value: m.Value, Err: store.Refusal(cause)}}}
 	actx, cancel := w.applyContext(ctx)
 	defer cancel()
-	if _, err := w.p.cfg.Store.Apply(actx, bad); err != nil {
+	if _, err := w.store.Apply(actx, bad); err != nil {
 		if errors.Is(err, store.ErrFenced) {
 			return errFenced
 		}
-		return fmt.Errorf("projection: quarantine offset %d: %w", m.Offset, err)
+		return fmt.Errorf("projection: quarantine offset %d: %w", m.Coord.Offset, err)
 	}
-	w.p.counters.add(tally{consumed: 1, quarantined: 1})
-	w.position = m.Offset + 1
-	w.committed(w.partition, w.position)
+	w.counters.add(tally{consumed: 1, quarantined: 1})
+	w.position = m.Coord.Offset + 1
+	w.ack(ctx, []Record{m})
 	return w.restoreAfterIsolate(ctx)
 }
 
@@ -229,10 +227,10 @@ func (w *worker) quarantineInput(ctx context.Context, id string, in gapfill.Inpu
 	}
 	actx, cancel := w.applyContext(ctx)
 	defer cancel()
-	if _, err := w.p.cfg.Store.Apply(actx, b); err != nil {
+	if _, err := w.store.Apply(actx, b); err != nil {
 		return fmt.Errorf("projection: quarantine %q v%d: %w", id, ev.Version, err)
 	}
-	w.p.counters.add(tally{quarantined: 1})
+	w.counters.add(tally{quarantined: 1})
 	return nil
 }
 
@@ -262,7 +260,7 @@ func (w *worker) restoreAfterIsolate(ctx context.Context) error {
 // read again by whoever owns the partition next.
 func (w *worker) isolateFailed(ctx context.Context, err error) error {
 	if errors.Is(err, store.ErrFenced) {
-		w.p.counters.fenced.Add(1)
+		w.counters.fenced.Add(1)
 		return errFenced
 	}
 	if ctx.Err() != nil {

@@ -291,14 +291,14 @@ func (p *Projector) startGeneration(gen *kafka.Generation) {
 	for _, a := range assigned {
 		b, alive := p.health.loop(fmt.Sprintf("partition %d worker", a.ID), 0)
 		w := &worker{
-			p:         p,
-			beat:      b,
-			topic:     cfg.Topic,
-			partition: a.ID,
-			log:       cfg.Logger.With("topic", cfg.Topic, "partition", a.ID),
-			cache:     newJobCache(p.budget),
-			position:  -1,
-			committed: c.offer,
+			workerDeps: p.workerDeps(),
+			beat:       b,
+			topic:      cfg.Topic,
+			partition:  a.ID,
+			log:        cfg.Logger.With("topic", cfg.Topic, "partition", a.ID),
+			cache:      newJobCache(p.budget),
+			position:   -1,
+			committed:  c.offer,
 		}
 		p.start(gen, func(ctx context.Context) {
 			defer c.workers.Done()

@@ -3,25 +3,28 @@ package projection
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/projector/projector/delta"
-	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/internal/failpoint"
 	"github.com/projector/projector/store"
 )
 
 // worker owns one partition for one generation: nothing else reads its
-// records or writes under its epoch.
+// records or writes under its epoch. Its loop runs in stages, one file
+// each: claim.go (claim the partition, restore its held deltas), fetch.go
+// (wait for records from its [Source]), plan.go (turn them into one
+// transaction's writes) and commit.go (apply, then settle the cache, the
+// detector and the counters, and acknowledge); isolate.go takes over a
+// batch PostgreSQL refuses for its data.
 type worker struct {
-	p         *Projector
+	workerDeps
 	topic     string
 	partition int
 	epoch     int64
@@ -34,9 +37,8 @@ type worker struct {
 	// beat is this worker's sign of life for /healthz.
 	beat *beat
 
-	// readSincePosition is set once a record was read after the reader
-	// was (re)positioned at the stored position.
-	readSincePosition bool
+	// src is where the partition's records come from, from the claim on.
+	src Source
 
 	// attempts runs the held jobs' attempts in the background.
 	attempts *attempts
@@ -52,39 +54,72 @@ type worker struct {
 	swapLogged time.Time
 }
 
-// minApplyTimeout is the least a batch transaction is given (see
-// [batchTimeout]); shutdownGrace bounds the one in flight when the worker
-// is stopped.
-const (
-	minApplyTimeout = 2 * time.Minute
-	shutdownGrace   = 15 * time.Second
-)
-
-// batchTimeout bounds one batch transaction: twice the store's statement
-// timeout, and at least minApplyTimeout, so an operator who raises the
-// statement timeout for batches that legitimately run long is not undone
-// by a shorter bound on the whole transaction.
-func batchTimeout(st *store.Store) time.Duration {
-	return max(minApplyTimeout, 2*st.StatementTimeout())
+// workerDeps is what a partition worker uses besides its own state: the
+// store, the gap resolution machinery, the settings it reads, and where it
+// reports (logs, counters, metrics, status, health). Its Projector builds
+// it ([Projector.workerDeps]); the pointers are shared by every worker of
+// the instance.
+type workerDeps struct {
+	store *store.Store
+	cfg   workerConfig
+	// resolver runs held jobs' re-reads and snapshot fetches, nil when the
+	// gap policy has neither; fetchers is the instance's pool that asks the
+	// authority, nil without the snapshot step.
+	resolver *gapfill.Resolver
+	fetchers *fetchPool
+	// dialer connects to the Kafka brokers (the partition's reader and its
+	// leader).
+	dialer *kafka.Dialer
+	// instanceLog is the instance's logger; a worker's own log adds its
+	// topic, partition and epoch.
+	instanceLog *slog.Logger
+	counters    *counters
+	metrics     *metrics
+	book        *partitionBook
+	// dbOutage and sourceOutage log outages of PostgreSQL and of the
+	// source; databaseAnswered and databaseFailed report to the health
+	// checks as well.
+	dbOutage, sourceOutage *outage
+	databaseAnswered       func()
+	databaseFailed         func(err error, next time.Duration)
+	// quarantineLog rate-limits the log line of each quarantined record.
+	quarantineLog *sampler
+	// swapWaitAt and applying tell the stall watchdog about pauses it does
+	// not count (see [Projector]).
+	swapWaitAt *atomic.Int64
+	applying   *sync.Map
 }
 
-// applyContext is the context of one batch transaction: it outlives ctx,
-// because a batch in flight at shutdown is finished rather than thrown away,
-// but by no more than shutdownGrace.
-func (w *worker) applyContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), batchTimeout(w.p.cfg.Store))
-	stop := context.AfterFunc(ctx, func() {
-		t := time.NewTimer(shutdownGrace)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			cancel()
-		case <-actx.Done():
-		}
-	})
-	return actx, func() {
-		stop()
-		cancel()
+// workerConfig is the part of [Config] a worker reads.
+type workerConfig struct {
+	Owner, Start        string
+	Brokers             []string
+	GapPolicy           gapfill.Policy
+	BatchSize           int
+	BatchLinger         time.Duration
+	MaxWait             time.Duration
+	StallTimeout        time.Duration
+	SnapshotConcurrency int
+	// StallWarning, when set (by tests), replaces stallWarning.
+	StallWarning time.Duration
+}
+
+// workerDeps is what p's partition workers use of it.
+func (p *Projector) workerDeps() workerDeps {
+	cfg := p.cfg
+	return workerDeps{
+		store: cfg.Store,
+		cfg: workerConfig{
+			Owner: cfg.Owner, Start: cfg.Start, Brokers: cfg.Brokers, GapPolicy: cfg.gapPolicy(),
+			BatchSize: cfg.BatchSize, BatchLinger: cfg.BatchLinger, MaxWait: cfg.MaxWait,
+			StallTimeout: cfg.StallTimeout, SnapshotConcurrency: cfg.SnapshotConcurrency,
+			StallWarning: p.testStallWarning,
+		},
+		resolver: p.resolver, fetchers: p.fetchers, dialer: p.dialer,
+		instanceLog: cfg.Logger, counters: &p.counters, metrics: p.metrics, book: &p.book,
+		dbOutage: &p.dbOutage, sourceOutage: &p.kafkaOutage,
+		databaseAnswered: p.databaseAnswered, databaseFailed: p.databaseFailed,
+		quarantineLog: &p.quarantineLog, swapWaitAt: &p.swapWaitAt, applying: &p.applying,
 	}
 }
 
@@ -95,8 +130,8 @@ var errFenced = errors.New("partition fenced")
 var testHookBeforeApply func(partition int)
 
 func (w *worker) run(ctx context.Context) error {
-	cfg := w.p.cfg
-	w.detector = gapfill.NewDetector(cfg.gapPolicy())
+	cfg := w.cfg
+	w.detector = gapfill.NewDetector(cfg.GapPolicy)
 	claim, err := w.claim(ctx)
 	if err != nil {
 		return err
@@ -118,28 +153,17 @@ func (w *worker) run(ctx context.Context) error {
 		}
 	}
 	w.log.Info("partition claimed", "next_offset", claim.NextOffset, "held_jobs", w.detector.Len())
-	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers:   cfg.Brokers,
-		Topic:     w.topic,
-		Partition: w.partition,
-		MinBytes:  1,
-		MaxBytes:  16 << 20,
-		MaxWait:   cfg.MaxWait,
-		// The reader fetches in the background while a batch is written:
-		// a queue of a whole batch lets the next one be ready when the
-		// write ends (kafka-go's default of 100 made batches of ~100
-		// records once the log was behind).
-		QueueCapacity: cfg.BatchSize,
-		Dialer:        w.p.dialer,
-		ErrorLogger:   kafka.LoggerFunc(func(msg string, args ...any) { w.log.Debug("kafka: " + fmt.Sprintf(msg, args...)) }),
-		// Return an out-of-range position instead of retrying it for ever
-		// in silence: see [worker.outOfRange].
-		OffsetOutOfRangeError: true,
-	})
-	defer r.Close()
-	if err := r.SetOffset(start); err != nil {
-		return fmt.Errorf("projection: %s/%d: set offset %d: %w", w.topic, w.partition, start, err)
+	src, err := openKafkaSource(kafkaSourceConfig{
+		Brokers: cfg.Brokers, Topic: w.topic, Partition: w.partition, Dialer: w.dialer,
+		MaxWait: cfg.MaxWait, BatchSize: cfg.BatchSize, Linger: cfg.BatchLinger, Log: w.log,
+		Bounds: w.logBounds, Committed: w.committed, Lost: &w.counters.lost,
+		Moved: func(next int64) { w.position = next },
+	}, claim.NextOffset, start)
+	if err != nil {
+		return err
 	}
+	defer src.Close()
+	w.src = src
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -150,10 +174,10 @@ func (w *worker) run(ctx context.Context) error {
 		w.beat.now()
 		// Fetch first: it waits only briefly while attempts are in flight,
 		// and at most idleWake when none is, so no answer waits behind it.
-		msgs, hwm := w.fetch(ctx, r)
+		msgs := w.fetch(ctx)
 		res := w.attempts.collect(w)
-		if hwm > w.hwm {
-			w.hwm = hwm
+		if e, ok := w.src.(interface{ end() int64 }); ok {
+			w.hwm = e.end()
 		}
 		if len(msgs) > 0 || len(res) > 0 {
 			if err := w.commit(ctx, msgs, res); err != nil {
@@ -166,553 +190,6 @@ func (w *worker) run(ctx context.Context) error {
 		}
 		w.attempts.schedule(w)
 		w.publish()
-	}
-}
-
-// restore loads the held deltas this partition's previous owners stored,
-// with their jobs' rows, into a fresh cache and detector.
-func (w *worker) restore(ctx context.Context) error {
-	w.cache.reset()
-	w.detector.Reset()
-	if w.attempts != nil {
-		w.attempts.reset()
-	}
-	var held []store.Held
-	var rows map[string]store.Job
-	op := func() error {
-		var err error
-		if held, err = w.p.cfg.Store.LoadHeld(ctx, w.topic, w.partition); err != nil {
-			return err
-		}
-		ids := map[string]bool{}
-		var list []string
-		for _, h := range held {
-			if !ids[h.JobID] {
-				ids[h.JobID] = true
-				list = append(list, h.JobID)
-			}
-		}
-		rows, err = w.p.cfg.Store.LoadJobs(ctx, list)
-		return err
-	}
-	if err := w.retryDatabase(ctx, op); err != nil {
-		return err
-	}
-	for _, h := range held {
-		j, ok := w.cache.get(h.JobID)
-		if !ok {
-			j = gapfill.Job{ID: h.JobID, Held: map[int64]gapfill.Held{}}
-			if row, ok := rows[h.JobID]; ok {
-				var err error
-				if j, err = jobOf(h.JobID, row, map[int64]gapfill.Held{}); err != nil {
-					return err
-				}
-			}
-		}
-		ops, err := delta.ParseOps(h.Ops)
-		if err != nil {
-			return fmt.Errorf("projection: held delta %q v%d: %w", h.JobID, h.Version, err)
-		}
-		ev := event.Event{JobID: h.JobID, Version: h.Version, Kind: event.Delta, Ops: ops, RawOps: h.Ops, EventID: h.EventID}
-		j.Held[h.Version] = gapfill.Held{Input: gapfill.Input{Event: ev, Partition: h.SourcePartition, Offset: h.Offset, At: h.Since, LogTime: h.LogTime}, Since: h.Since}
-
-		w.cache.put(j)
-		w.detector.Hold(h.JobID, h.Since)
-	}
-	// Held deltas that a row already covers (another writer moved it while
-	// nobody owned the partition) are released by the next attempt: make
-	// every restored gap due at once.
-	return nil
-}
-
-func (w *worker) claim(ctx context.Context) (store.Claim, error) {
-	start := int64(-1)
-	if w.p.cfg.Start == "latest" {
-		var err error
-		if start, err = w.latestStart(ctx); err != nil {
-			return store.Claim{}, err
-		}
-	}
-	var claim store.Claim
-	var waited time.Duration
-	var logged time.Time
-	op := func() error {
-		var err error
-		claim, err = w.p.cfg.Store.ClaimFrom(ctx, w.topic, w.partition, w.p.cfg.Owner, start)
-		var wait *store.ClaimWaitError
-		var swap *store.SwapWaitError
-		for (errors.As(err, &wait) || errors.As(err, &swap)) && ctx.Err() == nil {
-			// Not an outage: PostgreSQL answered, another owner's open
-			// transaction holds the row. Say so when the wait starts and
-			// then every claimWaitLogEvery while it lasts (a batch may
-			// legitimately run long), and ask again.
-			if swap != nil {
-				w.swapWait(swap)
-				swap = nil
-			} else if waited += wait.Waited; time.Since(logged) >= claimWaitLogEvery {
-				logged = time.Now()
-				w.log.Warn("claim waits for the previous owner's open batch transaction on this partition (a slow, stalled or frozen owner); PostgreSQL ends it once its client is idle past the bound; retrying",
-					"previous_owner", wait.Owner, "waited", waited.String())
-			}
-			w.beat.now()
-			sleep(ctx, claimRetryPause)
-			claim, err = w.p.cfg.Store.ClaimFrom(ctx, w.topic, w.partition, w.p.cfg.Owner, start)
-		}
-		return err
-	}
-	err := w.retryDatabase(ctx, op)
-	if err == nil && waited > 0 {
-		w.log.Info("claimed after waiting for the previous owner's transaction", "waited", waited.String())
-	}
-	if err == nil && start >= 0 && claim.NextOffset == start {
-		w.log.Info("start latest: the partition's end was stored as its position by the claim", "next_offset", start)
-	}
-	return claim, err
-}
-
-// swapWait logs, at most every swapWaitLogEvery per partition, that the
-// partition waits for a rebuild's swap.
-func (w *worker) swapWait(e *store.SwapWaitError) {
-	w.p.swapWaitAt.Store(time.Now().UnixNano())
-	if !w.swapLogged.IsZero() && time.Since(w.swapLogged) < swapWaitLogEvery {
-		return
-	}
-	w.swapLogged = time.Now()
-	attrs := []any{"table", e.Table}
-	if e.Running > 0 {
-		attrs = append(attrs, "swap_running_for", e.Running.Round(time.Second).String())
-	}
-	w.log.Warn("waiting for a rebuild's swap into the read model: this partition's writes pause until it commits, then it is claimed again from the rebuilt positions",
-		attrs...)
-}
-
-// swapWaitLogEvery is the most often a partition logs that it still waits
-// for a rebuild's swap.
-const swapWaitLogEvery = 15 * time.Second
-
-// claimRetryPause separates claims that gave up waiting for the partition
-// row; each of them already waited the store's ClaimLockTimeout.
-const claimRetryPause = 500 * time.Millisecond
-
-// claimWaitLogEvery is how often a claim that keeps waiting for the
-// previous owner's transaction says so again.
-const claimWaitLogEvery = 30 * time.Second
-
-// stallWarning is how long a batch transaction runs before the worker
-// says so, and then again each time as long again: well before
-// the batch timeout, so a stalled database is visible while it lasts. Tests
-// shorten it per instance ([Projector] testStallWarning).
-const stallWarning = 10 * time.Second
-
-// watchStall logs while a batch transaction runs past stallWarning, until
-// the returned stop is called; stop waits for the watcher to end. While
-// the batch is within its own time limit it also beats for the worker: a
-// batch PostgreSQL makes wait is bounded, not wedged, and /healthz must
-// not fail (and a liveness probe restart the instance) in its middle.
-func (w *worker) watchStall(records int) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	start := time.Now()
-	bound := batchTimeout(w.p.cfg.Store) + shutdownGrace
-	wg.Go(func() {
-		every := stallWarning
-		if w.p.testStallWarning > 0 {
-			every = w.p.testStallWarning
-		}
-		t := time.NewTicker(every)
-		defer t.Stop()
-		alive := time.NewTicker(max(min(time.Second, w.p.cfg.StallTimeout/4), 10*time.Millisecond))
-		defer alive.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-alive.C:
-				if time.Since(start) < bound {
-					w.beat.now()
-				}
-			case <-t.C:
-				w.log.Warn("batch transaction still running: PostgreSQL is slow, stalled or unreachable",
-					"running_for", time.Since(start).Round(time.Second).String(), "records", records, "gives_up_after", batchTimeout(w.p.cfg.Store).String())
-			}
-		}
-	})
-	return func() {
-		close(done)
-		wg.Wait()
-	}
-}
-
-// latestStart is where a partition starts under --start latest: its end,
-// read from the broker before the claim, when no position is stored yet;
-// -1 when one is (the stored position wins). The claim stores the end in
-// the statement that takes the partition: were "latest" stored later, a
-// crash or a rebalance in between would resolve it again and skip what
-// was produced meanwhile. Records produced between this read and the
-// claim are projected, not skipped.
-func (w *worker) latestStart(ctx context.Context) (int64, error) {
-	next := int64(-1)
-	if err := w.retryDatabase(ctx, func() error {
-		var err error
-		next, err = w.p.cfg.Store.NextOffset(ctx, w.topic, w.partition)
-		return err
-	}); err != nil {
-		return -1, err
-	}
-	if next >= 0 {
-		return -1, nil
-	}
-	var end int64
-	op := func() error {
-		_, last, err := w.logBounds(ctx)
-		if err != nil {
-			w.log.Warn("reading the partition's end for --start latest failed; retrying", "err", err)
-			return err
-		}
-		end = last
-		return nil
-	}
-	if err := backoff.Retry(op, backoff.WithContext(retryPolicy(), ctx)); err != nil {
-		return -1, err
-	}
-	return end, nil
-}
-
-// fetch waits for the first record, or until a held gap falls due or a
-// resolution arrives, then gathers more for up to the linger time or the
-// batch size. It returns early when ctx ends.
-func (w *worker) fetch(ctx context.Context, r *kafka.Reader) ([]kafka.Message, int64) {
-	cfg := w.p.cfg
-	// An idle worker still wakes up every idleWake, so its beat shows it
-	// alive.
-	wait := idleWake
-	if w.attempts != nil && w.attempts.busy() {
-		// Answers join the next batch as soon as they are ready.
-		wait = attemptPoll
-	}
-	if due, ok := w.detector.NextDue(); ok && time.Until(due) < wait {
-		wait = max(time.Until(due), 10*time.Millisecond)
-	}
-	fctx, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
-	m, err := r.FetchMessage(fctx)
-	if err != nil {
-		switch {
-		case ctx.Err() != nil || fctx.Err() != nil:
-		case errors.Is(err, kafka.OffsetOutOfRange):
-			w.outOfRange(ctx, r)
-		default:
-			w.p.kafkaOutage.failed(fmt.Errorf("fetch %s/%d: %w", w.topic, w.partition, err), time.Second)
-			sleep(ctx, time.Second)
-		}
-		return nil, 0
-	}
-	if w.position >= 0 && m.Offset > w.position && !w.readSincePosition {
-		// kafka-go moves a reader whose offset is below the log start to
-		// the log start without a word: records were deleted (retention,
-		// compaction) before this projection read them. Say so.
-		w.log.Error("records between the stored position and the first record read were never delivered: deleted from the log (retention or compaction) before they were read",
-			"position", w.position, "first_read", m.Offset, "lost_records", m.Offset-w.position)
-		w.p.counters.lost.Add(m.Offset - w.position)
-	}
-	w.readSincePosition = true
-	msgs := []kafka.Message{m}
-	hwm := m.HighWaterMark
-	lctx, cancel := context.WithTimeout(ctx, cfg.BatchLinger)
-	defer cancel()
-	for len(msgs) < cfg.BatchSize {
-		m, err := r.FetchMessage(lctx)
-		if err != nil {
-			break
-		}
-		msgs = append(msgs, m)
-		hwm = m.HighWaterMark
-	}
-	return msgs, hwm
-}
-
-// outOfRange handles a position the partition no longer holds. Below the
-// log start, records were deleted (retention, compaction, DeleteRecords)
-// before they were read: nothing can read them any more, so the worker
-// says so loudly, counts them, and goes on from the log start (the gaps
-// they leave are held and closed like any other). Past the log end, the
-// topic was recreated or its log truncated: the worker reports it and
-// waits rather than skip what will be appended.
-func (w *worker) outOfRange(ctx context.Context, r *kafka.Reader) {
-	first, last, err := w.logBounds(ctx)
-	switch {
-	case err != nil:
-		w.log.Warn("offset out of range; reading the partition's bounds failed", "position", w.position, "err", err)
-		sleep(ctx, time.Second)
-	case w.position >= 0 && w.position < first:
-		w.log.Error("records were deleted from the log before they were read (retention or compaction); continuing from the log start",
-			"position", w.position, "log_start", first, "lost_records", first-w.position)
-		w.p.counters.lost.Add(first - w.position)
-		w.position = first
-		w.readSincePosition = false
-	case w.position > last:
-		w.log.Error("the stored position is past the end of the partition: was the topic recreated or its log truncated? waiting; rebuild the projection if the topic was recreated",
-			"position", w.position, "log_end", last)
-		sleep(ctx, 10*time.Second)
-	default:
-		sleep(ctx, time.Second)
-	}
-	next := w.position
-	if next < 0 {
-		next = kafka.FirstOffset
-	}
-	if err := r.SetOffset(next); err != nil {
-		w.log.Warn("set offset", "offset", next, "err", err)
-	}
-}
-
-func (w *worker) logBounds(ctx context.Context) (first, last int64, err error) {
-	cfg := w.p.cfg
-	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	conn, err := dialLeader(dctx, w.p.dialer, cfg.Brokers, w.topic, w.partition)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer conn.Close()
-	return conn.ReadOffsets()
-}
-
-// reschedule ends the attempts whose results were just committed: a job
-// still held backs off, unless it moved forward, in which case the fresh
-// wait [worker.settle] gave it stands (the detector knows).
-func (w *worker) reschedule(res []gapfill.Resolution) {
-	now := time.Now()
-	for _, r := range res {
-		g, held := w.detector.Gap(r.JobID)
-		if !held {
-			continue
-		}
-		reason := errString(r.Err)
-		if reason == "" {
-			reason = "still held after " + string(r.Last)
-		}
-		w.detector.Failed(r.JobID, now, r.Last, reason)
-		if after, _ := w.detector.Gap(r.JobID); after.Attempts > g.Attempts {
-			w.log.Warn("gap still held", "job_id", r.JobID, "step", r.Last, "err", reason, "attempts", after.Attempts)
-		}
-	}
-}
-
-// commit plans and applies one batch, retrying transient failures until
-// it lands, the partition is fenced, or ctx ends. An attempt already
-// running when ctx ends is finished (its work is done, only the commit
-// remains); a batch that never landed is abandoned, to be read again by
-// whoever owns the partition next.
-func (w *worker) commit(ctx context.Context, msgs []kafka.Message, res []gapfill.Resolution) error {
-	bo := retryPolicy()
-	staleRetries := 0
-	for {
-		w.beat.now()
-		actx, cancel := w.applyContext(ctx)
-		now := time.Now()
-		pl, err := w.plan(actx, msgs, res, now)
-		var result store.Result
-		if err == nil {
-			if testHookBeforeApply != nil {
-				testHookBeforeApply(w.partition)
-			}
-			failpoint.Hit(failpoint.Planned)
-			stop := w.watchStall(len(msgs))
-			started := time.Now().UnixNano()
-			w.p.applying.Store(w.partition, started)
-			result, err = w.p.cfg.Store.Apply(actx, pl.batch)
-			w.p.applying.CompareAndDelete(w.partition, started)
-			stop()
-		}
-		cancel()
-		if err == nil {
-			failpoint.Hit(failpoint.AfterCommit)
-			w.p.databaseAnswered()
-			w.p.metrics.batch(time.Since(now), len(msgs))
-			w.settle(pl, result, now)
-			if len(msgs) > 0 {
-				w.position = pl.batch.NextOffset
-				w.committed(w.partition, pl.batch.NextOffset)
-			}
-			return nil
-		}
-		var stale *store.StaleError
-		var swap *store.SwapWaitError
-		switch {
-		case errors.As(err, &swap) && ctx.Err() == nil:
-			// Not an outage: the swap holds the partition's row. The
-			// batch wrote nothing; it is tried again until the swap
-			// commits and fences it.
-			w.swapWait(swap)
-			w.beat.now()
-			if err := w.restore(ctx); err != nil {
-				return w.unrestored(ctx, err)
-			}
-			sleep(ctx, claimRetryPause)
-			continue
-		case errors.Is(err, store.ErrFenced):
-			w.p.counters.fenced.Add(1)
-			w.log.Warn("fenced: another owner claimed this partition, or a rebuild swapped its model in; the batch was rolled back and the partition stopped",
-				"first_offset", firstOffset(msgs), "records", len(msgs))
-			return errFenced
-		case errors.As(err, &stale) && ctx.Err() != nil:
-			w.log.Warn("batch abandoned at shutdown; it will be read again", "err", err, "first_offset", firstOffset(msgs))
-			return nil
-		case errors.As(err, &stale):
-			w.log.Info("rows moved under the batch; reloading them", "jobs", len(stale.Jobs), "first", stale.Jobs[0])
-			for _, id := range stale.Jobs {
-				if err = w.forgetRow(ctx, id); err != nil {
-					break
-				}
-			}
-			if err == nil {
-				if staleRetries++; staleRetries > 3 {
-					// Another writer keeps moving these rows: do not spin.
-					sleep(ctx, bo.NextBackOff())
-				}
-				continue
-			}
-		}
-		if store.IsBadData(err) {
-			return w.isolate(ctx, msgs, res, err)
-		}
-		if ctx.Err() != nil {
-			w.log.Warn("batch abandoned at shutdown; it will be read again", "err", err, "first_offset", firstOffset(msgs))
-			return nil
-		}
-		d := bo.NextBackOff()
-		if store.IsStatementTimeout(err) {
-			w.log.Warn("a statement of the batch ran past the statement timeout and was cancelled; if batches legitimately take this long, raise --statement-timeout (or lower --batch-size)",
-				"statement_timeout", w.p.cfg.Store.StatementTimeout().String(), "records", len(msgs), "first_offset", firstOffset(msgs))
-		}
-		w.p.databaseFailed(fmt.Errorf("batch %s/%d@%d: %w", w.topic, w.partition, firstOffset(msgs), err), d)
-		w.p.dbOutage.wait(ctx, d)
-		if ctx.Err() != nil {
-			w.log.Warn("batch abandoned: the partition's generation ended before a retry; it will be read again", "first_offset", firstOffset(msgs))
-			return nil
-		}
-		// The cache may hold what the failed transaction would have
-		// written: start again from what is stored.
-		if err := w.restore(ctx); err != nil {
-			return w.unrestored(ctx, err)
-		}
-	}
-}
-
-// unrestored ends the worker when its memory of the partition could not
-// be rebuilt from the store: the batch in flight is not committed, so the
-// next owner reads it again. A stop is a warning (the batch is
-// abandoned); anything else is an error that ends the partition's worker,
-// loudly.
-func (w *worker) unrestored(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		w.log.Warn("batch abandoned: the partition's generation ended while its memory was reloaded; it will be read again", "err", err)
-		return nil
-	}
-	return fmt.Errorf("projection: %s/%d: reload after a failed batch: %w", w.topic, w.partition, err)
-}
-
-// forgetRow reads a held job's row again, keeping its held deltas; a job
-// that holds nothing is just dropped from the cache, for the next plan to
-// read.
-func (w *worker) forgetRow(ctx context.Context, id string) error {
-	j, ok := w.cache.get(id)
-	if !ok {
-		return nil
-	}
-	if len(j.Held) == 0 {
-		w.cache.forget(id)
-		return nil
-	}
-	rows, err := w.p.cfg.Store.LoadJobs(ctx, []string{id})
-	if err != nil {
-		return err
-	}
-	fresh := gapfill.Job{ID: id, Held: j.Held} // no row: version 0
-	if r, ok := rows[id]; ok {
-		if fresh, err = jobOf(id, r, j.Held); err != nil {
-			return err
-		}
-	}
-	w.cache.put(fresh)
-	return nil
-}
-
-// settle records a committed batch in the cache, the detector and the
-// counters.
-func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
-	t := pl.tally
-	settleWholeState := func(s store.Write, written map[string]int64, conflicts map[string]bool) {
-		f := pl.folds[s.JobID]
-		before, ok := written[s.JobID]
-		if !ok {
-			// The job was at or past the winner: every one was stale,
-			// unless the winner met a row at its own version with other
-			// content, which is a conflict.
-			_, stale := f.Count(s.Version)
-			t.stale += int64(stale)
-			if conflicts[s.JobID] {
-				t.stale--
-				t.conflicts++
-				w.log.Warn("conflict: same job and version with different content; the first applied wins",
-					"job_id", s.JobID, "version", s.Version, "dropped_event_id", s.EventID, "dropped_offset", s.Offset)
-			}
-			w.cache.forget(s.JobID)
-			return
-		}
-		applied, stale := f.Count(before)
-		deleted := f.Deletes(before)
-		t.applied += int64(applied - deleted)
-		t.deleted += int64(deleted)
-		t.stale += int64(stale)
-		if s.Deleted {
-			w.cache.put(gapfill.Job{ID: s.JobID, Version: s.Version, EventID: s.EventID, Deleted: true})
-		} else {
-			// The state is kept raw: decoded only if a delta for the job
-			// comes.
-			w.cache.put(gapfill.Job{ID: s.JobID, Version: s.Version, Raw: s.State, EventID: s.EventID})
-		}
-	}
-	for _, s := range pl.batch.Snapshots {
-		settleWholeState(s, res.SnapshotsApplied, res.SnapshotConflicts)
-	}
-	for _, s := range pl.batch.Deletes {
-		settleWholeState(s, res.DeletesApplied, res.DeleteConflicts)
-	}
-	for _, j := range pl.jobs {
-		w.cache.put(j)
-	}
-	for id, by := range pl.closed {
-		w.detector.Close(id)
-		switch by {
-		case gapfill.FromLog:
-			w.p.counters.closedWait.Add(1)
-		case gapfill.FromReread:
-			w.p.counters.closedReread.Add(1)
-		case gapfill.FromAuthority:
-			w.p.counters.closedSnapshot.Add(1)
-		}
-		w.log.Info("gap closed", "job_id", id, "by", by.String())
-	}
-	for id, since := range pl.holding {
-		switch _, held := w.detector.Gap(id); {
-		case !held:
-			w.detector.Hold(id, since)
-			w.p.counters.gapsOpened.Add(1)
-		case pl.progress[id]:
-			// It moved forward but waits for a later version: the wait
-			// starts afresh for that one.
-			w.detector.Progress(id, now)
-		}
-	}
-	w.p.counters.add(t)
-	for _, b := range pl.batch.Bad {
-		part := b.Partition
-		if part < 0 {
-			part = w.partition
-		}
-		w.logQuarantined(part, b.Offset, b.Err)
 	}
 }
 
@@ -739,14 +216,7 @@ func (w *worker) publish() {
 		}
 		w.heldView, w.heldVersion, w.heldBuiltAt, w.heldViewSeen = held, v, time.Now(), true
 	}
-	w.p.book.set(PartitionStatus{Partition: w.partition, Position: w.position, HighWatermark: w.hwm, Epoch: w.epoch, Held: w.heldView}, w)
-}
-
-func firstOffset(msgs []kafka.Message) int64 {
-	if len(msgs) == 0 {
-		return -1
-	}
-	return msgs[0].Offset
+	w.book.set(PartitionStatus{Partition: w.partition, Position: w.position, HighWatermark: w.hwm, Epoch: w.epoch, Held: w.heldView}, w)
 }
 
 func errString(err error) string {

@@ -3,21 +3,13 @@ package store
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/projector/projector/internal/failpoint"
 )
-
-// ErrFenced means another owner claimed the partition after this one: the
-// batch was rolled back and the caller must stop working the partition.
-var ErrFenced = errors.New("store: partition fenced: another owner claimed it")
 
 // StaleError means an [Update] did not apply although its expected version
 // came from this owner's view of the row: another writer moved those rows.
@@ -27,101 +19,6 @@ type StaleError struct{ Jobs []string }
 func (e *StaleError) Error() string {
 	return fmt.Sprintf("store: %d job rows moved under this batch (first %q); reload and retry", len(e.Jobs), e.Jobs[0])
 }
-
-// Claim is a partition's stored position and this owner's fencing epoch.
-type Claim struct {
-	Epoch int64
-	// NextOffset is the next offset to read; -1 when the partition was never
-	// processed.
-	NextOffset int64
-}
-
-// Claim takes partition p of topic for owner: it bumps the epoch, which
-// fences any previous owner's next batch, and returns the stored position.
-// A previous owner's open batch transaction holds the partition row: the
-// claim waits for it at most the ClaimLockTimeout, then returns a
-// *[ClaimWaitError] naming that owner, for the caller to log and retry.
-func (s *Store) Claim(ctx context.Context, topic string, p int, owner string) (Claim, error) {
-	return s.ClaimFrom(ctx, topic, p, owner, -1)
-}
-
-// ClaimFrom is [Store.Claim] for a partition that starts at start when no
-// position is stored yet (never processed, NextOffset -1): the statement
-// that takes the partition stores start as its position, so there is no
-// moment, however short, when the partition is claimed and its start not
-// stored. A stored position always wins over start; start -1 stores
-// nothing.
-func (s *Store) ClaimFrom(ctx context.Context, topic string, p int, owner string, start int64) (Claim, error) {
-	if start < -1 {
-		return Claim{}, fmt.Errorf("store: claim %s/%d: start %d is not an offset", topic, p, start)
-	}
-	var c Claim
-	err := pgx.BeginTxFunc(ctx, s.pool, readCommitted, func(tx pgx.Tx) error {
-		// The claim's own transaction holds the row too, from its write to
-		// its commit: a claimer frozen in between is bounded like a batch.
-		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)`,
-			millis(s.claimLockTimeout), millis(s.idleTimeout)); err != nil {
-			return err
-		}
-		return tx.QueryRow(ctx, `INSERT INTO `+s.partitions+` AS t (projection, topic, partition, epoch, owner, next_offset)
-			VALUES ($1, $2, $3, 1, $4, $5)
-			ON CONFLICT (projection, topic, partition)
-			DO UPDATE SET epoch = t.epoch + 1, owner = excluded.owner, updated_at = now(),
-				next_offset = CASE WHEN t.next_offset < 0 THEN excluded.next_offset ELSE t.next_offset END
-			RETURNING epoch, next_offset`, s.projection, topic, p, owner, start).Scan(&c.Epoch, &c.NextOffset)
-	})
-	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
-			if running, ok := s.swapping(ctx); ok {
-				return Claim{}, fmt.Errorf("store: claim %s/%d: %w", topic, p, &SwapWaitError{Table: s.schema + "." + s.projection, Running: running, Err: err})
-			}
-			w := &ClaimWaitError{Topic: topic, Partition: p, Waited: s.claimLockTimeout, Err: err}
-			// A plain read does not wait for the row lock: it sees the
-			// owner as last committed, the one whose transaction is open.
-			_ = s.pool.QueryRow(ctx, `SELECT owner FROM `+s.partitions+` WHERE projection = $1 AND topic = $2 AND partition = $3`,
-				s.projection, topic, p).Scan(&w.Owner)
-			return Claim{}, w
-		}
-		return Claim{}, fmt.Errorf("store: claim %s/%d: %w", topic, p, err)
-	}
-	return c, nil
-}
-
-// NextOffset is partition p's stored position as last committed, without
-// waiting for any lock: -1 when the partition was never processed.
-func (s *Store) NextOffset(ctx context.Context, topic string, p int) (int64, error) {
-	next := int64(-1)
-	err := s.pool.QueryRow(ctx, `SELECT next_offset FROM `+s.partitions+` WHERE projection = $1 AND topic = $2 AND partition = $3`,
-		s.projection, topic, p).Scan(&next)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return -1, fmt.Errorf("store: position %s/%d: %w", topic, p, err)
-	}
-	return next, nil
-}
-
-// ClaimWaitError means a claim gave up waiting for the partition's row: a
-// previous owner's batch transaction is still open (a slow, stalled or
-// frozen owner). PostgreSQL ends such a transaction once its client has
-// been idle for the IdleInTransactionTimeout, so retrying succeeds.
-type ClaimWaitError struct {
-	Topic     string
-	Partition int
-	// Owner is the partition's owner as last committed, whose transaction
-	// is open; empty if it could not be read.
-	Owner  string
-	Waited time.Duration
-	Err    error
-}
-
-func (e *ClaimWaitError) Error() string {
-	return fmt.Sprintf("store: claim %s/%d: waited %s for the open transaction of the previous owner %q: %v", e.Topic, e.Partition, e.Waited, e.Owner, e.Err)
-}
-
-func (e *ClaimWaitError) Unwrap() error { return e.Err }
-
-// millis is d as a PostgreSQL time setting in milliseconds.
-func millis(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) }
 
 // Job is one read-model row, or a deleted job's tombstone.
 type Job struct {
@@ -209,56 +106,6 @@ type Write struct {
 	LastOps json.RawMessage
 }
 
-// Held is a delta waiting for the versions before it.
-type Held struct {
-	JobID   string
-	Version int64
-	// Partition is the partition whose owner holds it (and reloads it on
-	// claim). SourcePartition and Offset are where the delta was read: a
-	// re-read may find it in another partition.
-	Partition       int
-	SourcePartition int
-	Offset          int64
-	Ops             json.RawMessage
-	EventID         string
-	Since           time.Time
-	// LogTime is the record's broker timestamp; zero when unknown.
-	LogTime time.Time
-}
-
-// LoadHeld reads the held deltas a partition's previous owner stored.
-func (s *Store) LoadHeld(ctx context.Context, topic string, p int) ([]Held, error) {
-	rows, err := s.pool.Query(ctx, `SELECT job_id, version, partition, coalesce(source_partition, partition), "offset",
-			ops::text, event_id, held_since, log_time
-		FROM `+s.held+` WHERE projection = $1 AND topic = $2 AND partition = $3 ORDER BY job_id, version`,
-		s.projection, topic, p)
-	if err != nil {
-		return nil, fmt.Errorf("store: load held %s/%d: %w", topic, p, err)
-	}
-	defer rows.Close()
-	var out []Held
-	for rows.Next() {
-		var h Held
-		var ops string
-		var logTime *time.Time
-		if err := rows.Scan(&h.JobID, &h.Version, &h.Partition, &h.SourcePartition, &h.Offset, &ops, &h.EventID, &h.Since, &logTime); err != nil {
-			return nil, fmt.Errorf("store: load held %s/%d: %w", topic, p, err)
-		}
-		h.Ops = json.RawMessage(ops)
-		if logTime != nil {
-			h.LogTime = *logTime
-		}
-		out = append(out, h)
-	}
-	return out, rows.Err()
-}
-
-// HeldKey names one held delta.
-type HeldKey struct {
-	JobID   string
-	Version int64
-}
-
 // Bad is a record that broke the wire format.
 type Bad struct {
 	// Partition is where the record was read; -1 means the batch's.
@@ -316,6 +163,10 @@ type Result struct {
 // Apply commits b in one transaction: fence, writes, held rows, quarantine
 // and position. It returns [ErrFenced] if another owner claimed the
 // partition, or a *[StaleError] if an update's row moved; both roll back.
+// Its steps run in this order: [Store.fence], [Store.lockJobs],
+// [Store.applySnapshots], [Store.applyDeletes], [Store.applyUpdates],
+// [Store.hold], [Store.writeGapLog], [Store.release],
+// [Store.writeQuarantine], then the commit.
 func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 	res := Result{SnapshotsApplied: make(map[string]int64, len(b.Snapshots)), DeletesApplied: make(map[string]int64, len(b.Deletes))}
 	// The fence argument (docs/design.md) assumes READ COMMITTED: each
@@ -326,173 +177,124 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 		return res, fmt.Errorf("store: apply %s/%d@%d: begin: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	// The fence below locks the partition row until commit: bound how long
-	// a frozen client may keep the transaction open, and each statement.
-	// The fence waits for the partition's row at most as long as a claim
-	// does: only a claim (brief) or a rebuild's swap (long) holds it, and a
-	// batch waiting for a swap says so (*[SwapWaitError]) rather than
-	// failing as an outage at the statement bound. The statements after
-	// the fence wait as before: the bound is lifted once it holds the row.
-	var lockTimeout string
-	if err := tx.QueryRow(ctx, `SELECT current_setting('lock_timeout'), set_config('idle_in_transaction_session_timeout', $1, true),
-		set_config('statement_timeout', $2, true), set_config('lock_timeout', $3, true)`,
-		millis(s.idleTimeout), millis(s.statementTimeout), millis(s.claimLockTimeout)).Scan(&lockTimeout, nil, nil, nil); err != nil {
-		return res, fmt.Errorf("store: apply %s/%d@%d: bounds: %w", b.Topic, b.Partition, b.NextOffset, err)
-	}
-	tag, err := tx.Exec(ctx, `UPDATE `+s.partitions+` SET next_offset = $5, updated_at = now()
-		WHERE projection = $1 AND topic = $2 AND partition = $3 AND epoch = $4`,
-		s.projection, b.Topic, b.Partition, b.Epoch, b.NextOffset)
-	if err == nil {
-		_, err = tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, lockTimeout)
-	}
-	if err != nil {
-		var pgErr *pgconn.PgError
-		// lock_not_available, or the statement bound if it is the shorter.
-		if errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "57014") {
-			if running, ok := s.swapping(ctx); ok {
-				err = &SwapWaitError{Table: s.schema + "." + s.projection, Running: running, Err: err}
-			}
-		}
-		return res, fmt.Errorf("store: apply %s/%d@%d: fence: %w", b.Topic, b.Partition, b.NextOffset, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return res, ErrFenced
+	if err := s.fence(ctx, tx, b); err != nil {
+		return res, err
 	}
 	if err := s.lockJobs(ctx, tx, b); err != nil {
 		return res, fmt.Errorf("store: apply %s/%d@%d: lock jobs: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
-
-	if len(b.Snapshots) > 0 {
-		ids, vers, states, offs, evs := columns(b.Snapshots)
-		// The CTEs read the rows and tombstones as they were before this
-		// statement, which tells how far each applied snapshot moved its
-		// job. A tombstone at or above a snapshot keeps the job deleted;
-		// one below it is removed as the snapshot creates the job again.
-		// lockJobs makes the tombstone check and the write atomic.
-		rows, err := tx.Query(ctx, `WITH old AS (
-				SELECT job_id, version FROM `+s.jobs+` WHERE job_id = ANY($1::text[])
-			), tomb AS (
-				SELECT job_id, version FROM `+s.tombstones+` WHERE projection = $8 AND job_id = ANY($1::text[])
-			), ins AS (
-				INSERT INTO `+s.jobs+` AS t
-				(job_id, version, state, updated_at, source_topic, source_partition, source_offset, event_id)
-				SELECT i.job_id, i.version, i.state::jsonb, now(), $6, $7, i.off, NULLIF(i.event_id, '')
-				FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[]) AS i(job_id, version, state, off, event_id)
-				WHERE NOT EXISTS (SELECT 1 FROM tomb WHERE tomb.job_id = i.job_id AND tomb.version >= i.version)
-				ON CONFLICT (job_id) DO UPDATE SET
-					version = excluded.version, state = excluded.state, updated_at = excluded.updated_at,
-					source_topic = excluded.source_topic, source_partition = excluded.source_partition,
-					source_offset = excluded.source_offset, event_id = excluded.event_id, last_ops = NULL
-				WHERE t.version < excluded.version
-				RETURNING t.job_id, t.version
-			), revived AS (
-				DELETE FROM `+s.tombstones+` d USING ins
-				WHERE d.projection = $8 AND d.job_id = ins.job_id AND d.version < ins.version
-			)
-			SELECT ins.job_id, coalesce(old.version, tomb.version, 0) FROM ins
-			LEFT JOIN old ON old.job_id = ins.job_id LEFT JOIN tomb ON tomb.job_id = ins.job_id`,
-			ids, vers, states, offs, evs, b.Topic, b.Partition, s.projection)
-		if err != nil {
-			return res, fmt.Errorf("store: apply %s/%d@%d: snapshots: %w", b.Topic, b.Partition, b.NextOffset, err)
-		}
-		var id string
-		var before int64
-		_, err = pgx.ForEachRow(rows, []any{&id, &before}, func() error {
-			res.SnapshotsApplied[id] = before
-			return nil
-		})
-		if err != nil {
-			return res, fmt.Errorf("store: apply %s/%d@%d: snapshots: %w", b.Topic, b.Partition, b.NextOffset, err)
-		}
-		if err := s.snapshotConflicts(ctx, tx, b, &res); err != nil {
-			return res, err
-		}
+	if err := s.applySnapshots(ctx, tx, b, &res); err != nil {
+		return res, err
 	}
-
 	if len(b.Deletes) > 0 {
 		if err := s.applyDeletes(ctx, tx, b, &res); err != nil {
 			return res, err
 		}
 	}
-
 	if len(b.Updates) > 0 {
 		if err := s.applyUpdates(ctx, tx, b); err != nil {
 			return res, err
 		}
 	}
-
-	if len(b.Hold) > 0 {
-		ids := make([]string, len(b.Hold))
-		vers := make([]int64, len(b.Hold))
-		parts := make([]int32, len(b.Hold))
-		srcs := make([]int32, len(b.Hold))
-		offs := make([]int64, len(b.Hold))
-		ops := make([]string, len(b.Hold))
-		evs := make([]string, len(b.Hold))
-		since := make([]time.Time, len(b.Hold))
-		logTimes := make([]*time.Time, len(b.Hold))
-		for i, h := range b.Hold {
-			ids[i], vers[i], parts[i], srcs[i] = h.JobID, h.Version, int32(h.Partition), int32(h.SourcePartition)
-			offs[i], ops[i], evs[i], since[i] = h.Offset, string(h.Ops), h.EventID, h.Since
-			if !h.LogTime.IsZero() {
-				logTimes[i] = &h.LogTime
-			}
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO `+s.held+`
-				(projection, job_id, version, topic, partition, source_partition, "offset", ops, event_id, held_since, log_time)
-			SELECT $1, i.job_id, i.version, $2, i.part, i.src, i.off, i.ops::jsonb, i.ev, i.since, i.logt
-			FROM unnest($3::text[], $4::bigint[], $5::int[], $6::int[], $7::bigint[], $8::text[], $9::text[],
-				$10::timestamptz[], $11::timestamptz[]) AS i(job_id, version, part, src, off, ops, ev, since, logt)
-			ON CONFLICT (projection, job_id, version) DO NOTHING`,
-			s.projection, b.Topic, ids, vers, parts, srcs, offs, ops, evs, since, logTimes); err != nil {
-
-			return res, fmt.Errorf("store: apply %s/%d@%d: hold: %w", b.Topic, b.Partition, b.NextOffset, err)
-		}
+	if err := s.hold(ctx, tx, b); err != nil {
+		return res, err
 	}
 	if err := s.writeGapLog(ctx, tx, b); err != nil {
 		return res, err
 	}
-	if len(b.Release) > 0 {
-		ids := make([]string, len(b.Release))
-		vers := make([]int64, len(b.Release))
-		for i, k := range b.Release {
-			ids[i], vers[i] = k.JobID, k.Version
-		}
-		if _, err := tx.Exec(ctx, `DELETE FROM `+s.held+` h USING unnest($2::text[], $3::bigint[]) AS i(job_id, version)
-			WHERE h.projection = $1 AND h.job_id = i.job_id AND h.version = i.version`,
-			s.projection, ids, vers); err != nil {
-			return res, fmt.Errorf("store: apply %s/%d@%d: release: %w", b.Topic, b.Partition, b.NextOffset, err)
-		}
+	if err := s.release(ctx, tx, b); err != nil {
+		return res, err
 	}
-
-	if len(b.Bad) > 0 {
-		parts := make([]int32, len(b.Bad))
-		offs := make([]int64, len(b.Bad))
-		keys := make([][]byte, len(b.Bad))
-		vals := make([][]byte, len(b.Bad))
-		errs := make([]string, len(b.Bad))
-		for i, r := range b.Bad {
-			// The reason quotes input: keep it text PostgreSQL accepts.
-			reason := strings.ToValidUTF8(strings.ReplaceAll(r.Err, "\x00", ""), "\uFFFD")
-			parts[i], offs[i], keys[i], vals[i], errs[i] = int32(r.Partition), r.Offset, r.Key, r.Value, reason
-			if r.Partition < 0 {
-				parts[i] = int32(b.Partition)
-			}
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO `+s.quarantine+` (projection, topic, partition, "offset", key, value, error)
-			SELECT $1, $2, i.part, i.off, i.key, i.value, i.err
-			FROM unnest($3::int[], $4::bigint[], $5::bytea[], $6::bytea[], $7::text[]) AS i(part, off, key, value, err)
-			ON CONFLICT (projection, topic, partition, "offset") DO NOTHING`,
-			s.projection, b.Topic, parts, offs, keys, vals, errs); err != nil {
-			return res, fmt.Errorf("store: apply %s/%d@%d: quarantine: %w", b.Topic, b.Partition, b.NextOffset, err)
-		}
+	if err := s.writeQuarantine(ctx, tx, b); err != nil {
+		return res, err
 	}
-
 	failpoint.Hit(failpoint.BeforeCommit)
 	if err := tx.Commit(ctx); err != nil {
 		return res, fmt.Errorf("store: apply %s/%d@%d: commit: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
 	return res, nil
+}
+
+// applySnapshots writes b's snapshots where the row's version is below
+// theirs, recording in res which applied and which met a conflict.
+func (s *Store) applySnapshots(ctx context.Context, tx pgx.Tx, b *Batch, res *Result) error {
+	if len(b.Snapshots) == 0 {
+		return nil
+	}
+	ids, vers, states, offs, evs := columns(b.Snapshots)
+	// The CTEs read the rows and tombstones as they were before this
+	// statement, which tells how far each applied snapshot moved its
+	// job. A tombstone at or above a snapshot keeps the job deleted;
+	// one below it is removed as the snapshot creates the job again.
+	// lockJobs makes the tombstone check and the write atomic.
+	rows, err := tx.Query(ctx, `WITH old AS (
+			SELECT job_id, version FROM `+s.jobs+` WHERE job_id = ANY($1::text[])
+		), tomb AS (
+			SELECT job_id, version FROM `+s.tombstones+` WHERE projection = $8 AND job_id = ANY($1::text[])
+		), ins AS (
+			INSERT INTO `+s.jobs+` AS t
+			(job_id, version, state, updated_at, source_topic, source_partition, source_offset, event_id)
+			SELECT i.job_id, i.version, i.state::jsonb, now(), $6, $7, i.off, NULLIF(i.event_id, '')
+			FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[]) AS i(job_id, version, state, off, event_id)
+			WHERE NOT EXISTS (SELECT 1 FROM tomb WHERE tomb.job_id = i.job_id AND tomb.version >= i.version)
+			ON CONFLICT (job_id) DO UPDATE SET
+				version = excluded.version, state = excluded.state, updated_at = excluded.updated_at,
+				source_topic = excluded.source_topic, source_partition = excluded.source_partition,
+				source_offset = excluded.source_offset, event_id = excluded.event_id, last_ops = NULL
+			WHERE t.version < excluded.version
+			RETURNING t.job_id, t.version
+		), revived AS (
+			DELETE FROM `+s.tombstones+` d USING ins
+			WHERE d.projection = $8 AND d.job_id = ins.job_id AND d.version < ins.version
+		)
+		SELECT ins.job_id, coalesce(old.version, tomb.version, 0) FROM ins
+		LEFT JOIN old ON old.job_id = ins.job_id LEFT JOIN tomb ON tomb.job_id = ins.job_id`,
+		ids, vers, states, offs, evs, b.Topic, b.Partition, s.projection)
+	if err != nil {
+		return fmt.Errorf("store: apply %s/%d@%d: snapshots: %w", b.Topic, b.Partition, b.NextOffset, err)
+	}
+	var id string
+	var before int64
+	_, err = pgx.ForEachRow(rows, []any{&id, &before}, func() error {
+		res.SnapshotsApplied[id] = before
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("store: apply %s/%d@%d: snapshots: %w", b.Topic, b.Partition, b.NextOffset, err)
+	}
+	if err := s.snapshotConflicts(ctx, tx, b, res); err != nil {
+		return err
+	}
+	return nil
+}
+
+// writeQuarantine stores b's records that broke the wire format or that
+// PostgreSQL refused.
+func (s *Store) writeQuarantine(ctx context.Context, tx pgx.Tx, b *Batch) error {
+	if len(b.Bad) == 0 {
+		return nil
+	}
+	parts := make([]int32, len(b.Bad))
+	offs := make([]int64, len(b.Bad))
+	keys := make([][]byte, len(b.Bad))
+	vals := make([][]byte, len(b.Bad))
+	errs := make([]string, len(b.Bad))
+	for i, r := range b.Bad {
+		// The reason quotes input: keep it text PostgreSQL accepts.
+		reason := strings.ToValidUTF8(strings.ReplaceAll(r.Err, "\x00", ""), "\uFFFD")
+		parts[i], offs[i], keys[i], vals[i], errs[i] = int32(r.Partition), r.Offset, r.Key, r.Value, reason
+		if r.Partition < 0 {
+			parts[i] = int32(b.Partition)
+		}
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO `+s.quarantine+` (projection, topic, partition, "offset", key, value, error)
+		SELECT $1, $2, i.part, i.off, i.key, i.value, i.err
+		FROM unnest($3::int[], $4::bigint[], $5::bytea[], $6::bytea[], $7::text[]) AS i(part, off, key, value, err)
+		ON CONFLICT (projection, topic, partition, "offset") DO NOTHING`,
+		s.projection, b.Topic, parts, offs, keys, vals, errs); err != nil {
+		return fmt.Errorf("store: apply %s/%d@%d: quarantine: %w", b.Topic, b.Partition, b.NextOffset, err)
+	}
+	return nil
 }
 
 // snapshotConflicts looks, among the snapshots that did not apply, for rows

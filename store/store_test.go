@@ -4,11 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/projector/projector/internal/pgtest"
@@ -312,4 +317,52 @@ func TestSwapWaitsForABatchInFlightWithoutDeadlock(t *testing.T) {
 func schemaOf(s *store.Store) string {
 	table := s.JobsTable() // "schema"."jobs"
 	return table[:strings.Index(table, ".")]
+}
+
+// TestUpdatesStayOnTheirRowsPage checks the read model leaves room on its
+// pages for the next version of a row: an update that stays on its row's
+// page can be HOT (no new primary key entry, the old version pruned on the
+// page), one that must move cannot. A batch that updates a third of the
+// rows of every page must fit; with pages filled to the brim, every
+// updated row would move.
+func TestUpdatesStayOnTheirRowsPage(t *testing.T) {
+	t.Parallel()
+	s := pgtest.Store(t)
+	ctx := context.Background()
+	c, err := s.Claim(ctx, "t", 0, "me")
+	require.NoError(t, err)
+	state := func(v int64) json.RawMessage {
+		return json.RawMessage(`{"status":"running","version":` + strconv.FormatInt(v, 10) + `,"note":"` + strings.Repeat("x", 150) + `"}`)
+	}
+	const jobs = 600
+	write := func(version, next int64, every int) {
+		var ws []store.Write
+		for i := 0; i < jobs; i += every {
+			ws = append(ws, store.Write{JobID: fmt.Sprintf("job-%04d", i), Version: version, State: state(version), Expect: version - 1})
+		}
+		_, err := s.Apply(ctx, &store.Batch{Topic: "t", Epoch: c.Epoch, NextOffset: next, Updates: ws})
+		require.NoError(t, err)
+	}
+	pages := func() map[string]int64 {
+		rows, err := pgtest.Pool(t).Query(ctx, `SELECT job_id, (ctid::text::point)[0]::bigint FROM `+s.JobsTable())
+		require.NoError(t, err)
+		out := map[string]int64{}
+		var id string
+		var page int64
+		_, err = pgx.ForEachRow(rows, []any{&id, &page}, func() error { out[id] = page; return nil })
+		require.NoError(t, err)
+		return out
+	}
+	write(1, 1, 1)
+	before := pages()
+	require.Greater(t, slices.Max(slices.Collect(maps.Values(before))), int64(5), "the rows must span several pages for the test to mean anything")
+	write(2, 2, 3)
+	after := pages()
+	moved := 0
+	for id, p := range before {
+		if after[id] != p {
+			moved++
+		}
+	}
+	require.Zero(t, moved, "%d of %d updated rows moved to another page", moved, jobs/3)
 }

@@ -1,0 +1,190 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/projector/projector/delta"
+	"github.com/projector/projector/event"
+	"github.com/projector/projector/gapfill"
+	"github.com/projector/projector/store"
+)
+
+// restore loads the held deltas this partition's previous owners stored,
+// with their jobs' rows, into a fresh cache and detector.
+func (w *worker) restore(ctx context.Context) error {
+	w.cache.reset()
+	w.detector.Reset()
+	if w.attempts != nil {
+		w.attempts.reset()
+	}
+	var held []store.Held
+	var rows map[string]store.Job
+	op := func() error {
+		var err error
+		if held, err = w.store.LoadHeld(ctx, w.topic, w.partition); err != nil {
+			return err
+		}
+		ids := map[string]bool{}
+		var list []string
+		for _, h := range held {
+			if !ids[h.JobID] {
+				ids[h.JobID] = true
+				list = append(list, h.JobID)
+			}
+		}
+		rows, err = w.store.LoadJobs(ctx, list)
+		return err
+	}
+	if err := w.retryDatabase(ctx, op); err != nil {
+		return err
+	}
+	for _, h := range held {
+		j, ok := w.cache.get(h.JobID)
+		if !ok {
+			j = gapfill.Job{ID: h.JobID, Held: map[int64]gapfill.Held{}}
+			if row, ok := rows[h.JobID]; ok {
+				var err error
+				if j, err = jobOf(h.JobID, row, map[int64]gapfill.Held{}); err != nil {
+					return err
+				}
+			}
+		}
+		ops, err := delta.ParseOps(h.Ops)
+		if err != nil {
+			return fmt.Errorf("projection: held delta %q v%d: %w", h.JobID, h.Version, err)
+		}
+		ev := event.Event{JobID: h.JobID, Version: h.Version, Kind: event.Delta, Ops: ops, RawOps: h.Ops, EventID: h.EventID}
+		j.Held[h.Version] = gapfill.Held{Input: gapfill.Input{Event: ev, Partition: h.SourcePartition, Offset: h.Offset, At: h.Since, LogTime: h.LogTime}, Since: h.Since}
+
+		w.cache.put(j)
+		w.detector.Hold(h.JobID, h.Since)
+	}
+	// Held deltas that a row already covers (another writer moved it while
+	// nobody owned the partition) are released by the next attempt: make
+	// every restored gap due at once.
+	return nil
+}
+
+func (w *worker) claim(ctx context.Context) (store.Claim, error) {
+	start := int64(-1)
+	if w.cfg.Start == "latest" {
+		var err error
+		if start, err = w.latestStart(ctx); err != nil {
+			return store.Claim{}, err
+		}
+	}
+	var claim store.Claim
+	var waited time.Duration
+	var logged time.Time
+	op := func() error {
+		var err error
+		claim, err = w.store.ClaimFrom(ctx, w.topic, w.partition, w.cfg.Owner, start)
+		var wait *store.ClaimWaitError
+		var swap *store.SwapWaitError
+		for (errors.As(err, &wait) || errors.As(err, &swap)) && ctx.Err() == nil {
+			// Not an outage: PostgreSQL answered, another owner's open
+			// transaction holds the row. Say so when the wait starts and
+			// then every claimWaitLogEvery while it lasts (a batch may
+			// legitimately run long), and ask again.
+			if swap != nil {
+				w.swapWait(swap)
+				swap = nil
+			} else if waited += wait.Waited; time.Since(logged) >= claimWaitLogEvery {
+				logged = time.Now()
+				w.log.Warn("claim waits for the previous owner's open batch transaction on this partition (a slow, stalled or frozen owner); PostgreSQL ends it once its client is idle past the bound; retrying",
+					"previous_owner", wait.Owner, "waited", waited.String())
+			}
+			w.beat.now()
+			sleep(ctx, claimRetryPause)
+			claim, err = w.store.ClaimFrom(ctx, w.topic, w.partition, w.cfg.Owner, start)
+		}
+		return err
+	}
+	err := w.retryDatabase(ctx, op)
+	if err == nil && waited > 0 {
+		w.log.Info("claimed after waiting for the previous owner's transaction", "waited", waited.String())
+	}
+	if err == nil && start >= 0 && claim.NextOffset == start {
+		w.log.Info("start latest: the partition's end was stored as its position by the claim", "next_offset", start)
+	}
+	return claim, err
+}
+
+// swapWait logs, at most every swapWaitLogEvery per partition, that the
+// partition waits for a rebuild's swap.
+func (w *worker) swapWait(e *store.SwapWaitError) {
+	w.swapWaitAt.Store(time.Now().UnixNano())
+	if !w.swapLogged.IsZero() && time.Since(w.swapLogged) < swapWaitLogEvery {
+		return
+	}
+	w.swapLogged = time.Now()
+	attrs := []any{"table", e.Table}
+	if e.Running > 0 {
+		attrs = append(attrs, "swap_running_for", e.Running.Round(time.Second).String())
+	}
+	w.log.Warn("waiting for a rebuild's swap into the read model: this partition's writes pause until it commits, then it is claimed again from the rebuilt positions",
+		attrs...)
+}
+
+// swapWaitLogEvery is the most often a partition logs that it still waits
+// for a rebuild's swap.
+const swapWaitLogEvery = 15 * time.Second
+
+// claimRetryPause separates claims that gave up waiting for the partition
+// row; each of them already waited the store's ClaimLockTimeout.
+const claimRetryPause = 500 * time.Millisecond
+
+// claimWaitLogEvery is how often a claim that keeps waiting for the
+// previous owner's transaction says so again.
+const claimWaitLogEvery = 30 * time.Second
+
+// latestStart is where a partition starts under --start latest: its end,
+// read from the broker before the claim, when no position is stored yet;
+// -1 when one is (the stored position wins). The claim stores the end in
+// the statement that takes the partition: were "latest" stored later, a
+// crash or a rebalance in between would resolve it again and skip what
+// was produced meanwhile. Records produced between this read and the
+// claim are projected, not skipped.
+func (w *worker) latestStart(ctx context.Context) (int64, error) {
+	next := int64(-1)
+	if err := w.retryDatabase(ctx, func() error {
+		var err error
+		next, err = w.store.NextOffset(ctx, w.topic, w.partition)
+		return err
+	}); err != nil {
+		return -1, err
+	}
+	if next >= 0 {
+		return -1, nil
+	}
+	var end int64
+	op := func() error {
+		_, last, err := w.logBounds(ctx)
+		if err != nil {
+			w.log.Warn("reading the partition's end for --start latest failed; retrying", "err", err)
+			return err
+		}
+		end = last
+		return nil
+	}
+	if err := backoff.Retry(op, backoff.WithContext(retryPolicy(), ctx)); err != nil {
+		return -1, err
+	}
+	return end, nil
+}
+
+func (w *worker) logBounds(ctx context.Context) (first, last int64, err error) {
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := dialLeader(dctx, w.dialer, w.cfg.Brokers, w.topic, w.partition)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer conn.Close()
+	return conn.ReadOffsets()
+}

@@ -1,0 +1,29 @@
+package projection
+
+import (
+	"context"
+	"time"
+)
+
+// fetch waits for the first record, or until a held gap falls due or a
+// resolution arrives, then gathers more for up to the linger time or the
+// batch size. It returns early when ctx ends.
+func (w *worker) fetch(ctx context.Context) []Record {
+	// An idle worker still wakes up every idleWake, so its beat shows it
+	// alive.
+	wait := idleWake
+	if w.attempts != nil && w.attempts.busy() {
+		// Answers join the next batch as soon as they are ready.
+		wait = attemptPoll
+	}
+	if due, ok := w.detector.NextDue(); ok && time.Until(due) < wait {
+		wait = max(time.Until(due), 10*time.Millisecond)
+	}
+	recs, err := w.src.Fetch(ctx, wait)
+	if err != nil {
+		w.sourceOutage.failed(err, time.Second)
+		sleep(ctx, time.Second)
+		return nil
+	}
+	return recs
+}

@@ -1,0 +1,75 @@
+package projection
+
+import (
+	"context"
+	"time"
+)
+
+// Record is one record a [Source] delivers: the wire format's key and
+// value, when the source accepted it, and where it sits in the source.
+type Record struct {
+	Key, Value []byte
+	// Time is when the source accepted the record (Kafka's log append time,
+	// SQS's sent timestamp). It orders nothing: it bounds the log re-read
+	// and ages held deltas.
+	Time  time.Time
+	Coord Coord
+}
+
+// Coord is where a record sits in its source. A Kafka record has a
+// partition and an offset; an SQS message has an id and, on a FIFO queue,
+// a sequence number, and its Offset is derived from them (see
+// [sqsMessage.Offset]) so that the store's keys stay unique. Held and
+// quarantine rows keep the coordinate, so a record can be found again.
+type Coord struct {
+	// Partition and Offset name a Kafka record. Offset is also set for an
+	// SQS message; Partition is -1 there.
+	Partition int
+	Offset    int64
+	// MessageID and Sequence name an SQS message: its id, and its FIFO
+	// sequence number (a decimal string of up to 128 digits, empty on a
+	// standard queue). Empty for Kafka.
+	MessageID, Sequence string
+	// Group is the message's ordering scope on SQS (its MessageGroupId);
+	// empty for Kafka, whose ordering scope is the partition.
+	Group string
+}
+
+// Source is what a partition worker reads records from: one Kafka
+// partition, or an SQS FIFO queue. The worker fetches a batch, plans it,
+// commits its effect in one PostgreSQL transaction, and only then
+// acknowledges it. A batch that never commits is never acknowledged, so
+// the source delivers it again (Kafka: the next owner reads from the
+// stored position; SQS: the messages become visible again when the
+// source stops extending their visibility). A source keeps the records it
+// delivered and that are not yet acknowledged reserved for as long as
+// their batch is in flight (SQS: it extends their visibility timeout);
+// Close ends that.
+//
+// Every write is conditional on the job's version in PostgreSQL, so a
+// record delivered twice is dropped as a duplicate or stale: correctness
+// never depends on exclusive delivery. An ordered source additionally has
+// positions that are stored with each batch under an epoch fence, so one
+// owner at a time writes a partition and nothing is read twice in the
+// common case.
+type Source interface {
+	// Fetch waits up to wait for a first record, then gathers more up to the batch size or the linger time; no records and no error when wait passed (or ctx ended), an error when the source is unreachable.
+	Fetch(ctx context.Context, wait time.Duration) ([]Record, error)
+	// Ack tells the source that recs' batch transaction committed (Kafka: the position goes to the group offset; SQS: the messages are deleted); a failed Ack only means they are delivered again.
+	Ack(ctx context.Context, recs []Record) error
+	// Ordered reports whether records have ordered positions, stored and fenced per owner, and can be read again from the log (Kafka); false for a queue that deletes after commit (SQS FIFO), where the gap re-read checks the store only.
+	Ordered() bool
+	// Lag is how many records wait to be projected (Kafka: the partition's end minus the position; SQS: approximate visible plus in-flight messages).
+	Lag(ctx context.Context) (int64, error)
+	// Close stops reading and releases what was not acknowledged, to be delivered again.
+	Close() error
+}
+
+// firstOffset is the offset of a batch's first record, for logs; -1 for
+// none.
+func firstOffset(recs []Record) int64 {
+	if len(recs) == 0 {
+		return -1
+	}
+	return recs[0].Coord.Offset
+}

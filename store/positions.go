@@ -1,0 +1,150 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ErrFenced means another owner claimed the partition after this one: the
+// batch was rolled back and the caller must stop working the partition.
+var ErrFenced = errors.New("store: partition fenced: another owner claimed it")
+
+// Claim is a partition's stored position and this owner's fencing epoch.
+type Claim struct {
+	Epoch int64
+	// NextOffset is the next offset to read; -1 when the partition was never
+	// processed.
+	NextOffset int64
+}
+
+// Claim takes partition p of topic for owner: it bumps the epoch, which
+// fences any previous owner's next batch, and returns the stored position.
+// A previous owner's open batch transaction holds the partition row: the
+// claim waits for it at most the ClaimLockTimeout, then returns a
+// *[ClaimWaitError] naming that owner, for the caller to log and retry.
+func (s *Store) Claim(ctx context.Context, topic string, p int, owner string) (Claim, error) {
+	return s.ClaimFrom(ctx, topic, p, owner, -1)
+}
+
+// ClaimFrom is [Store.Claim] for a partition that starts at start when no
+// position is stored yet (never processed, NextOffset -1): the statement
+// that takes the partition stores start as its position, so there is no
+// moment, however short, when the partition is claimed and its start not
+// stored. A stored position always wins over start; start -1 stores
+// nothing.
+func (s *Store) ClaimFrom(ctx context.Context, topic string, p int, owner string, start int64) (Claim, error) {
+	if start < -1 {
+		return Claim{}, fmt.Errorf("store: claim %s/%d: start %d is not an offset", topic, p, start)
+	}
+	var c Claim
+	err := pgx.BeginTxFunc(ctx, s.pool, readCommitted, func(tx pgx.Tx) error {
+		// The claim's own transaction holds the row too, from its write to
+		// its commit: a claimer frozen in between is bounded like a batch.
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)`,
+			millis(s.claimLockTimeout), millis(s.idleTimeout)); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `INSERT INTO `+s.partitions+` AS t (projection, topic, partition, epoch, owner, next_offset)
+			VALUES ($1, $2, $3, 1, $4, $5)
+			ON CONFLICT (projection, topic, partition)
+			DO UPDATE SET epoch = t.epoch + 1, owner = excluded.owner, updated_at = now(),
+				next_offset = CASE WHEN t.next_offset < 0 THEN excluded.next_offset ELSE t.next_offset END
+			RETURNING epoch, next_offset`, s.projection, topic, p, owner, start).Scan(&c.Epoch, &c.NextOffset)
+	})
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+			if running, ok := s.swapping(ctx); ok {
+				return Claim{}, fmt.Errorf("store: claim %s/%d: %w", topic, p, &SwapWaitError{Table: s.schema + "." + s.projection, Running: running, Err: err})
+			}
+			w := &ClaimWaitError{Topic: topic, Partition: p, Waited: s.claimLockTimeout, Err: err}
+			// A plain read does not wait for the row lock: it sees the
+			// owner as last committed, the one whose transaction is open.
+			_ = s.pool.QueryRow(ctx, `SELECT owner FROM `+s.partitions+` WHERE projection = $1 AND topic = $2 AND partition = $3`,
+				s.projection, topic, p).Scan(&w.Owner)
+			return Claim{}, w
+		}
+		return Claim{}, fmt.Errorf("store: claim %s/%d: %w", topic, p, err)
+	}
+	return c, nil
+}
+
+// NextOffset is partition p's stored position as last committed, without
+// waiting for any lock: -1 when the partition was never processed.
+func (s *Store) NextOffset(ctx context.Context, topic string, p int) (int64, error) {
+	next := int64(-1)
+	err := s.pool.QueryRow(ctx, `SELECT next_offset FROM `+s.partitions+` WHERE projection = $1 AND topic = $2 AND partition = $3`,
+		s.projection, topic, p).Scan(&next)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return -1, fmt.Errorf("store: position %s/%d: %w", topic, p, err)
+	}
+	return next, nil
+}
+
+// ClaimWaitError means a claim gave up waiting for the partition's row: a
+// previous owner's batch transaction is still open (a slow, stalled or
+// frozen owner). PostgreSQL ends such a transaction once its client has
+// been idle for the IdleInTransactionTimeout, so retrying succeeds.
+type ClaimWaitError struct {
+	Topic     string
+	Partition int
+	// Owner is the partition's owner as last committed, whose transaction
+	// is open; empty if it could not be read.
+	Owner  string
+	Waited time.Duration
+	Err    error
+}
+
+func (e *ClaimWaitError) Error() string {
+	return fmt.Sprintf("store: claim %s/%d: waited %s for the open transaction of the previous owner %q: %v", e.Topic, e.Partition, e.Waited, e.Owner, e.Err)
+}
+
+func (e *ClaimWaitError) Unwrap() error { return e.Err }
+
+// millis is d as a PostgreSQL time setting in milliseconds.
+func millis(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) }
+
+// fence bounds the batch transaction and takes the partition's row under
+// b's epoch, storing b's position: [ErrFenced] when the epoch is no longer
+// the partition's, a *[SwapWaitError] when a rebuild's swap holds the row.
+func (s *Store) fence(ctx context.Context, tx pgx.Tx, b *Batch) error {
+	// The fence below locks the partition row until commit: bound how long
+	// a frozen client may keep the transaction open, and each statement.
+	// The fence waits for the partition's row at most as long as a claim
+	// does: only a claim (brief) or a rebuild's swap (long) holds it, and a
+	// batch waiting for a swap says so (*[SwapWaitError]) rather than
+	// failing as an outage at the statement bound. The statements after
+	// the fence wait as before: the bound is lifted once it holds the row.
+	var lockTimeout string
+	if err := tx.QueryRow(ctx, `SELECT current_setting('lock_timeout'), set_config('idle_in_transaction_session_timeout', $1, true),
+		set_config('statement_timeout', $2, true), set_config('lock_timeout', $3, true)`,
+		millis(s.idleTimeout), millis(s.statementTimeout), millis(s.claimLockTimeout)).Scan(&lockTimeout, nil, nil, nil); err != nil {
+		return fmt.Errorf("store: apply %s/%d@%d: bounds: %w", b.Topic, b.Partition, b.NextOffset, err)
+	}
+	tag, err := tx.Exec(ctx, `UPDATE `+s.partitions+` SET next_offset = $5, updated_at = now()
+		WHERE projection = $1 AND topic = $2 AND partition = $3 AND epoch = $4`,
+		s.projection, b.Topic, b.Partition, b.Epoch, b.NextOffset)
+	if err == nil {
+		_, err = tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, lockTimeout)
+	}
+	if err != nil {
+		var pgErr *pgconn.PgError
+		// lock_not_available, or the statement bound if it is the shorter.
+		if errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "57014") {
+			if running, ok := s.swapping(ctx); ok {
+				err = &SwapWaitError{Table: s.schema + "." + s.projection, Running: running, Err: err}
+			}
+		}
+		return fmt.Errorf("store: apply %s/%d@%d: fence: %w", b.Topic, b.Partition, b.NextOffset, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrFenced
+	}
+	return nil
+}
