@@ -9,7 +9,6 @@ import (
 
 	"github.com/projector/projector/delta"
 	"github.com/projector/projector/event"
-	"github.com/projector/projector/snapshot"
 )
 
 // Source is where an input came from; it decides what closed a gap.
@@ -223,7 +222,7 @@ func Advance(job Job, inputs []Input) (Job, Outcome) {
 				}
 				// A tombstone makes a snapshot at its own version stale:
 				// the delete was applied first and wins.
-				if ev.Version == job.Version && !job.Deleted && !snapshot.SameState(ev.State, rawOf(&job)) {
+				if ev.Version == job.Version && !job.Deleted && !delta.SameState(ev.State, rawOf(&job)) {
 					out.Conflicts = append(out.Conflicts, Conflict{Version: ev.Version, KeptEventID: job.EventID,
 						DroppedEventID: ev.EventID, DroppedPartition: in.Partition, DroppedOffset: in.Offset})
 					continue
@@ -417,4 +416,4 @@ func drain(job *Job, out *Outcome, owned *bool) {
 	}
 }
 
-func sameOps(a, b json.RawMessage) bool { return snapshot.SameState(a, b) }
+func sameOps(a, b json.RawMessage) bool { return delta.SameState(a, b) }

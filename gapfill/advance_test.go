@@ -15,7 +15,6 @@ import (
 	"github.com/projector/projector/delta"
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
-	"github.com/projector/projector/snapshot"
 )
 
 // TestAdvanceScripts runs the golden scripts of testdata/advance. Run with
@@ -160,7 +159,7 @@ func (r *advanceRunner) check(c *scriptCmd, next gapfill.Job, out gapfill.Outcom
 	if out.Changed && !next.Deleted {
 		raw, err := delta.EncodeState(next.State)
 		require.NoError(r.t, err)
-		require.True(r.t, snapshot.SameState(raw, next.Raw), "%s: Raw %s is not State %s", pos, next.Raw, raw)
+		require.True(r.t, delta.SameState(raw, next.Raw), "%s: Raw %s is not State %s", pos, next.Raw, raw)
 	}
 	for _, h := range out.NewlyHeld {
 		require.Contains(r.t, next.Held, h.Event.Version, "%s: newly held v%d is not held", pos, h.Event.Version)

@@ -16,7 +16,6 @@ import (
 	"github.com/projector/projector/delta"
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
-	"github.com/projector/projector/snapshot"
 )
 
 // The property tests drive Advance with random histories, delivered in
@@ -478,7 +477,7 @@ func (f *feeder) advance(j int, ins []gapfill.Input) {
 		require.Equal(t, string(h.ref[next.Version]), string(got), "state at v%d", next.Version)
 	}
 	if next.Version > 0 && !next.Deleted {
-		require.True(t, snapshot.SameState(h.ref[next.Version], next.Raw), "Raw %s at v%d", next.Raw, next.Version)
+		require.True(t, delta.SameState(h.ref[next.Version], next.Raw), "Raw %s at v%d", next.Raw, next.Version)
 	}
 	heldSince := map[int64]time.Time{}
 	for v, hd := range next.Held {

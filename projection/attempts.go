@@ -25,7 +25,7 @@ const rereadRound = 1000
 // result is handed back to the worker as soon as it is ready, to join its
 // next batch, so a slow or failing answer for one job holds up no other
 // beyond the concurrency limit. The goroutines are fixed (one re-reader
-// per partition, --snapshot-concurrency fetchers per instance) and the
+// per partition, 3 x --snapshot-concurrency fetchers per instance) and the
 // work queued or in flight is bounded, however many jobs are held.
 //
 // Only the worker's goroutine calls its methods; the goroutines it starts
@@ -66,7 +66,7 @@ func (w *worker) startAttempts(ctx context.Context, wg *sync.WaitGroup) *attempt
 		a.reread = a.reread || s == gapfill.StepReread
 		a.snapshot = a.snapshot || s == gapfill.StepSnapshot
 	}
-	a.fetchers = max(w.cfg.SnapshotConcurrency, 1)
+	a.fetchers = max(a.pool.size(), 1)
 	// At most one re-read round and a.fetchers answers are outstanding,
 	// so out never blocks the goroutines that send on it.
 	a.out = make(chan finished, a.fetchers+1)
@@ -183,15 +183,29 @@ func (a *attempts) reset() {
 	a.pending = nil
 }
 
-// fetchPool is the instance's fetchers: twice --snapshot-concurrency, so
-// that fetches waiting out a retry backoff (which hold no request slot)
-// do not leave the authority's slots idle; the snapshot client's own
-// semaphore keeps the requests in flight to --snapshot-concurrency.
-// Workers offer attempts without blocking; each answer goes back to the
-// worker that offered it, unless that worker has stopped.
+// fetchPool is the instance's fetchers (see [fetchPoolSize]). Workers offer
+// attempts without blocking; each answer goes back to the worker that
+// offered it, unless that worker has stopped.
 type fetchPool struct {
 	resolver *gapfill.Resolver
 	in       chan fetchJob
+	n        int
+}
+
+// fetchPoolSize is the size of the instance's fetch pool for a given
+// --snapshot-concurrency c: c for the requests in the main lane, c more
+// for those moved to the slow lane (the snapshot client's lanes keep the
+// requests in flight to these two limits), and c again so that fetches
+// waiting out a retry backoff, which hold no request slot, do not leave
+// the authority's slots idle.
+func fetchPoolSize(c int) int { return 3 * c }
+
+// size is the number of fetchers; 0 for no pool.
+func (p *fetchPool) size() int {
+	if p == nil {
+		return 0
+	}
+	return p.n
 }
 
 type fetchJob struct {
@@ -203,7 +217,7 @@ type fetchJob struct {
 // startFetchPool starts n fetchers that run until ctx ends; wg waits for
 // them.
 func startFetchPool(ctx context.Context, wg *sync.WaitGroup, r *gapfill.Resolver, n int) *fetchPool {
-	p := &fetchPool{resolver: r, in: make(chan fetchJob)}
+	p := &fetchPool{resolver: r, in: make(chan fetchJob), n: n}
 	for range n {
 		wg.Go(func() {
 			for {

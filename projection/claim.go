@@ -46,12 +46,9 @@ func (w *worker) restore(ctx context.Context) error {
 	for _, h := range held {
 		j, ok := w.cache.get(h.JobID)
 		if !ok {
-			j = gapfill.Job{ID: h.JobID, Held: map[int64]gapfill.Held{}}
-			if row, ok := rows[h.JobID]; ok {
-				var err error
-				if j, err = jobOf(h.JobID, row, map[int64]gapfill.Held{}); err != nil {
-					return err
-				}
+			var err error
+			if j, err = storedJob(h.JobID, rows, map[int64]gapfill.Held{}); err != nil {
+				return err
 			}
 		}
 		ops, err := delta.ParseOps(h.Ops)

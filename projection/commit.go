@@ -253,11 +253,9 @@ func (w *worker) forgetRow(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	fresh := gapfill.Job{ID: id, Held: j.Held} // no row: version 0
-	if r, ok := rows[id]; ok {
-		if fresh, err = jobOf(id, r, j.Held); err != nil {
-			return err
-		}
+	fresh, err := storedJob(id, rows, j.Held)
+	if err != nil {
+		return err
 	}
 	w.cache.put(fresh)
 	return nil

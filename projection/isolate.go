@@ -153,15 +153,12 @@ func (w *worker) applyApart(ctx context.Context, msgs []Record, res []gapfill.Re
 	}
 	j, ok := w.cache.get(id)
 	if !ok {
-		j = gapfill.Job{ID: id}
 		rows, err := w.store.LoadJobs(ctx, []string{id})
 		if err != nil {
 			return err
 		}
-		if row, found := rows[id]; found {
-			if j, err = jobOf(id, row, nil); err != nil {
-				return err
-			}
+		if j, err = storedJob(id, rows, nil); err != nil {
+			return err
 		}
 	}
 	j.Held = keep

@@ -95,6 +95,15 @@ var (
 	descAuthority = prometheus.NewDesc("projector_authority_requests_total",
 		"Snapshot fetches from the authority by result: ok, not_found, error (after its retries).",
 		[]string{"result"}, nil)
+	descAuthorityInFlight = prometheus.NewDesc("projector_authority_requests_in_flight",
+		"Requests to the authority in flight, by the lane they count against: main (--snapshot-concurrency) or slow (requests past a few median answer times, up to --snapshot-concurrency more).",
+		[]string{"lane"}, nil)
+	descAuthoritySlowMoves = prometheus.NewDesc("projector_authority_slow_lane_moves_total",
+		"Requests to the authority that ran past the slow threshold and moved to the slow lane, freeing their main slot.", nil, nil)
+	descAuthoritySlowFull = prometheus.NewDesc("projector_authority_slow_lane_full_total",
+		"Requests to the authority that ran past the slow threshold while the slow lane was full, and so kept their main slot until a slow slot freed or they ended.", nil, nil)
+	descAuthoritySlowAfter = prometheus.NewDesc("projector_authority_slow_after_seconds",
+		"How long a request to the authority runs before it moves to the slow lane: 3 x the median of the last 64 answers, at least 0.05; 0 until 8 answers have been seen.", nil, nil)
 	descDBErrors = prometheus.NewDesc("projector_database_errors_total",
 		"Failed PostgreSQL operations (batches, claims, reloads, pings); each is retried.", nil, nil)
 	descStalls = prometheus.NewDesc("projector_stalls_total",
@@ -159,6 +168,14 @@ func (c *projectorCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descAuthority, k.AuthorityOK, "ok")
 	counter(descAuthority, k.AuthorityNotFound, "not_found")
 	counter(descAuthority, k.AuthorityError, "error")
+	if sc := c.p.snapshots; sc != nil {
+		l := sc.Lanes()
+		gauge(descAuthorityInFlight, float64(l.Main), "main")
+		gauge(descAuthorityInFlight, float64(l.Slow), "slow")
+		counter(descAuthoritySlowMoves, l.Moved)
+		counter(descAuthoritySlowFull, l.Kept)
+		gauge(descAuthoritySlowAfter, l.SlowAfter.Seconds())
+	}
 	counter(descDBErrors, k.DatabaseErrors)
 	counter(descStalls, k.Stalls)
 	gauge(descHeldJobs, float64(k.HeldJobs))

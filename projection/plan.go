@@ -144,11 +144,9 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 	// entries as it fills; the cache learns them once the batch commits.
 	known := make(map[string]gapfill.Job, len(need))
 	for _, id := range need {
-		j := gapfill.Job{ID: id}
-		if row, ok := loaded[id]; ok {
-			if j, err = jobOf(id, row, nil); err != nil {
-				return nil, err
-			}
+		j, err := storedJob(id, loaded, nil)
+		if err != nil {
+			return nil, err
 		}
 		known[id] = j
 	}

@@ -22,6 +22,9 @@ type Projector struct {
 	// dialer is kafka's, for every Conn and Reader.
 	dialer   *kafka.Dialer
 	resolver *gapfill.Resolver
+	// snapshots is the authority's client, nil when the snapshot step is
+	// off; its lanes are reported in /metrics.
+	snapshots *snapshot.Client
 	// budget is the memory every partition's job cache shares.
 	budget *cacheBudget
 	// fetchers ask the authority for every partition's held jobs.
@@ -103,7 +106,12 @@ func New(cfg Config) (*Projector, error) {
 			}
 			sc.Timeout = cfg.SnapshotTimeout
 			sc.MaxConcurrent = cfg.SnapshotConcurrency
+			// A request running past a few median answer times moves to
+			// a slow lane as wide as the main one, and frees its slot
+			// for the prompt answers behind it.
+			sc.SlowConcurrent = cfg.SnapshotConcurrency
 			sc.MaxElapsedTime = cfg.SnapshotMaxElapsed
+			p.snapshots = sc
 			p.resolver.Snapshots = countedSnapshots{src: sc, c: &p.counters}
 		}
 	}
@@ -150,7 +158,7 @@ func (p *Projector) run(ctx context.Context) error {
 	fctx, stopFetchers := context.WithCancel(context.Background())
 	var fetchers sync.WaitGroup
 	if p.resolver != nil && p.resolver.Snapshots != nil {
-		p.fetchers = startFetchPool(fctx, &fetchers, p.resolver, 2*cfg.SnapshotConcurrency)
+		p.fetchers = startFetchPool(fctx, &fetchers, p.resolver, fetchPoolSize(cfg.SnapshotConcurrency))
 	}
 	defer fetchers.Wait()
 	defer stopFetchers()

@@ -101,11 +101,9 @@ func replayOne(ctx context.Context, st *store.Store, q store.QuarantineRecord, r
 		if err != nil {
 			return err
 		}
-		job := gapfill.Job{ID: ev.JobID}
-		if row, ok := rows[ev.JobID]; ok {
-			if job, err = jobOf(ev.JobID, row, nil); err != nil {
-				return fmt.Errorf("projection: replay %d: %w", q.ID, err)
-			}
+		job, err := storedJob(ev.JobID, rows, nil)
+		if err != nil {
+			return fmt.Errorf("projection: replay %d: %w", q.ID, err)
 		}
 		next, out := gapfill.Advance(job, []gapfill.Input{{Event: ev, Partition: q.Partition, Offset: q.Offset, Source: gapfill.FromLog, At: time.Now()}})
 		switch {

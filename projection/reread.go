@@ -35,9 +35,15 @@ func rowOf(j store.Job) gapfill.Row {
 	return gapfill.Row{Version: j.Version, State: j.State, EventID: j.EventID, LastOps: j.LastOps, Deleted: j.Deleted}
 }
 
-// jobOf is a stored row, or a deleted job's tombstone, as the gap
-// detector's job with the given held deltas.
-func jobOf(id string, j store.Job, held map[int64]gapfill.Held) (gapfill.Job, error) {
+// storedJob is job id as the store holds it, with the given held deltas:
+// its row or its tombstone from rows (as [Store.LoadJobs] returns them), or
+// version 0 when it has neither. It is the one conversion from a stored
+// row to the gap detector's job.
+func storedJob(id string, rows map[string]store.Job, held map[int64]gapfill.Held) (gapfill.Job, error) {
+	j, ok := rows[id]
+	if !ok {
+		return gapfill.Job{ID: id, Held: held}, nil
+	}
 	job, err := rowOf(j).Job(id, held)
 	if err != nil {
 		return gapfill.Job{}, fmt.Errorf("projection: %w", err)

@@ -20,7 +20,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/projector/projector/snapshot"
+	"github.com/projector/projector/delta"
 	"github.com/projector/projector/store"
 )
 
@@ -1106,14 +1106,14 @@ func parseStatusPredicate(s string) (predicate, error) {
 
 // sameJSONText compares two JSON texts as values; numbers are compared
 // exactly, by value (5, 5.0 and 5e0 are equal; 2^53 and 2^53+1 are not),
-// as snapshot.SameState does.
+// as delta.SameState does.
 func sameJSONText(a, b []byte) (bool, error) {
 	for _, t := range [][]byte{a, b} {
 		if !json.Valid(t) {
 			return false, fmt.Errorf("not valid JSON: %s", t)
 		}
 	}
-	return snapshot.SameState(a, b), nil
+	return delta.SameState(a, b), nil
 }
 
 // TestScenarioParseErrors checks that the format is strict: every mistake

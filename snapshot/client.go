@@ -49,13 +49,21 @@ type Client struct {
 	// callers, so a burst of gaps cannot swamp the authority. It is read
 	// on the first Fetch.
 	MaxConcurrent int
+	// SlowConcurrent is the slow lane: up to this many requests that run
+	// past SlowMedians times the median answer time (at least SlowFloor)
+	// stop counting against MaxConcurrent and count here instead, so slow
+	// answers do not hold every slot while prompt ones wait. When the slow
+	// lane is full a slow request keeps its MaxConcurrent slot. Every
+	// request still ends at Timeout. Zero means no slow lane. It is read
+	// on the first Fetch.
+	SlowConcurrent int
 	// The backoff between attempts: exponential from InitialInterval up to
 	// MaxInterval, each wait jittered by ±50%, giving up once
 	// MaxElapsedTime has passed since the first attempt.
 	InitialInterval, MaxInterval, MaxElapsedTime time.Duration
 
-	semOnce sync.Once
-	sem     chan struct{}
+	lanesOnce sync.Once
+	ln        *lanes
 }
 
 // NewClient returns a client of the authority at baseURL with every
@@ -196,13 +204,13 @@ func (c *Client) attempt(ctx context.Context, target, jobID string) (event.Event
 	}
 	// The slot is taken before the timeout starts, so waiting behind other
 	// fetches does not count against this request's time.
-	sem := c.semaphore()
-	select {
-	case sem <- struct{}{}:
-	case <-ctx.Done():
-		return event.Event{}, backoff.Permanent(ctx.Err())
+	ln := c.lanes()
+	slot, err := ln.acquire(ctx)
+	if err != nil {
+		return event.Event{}, backoff.Permanent(err)
 	}
-	defer func() { <-sem }()
+	defer slot.release()
+	start := time.Now()
 
 	timeout := orDefault(c.Timeout, DefaultTimeout)
 	reqCtx, cancel := context.WithTimeout(ctx, timeout)
@@ -226,6 +234,9 @@ func (c *Client) attempt(ctx context.Context, target, jobID string) (event.Event
 		// body is left to the close.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 		_ = resp.Body.Close()
+		// Whatever it said, the authority answered: its time counts
+		// towards the median that tells slow requests apart.
+		ln.observe(time.Since(start))
 	}()
 
 	switch resp.StatusCode {
@@ -307,15 +318,15 @@ func (c *Client) transportError(ctx, reqCtx context.Context, timeout time.Durati
 	return err
 }
 
-func (c *Client) semaphore() chan struct{} {
-	c.semOnce.Do(func() {
+func (c *Client) lanes() *lanes {
+	c.lanesOnce.Do(func() {
 		n := c.MaxConcurrent
 		if n <= 0 {
 			n = DefaultMaxConcurrent
 		}
-		c.sem = make(chan struct{}, n)
+		c.ln = newLanes(n, c.SlowConcurrent)
 	})
-	return c.sem
+	return c.ln
 }
 
 // excerpt returns the start of an error answer's body for the error

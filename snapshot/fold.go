@@ -1,10 +1,9 @@
 package snapshot
 
 import (
-	"bytes"
 	"encoding/json"
-	"math/big"
 
+	"github.com/projector/projector/delta"
 	"github.com/projector/projector/event"
 )
 
@@ -48,7 +47,7 @@ func Fold(head Head, evs []event.Event) Folded {
 		case s.Version > hi:
 			hi, hiState, hiDeleted, f.Winner = s.Version, s.State, del, i
 		case s.Version < hi || hiDeleted:
-		case del && hiState != nil, !del && hiState != nil && !SameState(hiState, s.State):
+		case del && hiState != nil, !del && hiState != nil && !delta.SameState(hiState, s.State):
 			f.Conflicts = append(f.Conflicts, i)
 			continue
 		}
@@ -87,68 +86,4 @@ func (f Folded) Deletes(before int64) int {
 		}
 	}
 	return n
-}
-
-// SameState reports whether two JSON states are the same JSON value:
-// member order and spacing aside, numbers compared by value (1 and 1.0 are
-// the same number), as PostgreSQL's jsonb compares them.
-func SameState(a, b json.RawMessage) bool {
-	if bytes.Equal(a, b) {
-		return true
-	}
-	va, errA := decode(a)
-	vb, errB := decode(b)
-	if errA != nil || errB != nil {
-		return false
-	}
-	return equal(va, vb)
-}
-
-func decode(raw json.RawMessage) (any, error) {
-	d := json.NewDecoder(bytes.NewReader(raw))
-	d.UseNumber()
-	var v any
-	err := d.Decode(&v)
-	return v, err
-}
-
-func equal(a, b any) bool {
-	switch x := a.(type) {
-	case map[string]any:
-		y, ok := b.(map[string]any)
-		if !ok || len(x) != len(y) {
-			return false
-		}
-		for k, v := range x {
-			w, ok := y[k]
-			if !ok || !equal(v, w) {
-				return false
-			}
-		}
-		return true
-	case []any:
-		y, ok := b.([]any)
-		if !ok || len(x) != len(y) {
-			return false
-		}
-		for i := range x {
-			if !equal(x[i], y[i]) {
-				return false
-			}
-		}
-		return true
-	case json.Number:
-		y, ok := b.(json.Number)
-		if !ok {
-			return false
-		}
-		if x == y {
-			return true
-		}
-		rx, okx := new(big.Rat).SetString(string(x))
-		ry, oky := new(big.Rat).SetString(string(y))
-		return okx && oky && rx.Cmp(ry) == 0
-	default:
-		return a == b
-	}
 }

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/projector/projector/delta"
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/snapshot"
 	"github.com/projector/projector/store"
@@ -239,7 +240,7 @@ func classify(id string, row store.Job, hasRow bool, auth event.Event) *Drift {
 		d.Kind = Ahead
 	case row.Deleted != authDeleted:
 		d.Kind = Differs
-	case !authDeleted && !snapshot.SameState(json.RawMessage(row.State), auth.State):
+	case !authDeleted && !delta.SameState(json.RawMessage(row.State), auth.State):
 		d.Kind = Differs
 	default:
 		return nil

@@ -134,7 +134,7 @@ func (g *gapFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&g.rereadMaxBytes, "reread-max-bytes", 256<<20, "most bytes one log re-read reads")
 	fs.StringVar(&g.snapshotURL, "snapshot-url", "", "trusted snapshot authority: GET {url}/jobs/{job_id} returns the job's snapshot;\nempty turns the snapshot step off")
 	fs.DurationVar(&g.snapshotTimeout, "snapshot-timeout", 5*time.Second, "timeout of one request to the authority")
-	fs.IntVar(&g.snapshotConc, "snapshot-concurrency", 4, "most requests to the authority in flight")
+	fs.IntVar(&g.snapshotConc, "snapshot-concurrency", 4, "most requests to the authority in flight, not counting slow ones:\na request running past 3 x the median answer time (at least 50ms) moves to\na slow lane of as many more, freeing its slot; it still ends at --snapshot-timeout")
 	fs.DurationVar(&g.retryMax, "gap-retry-max", 5*time.Minute, "longest backoff between attempts that leave a gap held")
 	fs.DurationVar(&g.logRetention, "gap-log-retention", 7*24*time.Hour, "how long closed gaps stay in the gap log (projector explain shows them)")
 	fs.IntVar(&g.logMaxRows, "gap-log-max-rows", 100_000, "most rows the gap log keeps; the oldest beyond are pruned")

@@ -18,9 +18,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/projector/projector/delta"
 	"github.com/projector/projector/internal/jobgen"
 	"github.com/projector/projector/projection"
-	"github.com/projector/projector/snapshot"
 	"github.com/projector/projector/store"
 )
 
@@ -315,7 +315,7 @@ func verify(ctx context.Context, st *store.Store, stream *jobgen.Stream, sum *Su
 			sum.Verified++
 		case !ok:
 			sum.Mismatches = append(sum.Mismatches, fmt.Sprintf("%s: no row (want version %d)", id, want.Version))
-		case got.Version != want.Version || !snapshot.SameState(got.State, want.State):
+		case got.Version != want.Version || !delta.SameState(got.State, want.State):
 			sum.Mismatches = append(sum.Mismatches, fmt.Sprintf("%s: version %d state %s, want version %d state %s",
 				id, got.Version, got.State, want.Version, want.State))
 		default:

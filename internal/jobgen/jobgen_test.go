@@ -12,7 +12,6 @@ import (
 	"github.com/projector/projector/delta"
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/internal/jobgen"
-	"github.com/projector/projector/snapshot"
 )
 
 // TestTruthIsTheFoldOfEveryVersion replays each job's events in version
@@ -71,7 +70,7 @@ func TestTruthIsTheFoldOfEveryVersion(t *testing.T) {
 		}
 		raw, err := delta.EncodeState(state)
 		require.NoError(t, err)
-		require.True(t, snapshot.SameState(s.Truth[id].State, raw), "%s: %s vs %s", id, s.Truth[id].State, raw)
+		require.True(t, delta.SameState(s.Truth[id].State, raw), "%s: %s vs %s", id, s.Truth[id].State, raw)
 	}
 }
 
