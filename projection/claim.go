@@ -43,6 +43,18 @@ func (w *worker) restore(ctx context.Context) error {
 	if err := w.retryDatabase(ctx, op); err != nil {
 		return err
 	}
+	if err := w.holdStored(held, rows); err != nil {
+		return err
+	}
+	// Held deltas that a row already covers (another writer moved it while
+	// nobody owned the partition) are released by the next attempt: make
+	// every restored gap due at once.
+	return nil
+}
+
+// holdStored puts held rows read from the store, with their jobs' rows,
+// into the cache and the detector.
+func (w *worker) holdStored(held []store.Held, rows map[string]store.Job) error {
 	for _, h := range held {
 		j, ok := w.cache.get(h.JobID)
 		if !ok {
@@ -50,6 +62,9 @@ func (w *worker) restore(ctx context.Context) error {
 			if j, err = storedJob(h.JobID, rows, map[int64]gapfill.Held{}); err != nil {
 				return err
 			}
+		}
+		if j.Held == nil {
+			j.Held = map[int64]gapfill.Held{}
 		}
 		ops, err := delta.ParseOps(h.Ops)
 		if err != nil {
@@ -61,9 +76,6 @@ func (w *worker) restore(ctx context.Context) error {
 		w.cache.put(j)
 		w.detector.Hold(h.JobID, h.Since)
 	}
-	// Held deltas that a row already covers (another writer moved it while
-	// nobody owned the partition) are released by the next attempt: make
-	// every restored gap due at once.
 	return nil
 }
 
