@@ -88,6 +88,18 @@ func (w *worker) restoreChunk(ctx context.Context, held []store.Held) error {
 	}); err != nil {
 		return err
 	}
+	for i, h := range held {
+		if raw, ok := ops[store.HeldKey{JobID: h.JobID, Version: h.Version}]; ok {
+			held[i].Ops = raw
+		}
+	}
+	return w.holdStored(held, rows)
+}
+
+// holdStored puts held rows read from the store, with their jobs' rows,
+// into the cache and the detector. A held row read without its ops (left
+// in PostgreSQL) is read back when a batch offers anything to the job.
+func (w *worker) holdStored(held []store.Held, rows map[string]store.Job) error {
 	for _, h := range held {
 		j, ok := w.cache.get(h.JobID)
 		if !ok {
@@ -96,15 +108,16 @@ func (w *worker) restoreChunk(ctx context.Context, held []store.Held) error {
 				return err
 			}
 		}
-		// Without its ops (left in PostgreSQL) the delta is read back
-		// when a batch offers anything to the job.
+		if j.Held == nil {
+			j.Held = map[int64]gapfill.Held{}
+		}
 		ev := event.Event{JobID: h.JobID, Version: h.Version, Kind: event.Delta, EventID: h.EventID}
-		if raw, ok := ops[store.HeldKey{JobID: h.JobID, Version: h.Version}]; ok {
-			parsed, err := delta.ParseOps(raw)
+		if h.Ops != nil {
+			ops, err := delta.ParseOps(h.Ops)
 			if err != nil {
 				return fmt.Errorf("projection: held delta %q v%d: %w", h.JobID, h.Version, err)
 			}
-			ev.Ops, ev.RawOps = parsed, raw
+			ev.Ops, ev.RawOps = ops, h.Ops
 		}
 		j.Held[h.Version] = gapfill.Held{Input: gapfill.Input{Event: ev, Partition: h.SourcePartition, Offset: h.Offset, At: h.Since, LogTime: h.LogTime}, Since: h.Since}
 
