@@ -127,6 +127,14 @@ func (s *Store) fence(ctx context.Context, tx pgx.Tx, b *Batch) error {
 		millis(s.idleTimeout), millis(s.statementTimeout), millis(s.claimLockTimeout)).Scan(&lockTimeout, nil, nil, nil); err != nil {
 		return fmt.Errorf("store: apply %s/%d@%d: bounds: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
+	if b.Unfenced {
+		// A source with no owners (SQS): no row to check or write; the
+		// lock bound goes back to what it was.
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, lockTimeout); err != nil {
+			return fmt.Errorf("store: apply %s: bounds: %w", b.Topic, err)
+		}
+		return nil
+	}
 	tag, err := tx.Exec(ctx, `UPDATE `+s.partitions+` SET next_offset = $5, updated_at = now()
 		WHERE projection = $1 AND topic = $2 AND partition = $3 AND epoch = $4`,
 		s.projection, b.Topic, b.Partition, b.Epoch, b.NextOffset)
