@@ -17,6 +17,12 @@ import (
 // Config is everything the engine needs. Zero fields take the defaults of
 // [Config.WithDefaults]; [Config.Validate] says what to fix.
 type Config struct {
+	// Source is where records come from: SourceKafka (the default: Brokers,
+	// Topic, Group) or SourceSQS (the queue SQS names).
+	Source string
+	// SQS is the queue, with Source SourceSQS.
+	SQS SQS
+
 	Brokers []string
 	// TLS and SASL secure every connection to the brokers (see [Kafka]).
 	TLS   *tls.Config
@@ -103,8 +109,24 @@ type Config struct {
 // Kafka is the broker settings of c.
 func (c Config) Kafka() Kafka { return Kafka{Brokers: c.Brokers, TLS: c.TLS, SASL: c.SASL} }
 
+// Sources of records.
+const (
+	SourceKafka = "kafka"
+	SourceSQS   = "sqs"
+)
+
 // WithDefaults returns c with its zero fields set.
 func (c Config) WithDefaults() Config {
+	if c.Source == "" {
+		c.Source = SourceKafka
+	}
+	if c.Source == SourceSQS {
+		c.SQS = c.SQS.WithDefaults()
+		// The queue stands for the topic in the store's rows.
+		if c.Topic == "" {
+			c.Topic = c.SQS.Name()
+		}
+	}
 	if c.Topic == "" {
 		c.Topic = "job-events"
 	}
@@ -202,8 +224,17 @@ func (c Config) WithDefaults() Config {
 // Validate reports every setting that cannot work, joined.
 func (c Config) Validate() error {
 	var errs []error
-	if len(c.Brokers) == 0 {
-		errs = append(errs, errors.New("brokers: at least one broker address (host:port) is required"))
+	switch c.Source {
+	case SourceKafka, "":
+		if len(c.Brokers) == 0 {
+			errs = append(errs, errors.New("brokers: at least one broker address (host:port) is required"))
+		}
+	case SourceSQS:
+		if err := c.SQS.WithDefaults().Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	default:
+		errs = append(errs, fmt.Errorf("source: %q is not %s or %s", c.Source, SourceKafka, SourceSQS))
 	}
 	for _, b := range c.Brokers {
 		host, port, err := net.SplitHostPort(b)

@@ -140,22 +140,30 @@ func (p *Projector) Liveness() Health {
 func (p *Projector) Readiness() Health {
 	h := &p.health
 	var checks []Check
-	switch h.topic.Load() {
-	case topicExists:
+	switch {
+	case p.sqs != nil:
+		checks = append(checks, p.queueCheck())
+		if !h.inGroup.Load() {
+			checks = append(checks, Check{Name: "worker", Detail: "not receiving from the queue"})
+		}
+	case h.topic.Load() == topicExists:
 		checks = append(checks, Check{Name: "topic", OK: true, Detail: fmt.Sprintf("topic %q exists", p.cfg.Topic)})
-	case topicMissing:
+	case h.topic.Load() == topicMissing:
 		checks = append(checks, Check{Name: "topic", Detail: fmt.Sprintf("topic %q does not exist; waiting for it", p.cfg.Topic)})
 	default:
 		checks = append(checks, Check{Name: "topic", Detail: fmt.Sprintf("topic %q not checked yet (brokers not reached)", p.cfg.Topic)})
 	}
-	if h.inGroup.Load() {
+	switch {
+	case p.sqs != nil:
+		// No group: the queue check above stands for it.
+	case h.inGroup.Load():
 		var parts []int
 		if ps := h.partitions.Load(); ps != nil {
 			parts = *ps
 		}
 		checks = append(checks, Check{Name: "group", OK: true,
 			Detail: fmt.Sprintf("member of group %q, generation %d, partitions %v", p.cfg.Group, p.generation.Load(), parts)})
-	} else {
+	default:
 		checks = append(checks, Check{Name: "group", Detail: fmt.Sprintf("not in a generation of group %q", p.cfg.Group)})
 	}
 	db := Check{Name: "database"}

@@ -186,8 +186,8 @@ func (w *worker) applyApart(ctx context.Context, msgs []Record, res []gapfill.Re
 // refusal and moves the position past it.
 func (w *worker) quarantineRecord(ctx context.Context, m Record, cause error) error {
 	w.log.Warn("record refused by PostgreSQL; quarantined", "offset", m.Coord.Offset, "err", store.Refusal(cause))
-	bad := &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: m.Coord.Offset + 1,
-		Bad: []store.Bad{{Partition: -1, Offset: m.Coord.Offset, Key: m.Key, Value: m.Value, Err: store.Refusal(cause)}}}
+	bad := w.newBatch(m.Coord.Offset+1, m)
+	bad.Bad = []store.Bad{{Partition: -1, Offset: m.Coord.Offset, Key: m.Key, Value: m.Value, Err: store.Refusal(cause)}}
 	actx, cancel := w.applyContext(ctx)
 	defer cancel()
 	if _, err := w.store.Apply(actx, bad); err != nil {
@@ -216,9 +216,9 @@ func (w *worker) quarantineInput(ctx context.Context, id string, in gapfill.Inpu
 	ev := in.Event
 	w.log.Warn("event refused by PostgreSQL; quarantined", "job_id", id, "version", ev.Version, "kind", ev.Kind,
 		"event_partition", in.Partition, "event_offset", in.Offset, "err", store.Refusal(cause))
-	b := &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: w.position,
-		Bad: []store.Bad{{Partition: in.Partition, Offset: in.Offset, Key: []byte(id), Value: eventValue(ev),
-			Err: fmt.Sprintf("version %d: %s", ev.Version, store.Refusal(cause))}}}
+	b := w.newBatch(w.position)
+	b.Bad = []store.Bad{{Partition: in.Partition, Offset: in.Offset, Key: []byte(id), Value: eventValue(ev),
+		Err: fmt.Sprintf("version %d: %s", ev.Version, store.Refusal(cause))}}
 	if ev.Kind == event.Delta {
 		b.Release = []store.HeldKey{{JobID: id, Version: ev.Version}}
 	}

@@ -121,6 +121,12 @@ var (
 		"Fencing epoch this instance holds the partition under.", []string{"partition"}, nil)
 	descReady = prometheus.NewDesc("projector_ready",
 		"1 when /readyz answers 200.", nil, nil)
+	descSQSMessages = prometheus.NewDesc("projector_sqs_queue_messages",
+		"With --source sqs: the queue's approximate messages, visible (waiting) or in_flight (received, not deleted), read every 5 s; their sum is the lag.",
+		[]string{"state"}, nil)
+	descSQSEvents = prometheus.NewDesc("projector_sqs_messages_total",
+		"With --source sqs: messages received, redelivered (received more than once), group_not_job_id (MessageGroupId is not the job id: no order), deleted, delete_failed (delivered again), visibility_extend_failed.",
+		[]string{"event"}, nil)
 )
 
 // projectorCollector reads the counters and the partition book at scrape
@@ -190,6 +196,20 @@ func (c *projectorCollector) Collect(ch chan<- prometheus.Metric) {
 		age = time.Since(oldest).Seconds()
 	}
 	gauge(descOldestHeld, age)
+	if q := s.SQS; q != nil {
+		if q.Counts != nil {
+			gauge(descSQSMessages, float64(q.Counts.Visible), "visible")
+			gauge(descSQSMessages, float64(q.Counts.InFlight), "in_flight")
+		}
+		qc := q.Counters
+		for _, e := range []struct {
+			name string
+			v    int64
+		}{{"received", qc.Received}, {"redelivered", qc.Redelivered}, {"group_not_job_id", qc.GroupNotJobID},
+			{"deleted", qc.Deleted}, {"delete_failed", qc.DeleteFailed}, {"visibility_extend_failed", qc.VisibilityFailures}} {
+			counter(descSQSEvents, e.v, e.name)
+		}
+	}
 	ready := 0.0
 	if s.Ready {
 		ready = 1

@@ -30,6 +30,35 @@ type plan struct {
 	folds map[string]snapshot.Folded
 }
 
+// newBatch is an empty batch of this worker's partition that moves its
+// position to next. The batch of an unordered source (an SQS queue) is
+// unfenced, and names the SQS messages of recs for its held and
+// quarantine rows.
+func (w *worker) newBatch(next int64, recs ...Record) *store.Batch {
+	return &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: next,
+		Unfenced: w.unordered(), Coordinates: coordinatesOf(recs)}
+}
+
+// unordered reports whether the worker's source has no ordered positions
+// and no owners to fence (an SQS queue).
+func (w *worker) unordered() bool { return w.src != nil && !w.src.Ordered() }
+
+// coordinatesOf names the SQS messages among recs by the offsets that
+// stand for them; nil when there are none (Kafka).
+func coordinatesOf(recs []Record) map[int64]store.Coordinate {
+	var out map[int64]store.Coordinate
+	for _, r := range recs {
+		if r.Coord.MessageID == "" {
+			continue
+		}
+		if out == nil {
+			out = make(map[int64]store.Coordinate, len(recs))
+		}
+		out[r.Coord.Offset] = store.Coordinate{MessageID: r.Coord.MessageID, SequenceNumber: r.Coord.Sequence}
+	}
+	return out
+}
+
 // plan turns fetched records and finished gap resolutions into the writes
 // of one transaction. It reads rows it does not know, but changes nothing
 // the worker keeps until [worker.settle] runs after the commit.
@@ -39,7 +68,7 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 		next = msgs[len(msgs)-1].Coord.Offset + 1
 	}
 	p := &plan{
-		batch:    &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: next},
+		batch:    w.newBatch(next, msgs...),
 		tally:    tally{consumed: int64(len(msgs))},
 		jobs:     map[string]gapfill.Job{},
 		closed:   map[string]gapfill.Source{},
@@ -98,7 +127,11 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 	for _, id := range order {
 		j, cached := w.cache.get(id)
 		if hasDelta[id] || (cached && len(j.Held) > 0) {
-			if !cached {
+			// Without an owner (an unfenced source), another engine may
+			// have moved the row since it was cached: read it, unless the
+			// job holds deltas. The conditional writes are what is correct
+			// either way; owning the partition only saves this read.
+			if !cached || (w.unordered() && len(j.Held) == 0) {
 				need = append(need, id)
 			}
 		}

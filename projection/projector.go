@@ -43,6 +43,9 @@ type Projector struct {
 	applying sync.Map
 
 	dbOutage, kafkaOutage outage
+	// sqs is the queue side of an engine with Source SourceSQS; nil for
+	// Kafka.
+	sqs *sqsState
 	// quarantineLog rate-limits the log line of each quarantined record.
 	quarantineLog sampler
 
@@ -75,13 +78,26 @@ func New(cfg Config) (*Projector, error) {
 		kafkaOutage:   outage{service: "Kafka", log: cfg.Logger},
 		quarantineLog: sampler{window: 10 * time.Second, burst: 10},
 	}
+	if cfg.Source == SourceSQS {
+		// Builds the client only (the region and credential chain): the
+		// queue is first asked at Run.
+		qc, err := cfg.SQS.client(context.Background())
+		if err != nil {
+			return nil, err
+		}
+		p.sqs = &sqsState{client: qc, outage: outage{service: "SQS", log: cfg.Logger}}
+		p.sqs.reader = newSQSReader(qc, cfg.Logger, cfg.BatchSize)
+	}
 	p.metrics = newMetrics(p)
 	pol := cfg.gapPolicy()
 	if pol.Reread || pol.Snapshot {
 		p.resolver = &gapfill.Resolver{Window: cfg.RereadWindow, Concurrency: cfg.SnapshotConcurrency}
 		if pol.Reread {
 			p.resolver.Store = storeRows{cfg.Store}
-			p.resolver.Log = &logReader{p: p}
+			// A queue cannot be read again: re-read checks the store only.
+			if cfg.Source != SourceSQS {
+				p.resolver.Log = &logReader{p: p}
+			}
 		}
 		if pol.Snapshot {
 			sc, err := snapshot.NewClient(cfg.SnapshotURL)
@@ -128,7 +144,11 @@ func (p *Projector) run(ctx context.Context) error {
 	mctx, stopMonitors := context.WithCancel(ctx)
 	var monitors sync.WaitGroup
 	monitors.Go(func() { p.watchDatabase(mctx) })
-	monitors.Go(func() { p.watchBrokers(mctx) })
+	if p.sqs != nil {
+		monitors.Go(func() { p.watchQueue(mctx) })
+	} else {
+		monitors.Go(func() { p.watchBrokers(mctx) })
+	}
 	monitors.Go(func() { p.pruneGapLog(mctx) })
 	monitors.Go(func() { p.pruneTombstones(mctx) })
 	defer monitors.Wait()
@@ -143,10 +163,16 @@ func (p *Projector) run(ctx context.Context) error {
 	defer fetchers.Wait()
 	defer stopFetchers()
 
-	cfg.Logger.Info("projector started", "topic", cfg.Topic, "group", cfg.Group, "owner", cfg.Owner,
-		"brokers", cfg.Brokers, "tls", cfg.TLS != nil, "sasl", cfg.SASL, "projection", cfg.Store.Projection())
 	var err error
-	for ctx.Err() == nil {
+	if p.sqs != nil {
+		cfg.Logger.Info("projector started", "source", cfg.Source, "queue", cfg.SQS.QueueURL, "owner", cfg.Owner, "projection", cfg.Store.Projection())
+		defer p.sqs.client.close()
+		err = p.runSQS(ctx)
+	} else {
+		cfg.Logger.Info("projector started", "topic", cfg.Topic, "group", cfg.Group, "owner", cfg.Owner,
+			"brokers", cfg.Brokers, "tls", cfg.TLS != nil, "sasl", cfg.SASL, "projection", cfg.Store.Projection())
+	}
+	for p.sqs == nil && ctx.Err() == nil {
 		if err = p.waitTopic(ctx); err != nil {
 			break
 		}
@@ -411,5 +437,7 @@ func (p *Projector) Status() Status {
 		Readiness:  ready,
 		Partitions: parts,
 		Counters:   c,
+		Source:     p.cfg.Source,
+		SQS:        p.sqsStatus(),
 	}
 }

@@ -261,10 +261,11 @@ func (c *sqsClient) deleteMessages(ctx context.Context, msgs []sqsMessage) (fail
 	return failed, nil
 }
 
-// extend hides msgs for another visibility timeout, ten per request.
-func (c *sqsClient) extend(ctx context.Context, msgs []sqsMessage) (failed batchFailure, err error) {
+// changeVisibility hides msgs for visibility from now (0 makes them
+// visible at once), ten per request.
+func (c *sqsClient) changeVisibility(ctx context.Context, msgs []sqsMessage, visibility time.Duration) (failed batchFailure, err error) {
 	failed = batchFailure{}
-	secs := int32(c.cfg.Visibility / time.Second)
+	secs := int32(visibility / time.Second)
 	for i := 0; i < len(msgs); i += 10 {
 		chunk := msgs[i:min(i+10, len(msgs))]
 		entries := make([]types.ChangeMessageVisibilityBatchRequestEntry, len(chunk))

@@ -1,7 +1,12 @@
 package projection
 
 import (
+	"context"
+	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,13 +28,17 @@ func emulatorSQS(e *sqsemu.Emulator, queueURL string, visibility time.Duration) 
 	}.WithDefaults()
 }
 
-// sendSQS sends each value to queueURL with its group id.
+var sendSeq atomic.Int64
+
+// sendSQS sends each value to queueURL with its group id, and a
+// deduplication id of its own, so that a value sent twice arrives twice.
 func sendSQS(t testing.TB, e *sqsemu.Emulator, queueURL string, groupValues ...string) {
 	t.Helper()
 	c := e.Client()
 	for i := 0; i+1 < len(groupValues); i += 2 {
 		_, err := c.SendMessage(t.Context(), &sqs.SendMessageInput{QueueUrl: aws.String(queueURL),
-			MessageGroupId: aws.String(groupValues[i]), MessageBody: aws.String(groupValues[i+1])})
+			MessageGroupId: aws.String(groupValues[i]), MessageBody: aws.String(groupValues[i+1]),
+			MessageDeduplicationId: aws.String(fmt.Sprint(sendSeq.Add(1)))})
 		require.NoError(t, err)
 	}
 }
@@ -107,7 +116,7 @@ func TestSQSClient(t *testing.T) {
 	// Past the first timeout, extended messages stay hidden.
 	for range 3 {
 		time.Sleep(400 * time.Millisecond)
-		failed, err := c.extend(t.Context(), msgs)
+		failed, err := c.changeVisibility(t.Context(), msgs, cfg.Visibility)
 		require.NoError(t, err)
 		require.Empty(t, failed)
 	}
@@ -138,4 +147,45 @@ func TestSQSClient(t *testing.T) {
 	n, err = c.counts(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, SQSCounts{}, n)
+}
+
+// TestSQSReader: messages taken from the reader stay invisible past their
+// visibility timeout while in flight, are deleted by ack, and a message
+// whose group is not its job id is counted.
+func TestSQSReader(t *testing.T) {
+	e := sqstest.New(t)
+	url := sqstest.Queue(t, e, time.Second)
+	cfg := emulatorSQS(e, url, time.Second)
+	c, err := cfg.client(t.Context())
+	require.NoError(t, err)
+	defer c.close()
+	r := newSQSReader(c, slog.New(slog.DiscardHandler), 10)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() { r.run(ctx) })
+	defer func() { cancel(); wg.Wait() }()
+
+	sendSQS(t, e, url, "j1", `{"job_id":"j1","version":1,"kind":"snapshot","state":{}}`,
+		"other", `{"job_id":"j2","version":1,"kind":"snapshot","state":{}}`)
+	var got []sqsMessage
+	deadline := time.Now().Add(5 * time.Second)
+	for len(got) < 2 && time.Now().Before(deadline) {
+		got = append(got, r.take(ctx, 10, time.Second, 50*time.Millisecond)...)
+	}
+	require.Len(t, got, 2)
+	require.Equal(t, int64(1), r.stats.groupMismatch.Load(), "j2 was sent in group other")
+
+	// Twice the visibility timeout later, the keeper has kept both hidden.
+	time.Sleep(2 * time.Second)
+	n, err := c.counts(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, SQSCounts{InFlight: 2}, n)
+	require.Empty(t, r.take(ctx, 10, 100*time.Millisecond, time.Millisecond), "a message in flight was delivered again")
+
+	r.ack(t.Context(), []string{got[0].ID, got[1].ID})
+	n, err = c.counts(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, SQSCounts{}, n)
+	st := r.stats.snapshot()
+	require.Equal(t, SQSCounters{Received: 2, GroupNotJobID: 1, Deleted: 2}, st)
 }

@@ -145,6 +145,9 @@ type Status struct {
 	Readiness  Health            `json:"readiness"`
 	Partitions []PartitionStatus `json:"partitions"`
 	Counters   Counters          `json:"counters"`
+	// Source is kafka or sqs; SQS is the queue's view with Source sqs.
+	Source string     `json:"source"`
+	SQS    *SQSStatus `json:"sqs,omitempty"`
 }
 
 type partitionBook struct {
@@ -153,6 +156,23 @@ type partitionBook struct {
 	// owner is the worker that last published each partition, so a worker
 	// of an ended generation cannot remove its successor's entry.
 	owner map[int]any
+	// queues are the entries of SQS queues ([partitionBook.setQueue]).
+	queues map[int]bool
+}
+
+// setQueue marks entry id as an SQS queue's: its Position is the offset
+// after the last message this instance committed (see
+// [sqsMessage.Offset]), which moves with every batch but orders nothing;
+// its HighWatermark and Lag are the queue's approximate visible plus
+// in-flight messages ([partitionBook.setQueueLag]), which go down as well
+// as up.
+func (b *partitionBook) setQueue(id int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.queues == nil {
+		b.queues = map[int]bool{}
+	}
+	b.queues[id] = true
 }
 
 func (b *partitionBook) set(p PartitionStatus, by any) {
@@ -163,16 +183,17 @@ func (b *partitionBook) set(p PartitionStatus, by any) {
 		b.owner = make(map[int]any)
 	}
 	b.owner[p.Partition] = by
-	if old, ok := b.parts[p.Partition]; ok && old.HighWatermark > p.HighWatermark {
+	queue := b.queues[p.Partition]
+	if old, ok := b.parts[p.Partition]; ok && (queue || old.HighWatermark > p.HighWatermark) {
 		p.HighWatermark = old.HighWatermark
 	}
-	p.Lag = lagOf(p)
+	p.Lag = lagOf(p, queue)
 	p.UpdatedAt = time.Now()
 	b.parts[p.Partition] = p
 }
 
-func lagOf(p PartitionStatus) int64 {
-	if p.Position < 0 {
+func lagOf(p PartitionStatus, queue bool) int64 {
+	if p.Position < 0 || queue {
 		return p.HighWatermark
 	}
 	return max(p.HighWatermark-p.Position, 0)
@@ -186,9 +207,21 @@ func (b *partitionBook) setHighWatermarks(hwm map[int]int64) {
 	for id, p := range b.parts {
 		if h, ok := hwm[id]; ok && h > p.HighWatermark {
 			p.HighWatermark = h
-			p.Lag = lagOf(p)
+			p.Lag = lagOf(p, false)
 			b.parts[id] = p
 		}
+	}
+}
+
+// setQueueLag records a queue's approximate visible and in-flight
+// messages as the lag of its entry.
+func (b *partitionBook) setQueueLag(id int, lag int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if p, ok := b.parts[id]; ok && b.queues[id] {
+		p.HighWatermark = lag
+		p.Lag = lagOf(p, true)
+		b.parts[id] = p
 	}
 }
 

@@ -120,6 +120,13 @@ type Batch struct {
 	Topic     string
 	Partition int
 	Epoch     int64
+	// Unfenced is a batch of a source with no owners to fence (SQS): the
+	// partition's row is neither checked nor written, and the conditional
+	// writes alone decide what applies.
+	Unfenced bool
+	// Coordinates name, by offset, the SQS messages of the batch, for its
+	// held and quarantine rows.
+	Coordinates map[int64]Coordinate
 	// NextOffset is the position after this batch: last offset read + 1.
 	NextOffset int64
 	// Snapshots are applied where the row's version is below theirs; at
@@ -276,7 +283,9 @@ func (s *Store) writeQuarantine(ctx context.Context, tx pgx.Tx, b *Batch) error 
 	keys := make([][]byte, len(b.Bad))
 	vals := make([][]byte, len(b.Bad))
 	errs := make([]string, len(b.Bad))
+	msgIDs, seqs := make([]*string, len(b.Bad)), make([]*string, len(b.Bad))
 	for i, r := range b.Bad {
+		msgIDs[i], seqs[i] = b.coordinate(r.Offset, Coordinate{})
 		// The reason quotes input: keep it text PostgreSQL accepts.
 		reason := strings.ToValidUTF8(strings.ReplaceAll(r.Err, "\x00", ""), "\uFFFD")
 		parts[i], offs[i], keys[i], vals[i], errs[i] = int32(r.Partition), r.Offset, r.Key, r.Value, reason
@@ -284,14 +293,38 @@ func (s *Store) writeQuarantine(ctx context.Context, tx pgx.Tx, b *Batch) error 
 			parts[i] = int32(b.Partition)
 		}
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO `+s.quarantine+` (projection, topic, partition, "offset", key, value, error)
-		SELECT $1, $2, i.part, i.off, i.key, i.value, i.err
-		FROM unnest($3::int[], $4::bigint[], $5::bytea[], $6::bytea[], $7::text[]) AS i(part, off, key, value, err)
+	if _, err := tx.Exec(ctx, `INSERT INTO `+s.quarantine+` (projection, topic, partition, "offset", key, value, error, message_id, sequence_number)
+		SELECT $1, $2, i.part, i.off, i.key, i.value, i.err, i.msg, i.seq
+		FROM unnest($3::int[], $4::bigint[], $5::bytea[], $6::bytea[], $7::text[], $8::text[], $9::text[]) AS i(part, off, key, value, err, msg, seq)
 		ON CONFLICT (projection, topic, partition, "offset") DO NOTHING`,
-		s.projection, b.Topic, parts, offs, keys, vals, errs); err != nil {
+		s.projection, b.Topic, parts, offs, keys, vals, errs, msgIDs, seqs); err != nil {
 		return fmt.Errorf("store: apply %s/%d@%d: quarantine: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
 	return nil
+}
+
+// Coordinate names a record read from SQS, which has no partition and
+// offset: its message id and, on a FIFO queue, its 128-bit sequence
+// number. The record's Offset stands for it in keys (see the migration
+// 006_sqs_coordinates.sql).
+type Coordinate struct {
+	MessageID      string `json:"message_id,omitempty"`
+	SequenceNumber string `json:"sequence_number,omitempty"`
+}
+
+// coordinate is the SQS message id and sequence number of the record at
+// offset, from the batch's coordinates or else c; nil for a Kafka record.
+func (b *Batch) coordinate(offset int64, c Coordinate) (msgID, seq *string) {
+	if bc, ok := b.Coordinates[offset]; ok {
+		c = bc
+	}
+	if c.MessageID != "" {
+		msgID = &c.MessageID
+	}
+	if c.SequenceNumber != "" {
+		seq = &c.SequenceNumber
+	}
+	return msgID, seq
 }
 
 // snapshotConflicts looks, among the snapshots that did not apply, for rows

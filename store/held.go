@@ -24,12 +24,14 @@ type Held struct {
 	Since           time.Time
 	// LogTime is the record's broker timestamp; zero when unknown.
 	LogTime time.Time
+	// Coordinate names an SQS message; zero for a Kafka record.
+	Coordinate Coordinate
 }
 
 // LoadHeld reads the held deltas a partition's previous owner stored.
 func (s *Store) LoadHeld(ctx context.Context, topic string, p int) ([]Held, error) {
 	rows, err := s.pool.Query(ctx, `SELECT job_id, version, partition, coalesce(source_partition, partition), "offset",
-			ops::text, event_id, held_since, log_time
+			ops::text, event_id, held_since, log_time, coalesce(message_id, ''), coalesce(sequence_number, '')
 		FROM `+s.held+` WHERE projection = $1 AND topic = $2 AND partition = $3 ORDER BY job_id, version`,
 		s.projection, topic, p)
 	if err != nil {
@@ -41,7 +43,8 @@ func (s *Store) LoadHeld(ctx context.Context, topic string, p int) ([]Held, erro
 		var h Held
 		var ops string
 		var logTime *time.Time
-		if err := rows.Scan(&h.JobID, &h.Version, &h.Partition, &h.SourcePartition, &h.Offset, &ops, &h.EventID, &h.Since, &logTime); err != nil {
+		if err := rows.Scan(&h.JobID, &h.Version, &h.Partition, &h.SourcePartition, &h.Offset, &ops, &h.EventID, &h.Since, &logTime,
+			&h.Coordinate.MessageID, &h.Coordinate.SequenceNumber); err != nil {
 			return nil, fmt.Errorf("store: load held %s/%d: %w", topic, p, err)
 		}
 		h.Ops = json.RawMessage(ops)
@@ -73,20 +76,23 @@ func (s *Store) hold(ctx context.Context, tx pgx.Tx, b *Batch) error {
 	evs := make([]string, len(b.Hold))
 	since := make([]time.Time, len(b.Hold))
 	logTimes := make([]*time.Time, len(b.Hold))
+	msgIDs, seqs := make([]*string, len(b.Hold)), make([]*string, len(b.Hold))
 	for i, h := range b.Hold {
 		ids[i], vers[i], parts[i], srcs[i] = h.JobID, h.Version, int32(h.Partition), int32(h.SourcePartition)
 		offs[i], ops[i], evs[i], since[i] = h.Offset, string(h.Ops), h.EventID, h.Since
 		if !h.LogTime.IsZero() {
 			logTimes[i] = &h.LogTime
 		}
+		msgIDs[i], seqs[i] = b.coordinate(h.Offset, h.Coordinate)
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO `+s.held+`
-			(projection, job_id, version, topic, partition, source_partition, "offset", ops, event_id, held_since, log_time)
-		SELECT $1, i.job_id, i.version, $2, i.part, i.src, i.off, i.ops::jsonb, i.ev, i.since, i.logt
+			(projection, job_id, version, topic, partition, source_partition, "offset", ops, event_id, held_since, log_time,
+			 message_id, sequence_number)
+		SELECT $1, i.job_id, i.version, $2, i.part, i.src, i.off, i.ops::jsonb, i.ev, i.since, i.logt, i.msg, i.seq
 		FROM unnest($3::text[], $4::bigint[], $5::int[], $6::int[], $7::bigint[], $8::text[], $9::text[],
-			$10::timestamptz[], $11::timestamptz[]) AS i(job_id, version, part, src, off, ops, ev, since, logt)
+			$10::timestamptz[], $11::timestamptz[], $12::text[], $13::text[]) AS i(job_id, version, part, src, off, ops, ev, since, logt, msg, seq)
 		ON CONFLICT (projection, job_id, version) DO NOTHING`,
-		s.projection, b.Topic, ids, vers, parts, srcs, offs, ops, evs, since, logTimes); err != nil {
+		s.projection, b.Topic, ids, vers, parts, srcs, offs, ops, evs, since, logTimes, msgIDs, seqs); err != nil {
 		return fmt.Errorf("store: apply %s/%d@%d: hold: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
 	return nil

@@ -99,6 +99,8 @@ type Quarantined struct {
 	Value     []byte    `json:"value"`
 	Error     string    `json:"error"`
 	CreatedAt time.Time `json:"time"`
+	// Coordinate names an SQS message; zero for a Kafka record.
+	Coordinate Coordinate `json:"sqs,omitzero"`
 }
 
 // Quarantine lists the newest quarantined records, at most limit, and the total.
@@ -107,7 +109,8 @@ func (s *Store) Quarantine(ctx context.Context, limit int) ([]Quarantined, int, 
 	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM `+s.quarantine+` WHERE projection = $1`, s.projection).Scan(&total); err != nil {
 		return nil, 0, fmt.Errorf("store: quarantine: %w", err)
 	}
-	rows, err := s.pool.Query(ctx, `SELECT topic, partition, "offset", key, value, error, "time"
+	rows, err := s.pool.Query(ctx, `SELECT topic, partition, "offset", key, value, error, "time",
+			coalesce(message_id, ''), coalesce(sequence_number, '')
 		FROM `+s.quarantine+` WHERE projection = $1 ORDER BY id DESC LIMIT $2`, s.projection, limit)
 	if err != nil {
 		return nil, 0, fmt.Errorf("store: quarantine: %w", err)
@@ -116,7 +119,8 @@ func (s *Store) Quarantine(ctx context.Context, limit int) ([]Quarantined, int, 
 	var out []Quarantined
 	for rows.Next() {
 		var q Quarantined
-		if err := rows.Scan(&q.Topic, &q.Partition, &q.Offset, &q.Key, &q.Value, &q.Error, &q.CreatedAt); err != nil {
+		if err := rows.Scan(&q.Topic, &q.Partition, &q.Offset, &q.Key, &q.Value, &q.Error, &q.CreatedAt,
+			&q.Coordinate.MessageID, &q.Coordinate.SequenceNumber); err != nil {
 			return nil, 0, fmt.Errorf("store: quarantine: %w", err)
 		}
 		out = append(out, q)

@@ -30,7 +30,10 @@ var runFlags = map[string]string{
 	"kafka-tls-server-name": "PROJECTOR_KAFKA_TLS_SERVER_NAME", "kafka-sasl-mechanism": "PROJECTOR_KAFKA_SASL_MECHANISM",
 	"kafka-sasl-username": "PROJECTOR_KAFKA_SASL_USERNAME", "kafka-sasl-password-file": "PROJECTOR_KAFKA_SASL_PASSWORD_FILE",
 	"gap-log-retention": "PROJECTOR_GAP_LOG_RETENTION", "gap-log-max-rows": "PROJECTOR_GAP_LOG_MAX_ROWS",
-	"cache-bytes": "PROJECTOR_CACHE_BYTES", "claim-lock-timeout": "PROJECTOR_CLAIM_LOCK_TIMEOUT",
+	"source": "PROJECTOR_SOURCE", "sqs-queue-url": "PROJECTOR_SQS_QUEUE_URL", "sqs-endpoint": "PROJECTOR_SQS_ENDPOINT",
+	"sqs-region": "PROJECTOR_SQS_REGION", "sqs-wait": "PROJECTOR_SQS_WAIT", "sqs-visibility": "PROJECTOR_SQS_VISIBILITY",
+	"sqs-max-messages": "PROJECTOR_SQS_MAX_MESSAGES",
+	"cache-bytes":      "PROJECTOR_CACHE_BYTES", "claim-lock-timeout": "PROJECTOR_CLAIM_LOCK_TIMEOUT",
 	"idle-in-transaction-timeout": "PROJECTOR_IDLE_IN_TRANSACTION_TIMEOUT", "statement-timeout": "PROJECTOR_STATEMENT_TIMEOUT",
 }
 

@@ -19,6 +19,7 @@ type demoOpts struct {
 	keep        bool
 	timeout     time.Duration
 	log         logFlags
+	source      string
 }
 
 var demoCommand = &command{
@@ -30,13 +31,19 @@ missing, misrouted and bad events, projects it with the same engine as
 'projector run' into PostgreSQL, and checks every job's row against the
 reference model. It exits 0 only if every job matches.
 
+With --source sqs the stream goes through a FIFO queue on an SQS emulator
+(fauxqs, run with Node.js from the repository's node_modules: npm ci), one
+message group per job, and the engine reads it as 'projector run --source sqs'
+does.
+
 PostgreSQL: --database-url / DATABASE_URL if set, else the local server on
 127.0.0.1:5432 if it answers, else a throwaway cluster started from the
 PostgreSQL binaries on this machine and removed at the end. The demo works in
 a schema of its own and drops it unless --keep.
 
 Example:
-  go run ./cmd/projector demo --jobs 500 --seed 7`,
+  go run ./cmd/projector demo --jobs 500 --seed 7
+  go run ./cmd/projector demo --source sqs --jobs 200 --seed 7`,
 	flags: func(fs *flag.FlagSet) any {
 		o := &demoOpts{}
 		fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL connection string (default: the local server, else a throwaway cluster)")
@@ -46,6 +53,7 @@ Example:
 		fs.IntVar(&o.partitions, "partitions", 6, "partitions of the demo topic")
 		fs.BoolVar(&o.keep, "keep", false, "keep the demo's schema (and print its name) instead of dropping it")
 		fs.DurationVar(&o.timeout, "timeout", 3*time.Minute, "give up waiting for the projection after this long")
+		fs.StringVar(&o.source, "source", sourceKafka, "kafka (an in-process broker) or sqs (a FIFO queue on the SQS emulator)")
 		o.log.register(fs)
 		o.log.level = "warn"
 		fs.Lookup("log-level").DefValue = "warn"
@@ -68,10 +76,13 @@ Example:
 		if err := positive("timeout", o.timeout); err != nil {
 			return err
 		}
+		if o.source != sourceKafka && o.source != sourceSQS {
+			return usagef("--source %q: want kafka or sqs", o.source)
+		}
 		sum, err := demo.Run(ctx, demo.Config{
 			Seed: o.seed, Jobs: o.jobs, EventsPerJob: o.events, Partitions: o.partitions,
 			DatabaseURL: o.databaseURL, Keep: o.keep, Timeout: o.timeout,
-			Progress: isTerminal(env.stdout), Out: env.stdout, Logger: logger,
+			Progress: isTerminal(env.stdout), Out: env.stdout, Logger: logger, Source: o.source,
 		})
 		if err != nil {
 			return err

@@ -41,6 +41,8 @@ type runOpts struct {
 	tombstoneRetention time.Duration
 	groupTiming        groupFlags
 	bounds             boundFlags
+	// sqs chooses the source (run only; rebuild reads Kafka).
+	sqs sqsFlags
 }
 
 // boundFlags are the bounds on the transactions that lock a partition's
@@ -196,12 +198,22 @@ With --kafka-tls* and --kafka-sasl-* every connection to Kafka is secured;
 brokers that refuse the credentials or certificate stop it with exit 1.
 SIGINT or SIGTERM finishes the batch in flight, commits and exits 0.
 
+With --source sqs it receives from the SQS FIFO queue --sqs-queue-url instead
+(credentials from the standard AWS chain): any number of instances may read
+one queue; a message is deleted only after the transaction that applied, held
+or quarantined it committed, and one delivered twice is dropped as a
+duplicate. /readyz then checks that the queue answers, and the lag is the
+queue's approximate visible and in-flight messages.
+
 Example:
-  DATABASE_URL=postgres://app@db:5432/app projector run --brokers kafka-1:9092,kafka-2:9092`,
+  DATABASE_URL=postgres://app@db:5432/app projector run --brokers kafka-1:9092,kafka-2:9092
+  DATABASE_URL=postgres://app@db:5432/app projector run --source sqs \
+      --sqs-queue-url https://sqs.eu-west-1.amazonaws.com/123456789012/job-events.fifo`,
 	flags: func(fs *flag.FlagSet) any {
 		o := &runOpts{}
 		o.register(fs, "projector", "")
 		fs.StringVar(&o.start, "start", "earliest", "where a partition never projected before starts: earliest or latest")
+		o.sqs.register(fs)
 		return o
 	},
 	run: func(ctx context.Context, env *cmdEnv, opts any) error {
@@ -271,8 +283,13 @@ func (o *runOpts) register(fs *flag.FlagSet, group, httpAddr string) {
 }
 
 func (o *runOpts) validate() error {
-	if err := checkBrokers(o.brokers); err != nil {
+	if err := o.sqs.validate(); err != nil {
 		return err
+	}
+	if o.sqs.source != sourceSQS {
+		if err := checkBrokers(o.brokers); err != nil {
+			return err
+		}
 	}
 	if err := checkHTTPAddr(o.httpAddr); err != nil {
 		return err
@@ -343,6 +360,9 @@ func (o *runOpts) config(st *store.Store, logger *slog.Logger) projection.Config
 		cfg.TombstoneRetention = projection.KeepTombstones
 	}
 	o.groupTiming.apply(&cfg)
+	if o.sqs.source == sourceSQS {
+		cfg.Source, cfg.SQS, cfg.Brokers, cfg.Topic = projection.SourceSQS, o.sqs.config(), nil, ""
+	}
 	return cfg
 }
 

@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"sort"
-	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -20,7 +19,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projector/projector/delta"
-	"github.com/projector/projector/internal/broker"
 	"github.com/projector/projector/internal/jobgen"
 	"github.com/projector/projector/projection"
 	"github.com/projector/projector/store"
@@ -47,6 +45,9 @@ type Config struct {
 	Timeout time.Duration
 	Out     io.Writer
 	Logger  *slog.Logger
+	// Source is projection.SourceKafka (the default: an in-process
+	// broker) or projection.SourceSQS (a FIFO queue on the SQS emulator).
+	Source string
 }
 
 // Summary is what a run produced and found.
@@ -109,16 +110,6 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 		}()
 	}
 
-	// Kafka and the authority.
-	cluster, err := broker.Start()
-	if err != nil {
-		return nil, fmt.Errorf("demo: start the in-process Kafka broker: %w", err)
-	}
-	defer cluster.Close()
-	const topic = "job-events"
-	if err := cluster.CreateTopic(ctx, topic, gen.Partitions); err != nil {
-		return nil, fmt.Errorf("demo: create topic: %w", err)
-	}
 	stream := jobgen.Generate(gen)
 	sum.Records, sum.Events, sum.Faults, sum.Jobs = len(stream.Records), stream.Events, stream.Faults, len(stream.Truth)
 	auth := jobgen.NewAuthority(stream.Truth)
@@ -131,23 +122,38 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	defer srv.Close()
 	authURL := "http://" + ln.Addr().String()
 
-	say("projector demo: %d jobs, %d events (%d records with faults: %d late, %d duplicate, %d missing, %d misrouted, %d bad), %d deleted and %d deleted then recreated, %d partitions, seed %d",
+	// The source: Kafka or SQS.
+	var src feed
+	if cfg.Source == projection.SourceSQS {
+		src, err = startQueue(ctx)
+	} else {
+		src, err = startBroker(ctx, gen.Partitions)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer src.close()
+
+	what := fmt.Sprintf("%d partitions", gen.Partitions)
+	if cfg.Source == projection.SourceSQS {
+		what = "one FIFO queue, a message group per job"
+	}
+	say("projector demo: %d jobs, %d events (%d records with faults: %d late, %d duplicate, %d missing, %d misrouted, %d bad), %d deleted and %d deleted then recreated, %s, seed %d",
 		sum.Jobs, sum.Events, sum.Records, sum.Faults.Late, sum.Faults.Duplicate, sum.Faults.Missing, sum.Faults.Misrouted, sum.Faults.Bad,
-		sum.Faults.Deleted, sum.Faults.Recreated, gen.Partitions, cfg.Seed)
-	say("  broker   in-process Kafka protocol on %s, topic %s", strings.Join(cluster.Addrs(), ","), topic)
+		sum.Faults.Deleted, sum.Faults.Recreated, what, cfg.Seed)
+	say("  %s", src.describe())
 	say("  store    %s, schema %s", where, sum.Schema)
 	say("  authority %s/jobs/{job_id}", authURL)
 
-	p, err := projection.New(projection.Config{
-		Brokers: cluster.Addrs(), Topic: topic, Group: "projector-demo", Store: st, Logger: log,
-		BatchSize: 2000, BatchLinger: 20 * time.Millisecond, MaxWait: 250 * time.Millisecond,
-		HeartbeatInterval: broker.GroupHeartbeatInterval, SessionTimeout: broker.GroupSessionTimeout,
-		RebalanceTimeout: broker.GroupRebalanceTimeout, JoinGroupBackoff: broker.GroupJoinBackoff,
-		PartitionWatchInterval: broker.GroupPartitionWatchInterval,
-		GapWait:                time.Second, RereadWindow: time.Hour, RereadMaxTime: 10 * time.Second,
+	pcfg := projection.Config{
+		Store: st, Logger: log,
+		BatchSize: 2000, BatchLinger: 20 * time.Millisecond,
+		GapWait: time.Second, RereadWindow: time.Hour, RereadMaxTime: 10 * time.Second,
 		SnapshotURL: authURL, SnapshotTimeout: 2 * time.Second, SnapshotMaxElapsed: 5 * time.Second,
 		GapRetryMin: 200 * time.Millisecond, GapRetryMax: 2 * time.Second,
-	})
+	}
+	src.configure(&pcfg)
+	p, err := projection.New(pcfg)
 	if err != nil {
 		return nil, err
 	}
@@ -159,29 +165,13 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	wg.Go(func() { runErr = p.Run(runCtx) })
 
 	// Produce while the engine runs, in chunks, as live workers would.
-	prodErr := make(chan error, 1)
-	go func() {
-		recs := make([]broker.Record, len(stream.Records))
-		for i, r := range stream.Records {
-			recs[i] = broker.Record{Partition: r.Partition, Key: r.Key, Value: r.Value}
-		}
-		for len(recs) > 0 {
-			n := min(len(recs), 2000)
-			if _, err := cluster.Produce(ctx, topic, recs[:n]...); err != nil {
-				prodErr <- err
-				return
-			}
-			recs = recs[n:]
-		}
-		prodErr <- nil
-	}()
-	if err := <-prodErr; err != nil {
+	if err := src.produce(ctx, stream.Records); err != nil {
 		stopEngine()
 		wg.Wait()
 		return nil, fmt.Errorf("demo: produce: %w", err)
 	}
 
-	waitErr := waitDone(ctx, cfg, cluster, topic, st, p, start)
+	waitErr := waitDone(ctx, cfg, src, st, p, start)
 	stopEngine()
 	wg.Wait()
 	if runErr != nil {
@@ -255,7 +245,7 @@ func connect(ctx context.Context, cfg Config, say func(string, ...any)) (*pgxpoo
 }
 
 // waitDone waits until every record is projected and no job is held.
-func waitDone(ctx context.Context, cfg Config, cluster *broker.Cluster, topic string, st *store.Store, p *projection.Projector, start time.Time) error {
+func waitDone(ctx context.Context, cfg Config, src feed, st *store.Store, p *projection.Projector, start time.Time) error {
 	deadline := time.Now().Add(cfg.Timeout)
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
@@ -266,22 +256,9 @@ func waitDone(ctx context.Context, cfg Config, cluster *broker.Cluster, topic st
 			return ctx.Err()
 		case <-tick.C:
 		}
-		hwm, err := cluster.HighWatermarks(ctx, topic)
+		lag, total, err := src.lag(ctx, st)
 		if err != nil {
 			return err
-		}
-		pos, err := st.Positions(ctx)
-		if err != nil {
-			return err
-		}
-		var lag, total int64
-		have := map[int]int64{}
-		for _, ps := range pos {
-			have[ps.Partition] = ps.NextOffset
-		}
-		for part, h := range hwm {
-			total += h
-			lag += h - max(have[part], 0)
 		}
 		s := p.Status()
 		c := s.Counters

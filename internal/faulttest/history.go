@@ -25,6 +25,10 @@ type Target struct {
 	// Table is the read-model table; "jobs" when empty. It also names the
 	// projection in the projector's own tables.
 	Table string
+	// Kafka, Topic and Group are the log and the consumer group whose
+	// committed offsets are sampled (invariant 4). A source without
+	// offsets (an SQS queue) leaves Kafka nil: nothing is sampled, and the
+	// test waits for its own end before [History.Check].
 	Kafka *kafkatest.Cluster
 	Topic string
 	Group string
@@ -68,16 +72,14 @@ func Watch(t testing.TB, tg Target) *History {
 	if err := installAudit(ctx, tg.Pool, tg.Schema, tg.Table); err != nil {
 		t.Fatal(err)
 	}
-	tr := &kafka.Transport{}
-	h := &History{
-		t: t, tg: tg, transport: tr,
-		client:     &kafka.Client{Addr: kafka.TCP(tg.Kafka.Addrs()...), Transport: tr, Timeout: 2 * time.Second},
-		lastPos:    map[int]int64{},
-		lastCommit: map[int]int64{},
-	}
+	h := &History{t: t, tg: tg, lastPos: map[int]int64{}, lastCommit: map[int]int64{}}
 	sctx, stop := context.WithCancel(context.Background())
 	h.stop = stop
-	h.wg.Go(func() { h.sample(sctx) })
+	if tg.Kafka != nil {
+		h.transport = &kafka.Transport{}
+		h.client = &kafka.Client{Addr: kafka.TCP(tg.Kafka.Addrs()...), Transport: h.transport, Timeout: 2 * time.Second}
+		h.wg.Go(func() { h.sample(sctx) })
+	}
 	t.Cleanup(h.halt)
 	return h
 }
@@ -85,7 +87,9 @@ func Watch(t testing.TB, tg Target) *History {
 func (h *History) halt() {
 	h.stop()
 	h.wg.Wait()
-	h.transport.CloseIdleConnections()
+	if h.transport != nil {
+		h.transport.CloseIdleConnections()
+	}
 }
 
 // sample checks, every SampleEvery, that the group's committed offset of

@@ -1,0 +1,184 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/projector/projector/gapfill"
+)
+
+// sqsState is an SQS-fed engine's queue side: its client, its reader, the
+// queue's last counts, and when the queue last answered.
+type sqsState struct {
+	client *sqsClient
+	reader *sqsReader
+	outage outage
+	// counts are the queue's approximate counts as last read; countsAt is
+	// when (unix nanoseconds), and answeredAt when the queue last answered
+	// any request.
+	counts     atomic.Pointer[SQSCounts]
+	answeredAt atomic.Int64
+	// noKeep, set by a test before Run, turns the visibility keeper off, so
+	// messages come back to other consumers while their batch is in flight.
+	noKeep bool
+}
+
+// queuePollEvery is how often the queue's counts are read, for the lag.
+const queuePollEvery = 5 * time.Second
+
+// queueFresh is how recently the queue must have answered for /readyz.
+const queueFresh = 30 * time.Second
+
+// runSQS runs one engine on an SQS queue until ctx ends. There are no
+// partitions and no owners: any number of engines may receive from the
+// queue at once, and a message may reach two of them (a visibility
+// timeout ran out, a delete failed). Every batch is committed unfenced;
+// the conditional writes alone decide what applies, so a message applied
+// twice is dropped as a duplicate or stale the second time.
+func (p *Projector) runSQS(ctx context.Context) error {
+	cfg := p.cfg
+	q := p.sqs
+	q.reader.failed = func(err error, next time.Duration) { q.outage.failed(err, next) }
+	q.reader.ok = func() {
+		q.answeredAt.Store(time.Now().UnixNano())
+		q.outage.ok()
+	}
+	if q.noKeep {
+		q.reader.keep = 0
+	}
+	b, alive := p.health.loop("queue worker", 0)
+	defer alive()
+	w := &worker{
+		workerDeps: p.workerDeps(), beat: b, topic: cfg.Topic, partition: 0, position: -1,
+		log:       cfg.Logger.With("queue", cfg.SQS.QueueURL),
+		cache:     newJobCache(p.budget),
+		committed: func(int, int64) {},
+	}
+	p.book.setQueue(0)
+	defer p.book.drop(0, w)
+	p.health.inGroup.Store(true)
+	defer p.health.inGroup.Store(false)
+	return w.runQueue(ctx, q.reader, cfg.SQS)
+}
+
+// runQueue is [worker.run] for a queue, which has no claim: restore the
+// held deltas, then fetch batches, commit them unfenced, and acknowledge
+// (delete) their messages once committed.
+func (w *worker) runQueue(ctx context.Context, r *sqsReader, q SQS) error {
+	w.detector = gapfill.NewDetector(w.cfg.GapPolicy)
+	src := &sqsSource{r: r, batchSize: w.cfg.BatchSize, linger: w.cfg.BatchLinger}
+	w.src = src
+	if err := w.restore(ctx); err != nil {
+		return err
+	}
+	w.publish()
+	w.log.Info("receiving from the queue", "held_jobs", w.detector.Len(), "visibility", q.Visibility.String(),
+		"wait", q.Wait.String(), "max_messages", q.MaxMessages)
+
+	var wg sync.WaitGroup
+	rctx, stop := context.WithCancel(ctx)
+	// Once the receiver has stopped, what is still in flight (received,
+	// never committed) is made visible again.
+	defer func() {
+		stop()
+		wg.Wait()
+		_ = src.Close()
+	}()
+	wg.Go(func() { r.run(rctx) })
+	w.attempts = w.startAttempts(rctx, &wg)
+	for {
+		w.beat.now()
+		msgs := w.fetch(ctx)
+		res := w.attempts.collect(w)
+		if len(msgs) > 0 || len(res) > 0 {
+			// commit acknowledges what it committed; what it did not
+			// stays unacknowledged and comes back.
+			if err := w.commit(ctx, msgs, res); err != nil {
+				if errors.Is(err, errFenced) {
+					err = fmt.Errorf("projection: an unfenced queue batch was fenced: %w", err)
+				}
+				return err
+			}
+		}
+		w.reschedule(res)
+		if ctx.Err() != nil {
+			return nil
+		}
+		w.attempts.schedule(w)
+		w.publish()
+	}
+}
+
+// watchQueue reads the queue's approximate counts every queuePollEvery:
+// visible and in-flight messages are the lag.
+func (p *Projector) watchQueue(ctx context.Context) {
+	b, done := p.health.loop("queue monitor", 2*(queuePollEvery+queuePollEvery))
+	defer done()
+	t := time.NewTicker(queuePollEvery)
+	defer t.Stop()
+	progress := progressLog{at: time.Now(), consumed: p.counters.consumed.Load()}
+	for {
+		b.now()
+		qctx, cancel := context.WithTimeout(ctx, queuePollEvery)
+		n, err := p.sqs.client.counts(qctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			p.sqs.outage.failed(err, queuePollEvery)
+		default:
+			p.sqs.answeredAt.Store(time.Now().UnixNano())
+			p.sqs.outage.ok()
+			p.sqs.counts.Store(&n)
+			p.book.setQueueLag(0, n.Visible+n.InFlight)
+		}
+		if now := time.Now(); now.Sub(progress.at) >= progressEvery-queuePollEvery/2 {
+			progress.log(p, now)
+			p.quarantineLog.flush(now)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// queueCheck is the readiness of the queue: it answered recently.
+func (p *Projector) queueCheck() Check {
+	at := p.sqs.answeredAt.Load()
+	if at == 0 {
+		return Check{Name: "queue", Detail: fmt.Sprintf("queue %s has not answered yet", p.cfg.SQS.QueueURL)}
+	}
+	ago := time.Since(time.Unix(0, at))
+	c := Check{Name: "queue", OK: ago <= queueFresh, Detail: fmt.Sprintf("queue %s answered %s ago", p.cfg.SQS.QueueURL, ago.Round(time.Millisecond))}
+	if !c.OK {
+		c.Detail = fmt.Sprintf("queue %s has not answered for %s", p.cfg.SQS.QueueURL, ago.Round(time.Second))
+	}
+	return c
+}
+
+// SQSStatus is an SQS-fed engine's view of its queue, in /status.
+type SQSStatus struct {
+	QueueURL string `json:"queue_url"`
+	// Counts are the queue's approximate counts as last read (every 5 s);
+	// nil before the first read.
+	Counts   *SQSCounts  `json:"counts"`
+	Counters SQSCounters `json:"counters"`
+}
+
+func (p *Projector) sqsStatus() *SQSStatus {
+	if p.sqs == nil {
+		return nil
+	}
+	s := &SQSStatus{QueueURL: p.cfg.SQS.QueueURL, Counts: p.sqs.counts.Load()}
+	if r := p.sqs.reader; r != nil {
+		s.Counters = r.stats.snapshot()
+	}
+	return s
+}
