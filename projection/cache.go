@@ -147,6 +147,14 @@ func (c *jobCache) remove(e *cacheEntry) {
 	}
 }
 
+// keepsOps reports whether a held job put now keeps its held deltas' ops
+// in memory: pinned bytes are within half the budget.
+func (c *jobCache) keepsOps() bool {
+	c.b.mu.Lock()
+	defer c.b.mu.Unlock()
+	return c.b.pinned <= c.b.limit/2
+}
+
 // forget drops a job that holds nothing.
 func (c *jobCache) forget(id string) {
 	c.b.mu.Lock()

@@ -2,6 +2,7 @@ package projection
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -14,8 +15,16 @@ import (
 	"github.com/projector/projector/store"
 )
 
+// restoreChunk is how many held jobs restore reads at a time.
+const restoreChunk = 1000
+
 // restore loads the held deltas this partition's previous owners stored,
-// with their jobs' rows, into a fresh cache and detector.
+// with their jobs' rows, into a fresh cache and detector. It reads what
+// is held without the ops first, then the rows and the ops a chunk of
+// jobs at a time, and the ops only while the cache keeps them (pinned
+// bytes within half the budget): past that they stay in PostgreSQL, as
+// for deltas held while running, and a partition with many held deltas
+// is never all in memory at once.
 func (w *worker) restore(ctx context.Context) error {
 	w.cache.reset()
 	w.detector.Reset()
@@ -23,26 +32,74 @@ func (w *worker) restore(ctx context.Context) error {
 		w.attempts.reset()
 	}
 	var held []store.Held
-	var rows map[string]store.Job
-	op := func() error {
+	if err := w.retryDatabase(ctx, func() error {
 		var err error
-		if held, err = w.store.LoadHeld(ctx, w.topic, w.partition); err != nil {
+		held, err = w.store.LoadHeldIndex(ctx, w.topic, w.partition)
+		return err
+	}); err != nil {
+		return err
+	}
+	// held is ordered by job: a chunk ends between two jobs.
+	for start := 0; start < len(held); {
+		end, jobs := start, 0
+		for end < len(held) {
+			if end == start || held[end].JobID != held[end-1].JobID {
+				if jobs == restoreChunk {
+					break
+				}
+				jobs++
+			}
+			end++
+		}
+		if err := w.restoreChunk(ctx, held[start:end]); err != nil {
 			return err
 		}
-		ids := map[string]bool{}
-		var list []string
-		for _, h := range held {
-			if !ids[h.JobID] {
-				ids[h.JobID] = true
-				list = append(list, h.JobID)
-			}
+		start = end
+	}
+	// Held deltas that a row already covers (another writer moved it while
+	// nobody owned the partition) are released by the next attempt: make
+	// every restored gap due at once.
+	return nil
+}
+
+// restoreChunk loads the rows of held's jobs, and the ops of held while
+// the cache keeps them, into the cache and the detector.
+func (w *worker) restoreChunk(ctx context.Context, held []store.Held) error {
+	var ids []string
+	keys := make([]store.HeldKey, len(held))
+	for i, h := range held {
+		if i == 0 || h.JobID != held[i-1].JobID {
+			ids = append(ids, h.JobID)
 		}
-		rows, err = w.store.LoadJobs(ctx, list)
+		keys[i] = store.HeldKey{JobID: h.JobID, Version: h.Version}
+	}
+	keepOps := w.cache.keepsOps()
+	var rows map[string]store.Job
+	var ops map[store.HeldKey]json.RawMessage
+	if err := w.retryDatabase(ctx, func() error {
+		var err error
+		if rows, err = w.store.LoadJobs(ctx, ids); err != nil {
+			return err
+		}
+		if keepOps {
+			ops, err = w.store.LoadHeldOps(ctx, keys)
+		}
+		return err
+	}); err != nil {
 		return err
 	}
-	if err := w.retryDatabase(ctx, op); err != nil {
-		return err
+	for i, h := range held {
+		if raw, ok := ops[store.HeldKey{JobID: h.JobID, Version: h.Version}]; ok {
+			held[i].Ops = raw
+		}
 	}
+	return w.holdStored(held, rows)
+}
+
+// holdStored puts held rows read from the store, with their jobs' rows,
+// into the cache and the detector. A held row read without its ops (left
+// in PostgreSQL) is read back when a batch offers anything to the job.
+func (w *worker) holdStored(held []store.Held, rows map[string]store.Job) error {
 	for _, h := range held {
 		j, ok := w.cache.get(h.JobID)
 		if !ok {
@@ -51,19 +108,22 @@ func (w *worker) restore(ctx context.Context) error {
 				return err
 			}
 		}
-		ops, err := delta.ParseOps(h.Ops)
-		if err != nil {
-			return fmt.Errorf("projection: held delta %q v%d: %w", h.JobID, h.Version, err)
+		if j.Held == nil {
+			j.Held = map[int64]gapfill.Held{}
 		}
-		ev := event.Event{JobID: h.JobID, Version: h.Version, Kind: event.Delta, Ops: ops, RawOps: h.Ops, EventID: h.EventID}
+		ev := event.Event{JobID: h.JobID, Version: h.Version, Kind: event.Delta, EventID: h.EventID}
+		if h.Ops != nil {
+			ops, err := delta.ParseOps(h.Ops)
+			if err != nil {
+				return fmt.Errorf("projection: held delta %q v%d: %w", h.JobID, h.Version, err)
+			}
+			ev.Ops, ev.RawOps = ops, h.Ops
+		}
 		j.Held[h.Version] = gapfill.Held{Input: gapfill.Input{Event: ev, Partition: h.SourcePartition, Offset: h.Offset, At: h.Since, LogTime: h.LogTime}, Since: h.Since}
 
 		w.cache.put(j)
 		w.detector.Hold(h.JobID, h.Since)
 	}
-	// Held deltas that a row already covers (another writer moved it while
-	// nobody owned the partition) are released by the next attempt: make
-	// every restored gap due at once.
 	return nil
 }
 

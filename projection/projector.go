@@ -85,7 +85,7 @@ func New(cfg Config) (*Projector, error) {
 		if err != nil {
 			return nil, err
 		}
-		p.sqs = &sqsState{client: qc, outage: outage{service: "SQS", log: cfg.Logger}}
+		p.sqs = &sqsState{client: qc, outage: outage{service: "SQS", log: cfg.Logger}, adoptEvery: heldAdoptEvery}
 		p.sqs.reader = newSQSReader(qc, cfg.Logger, cfg.BatchSize)
 	}
 	p.metrics = newMetrics(p)

@@ -143,3 +143,37 @@ func TestSQSProjects(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond, "every message received was deleted")
 	require.True(t, run.p.Ready(), "%+v", run.p.Readiness())
 }
+
+// TestSQSAdoptsHeldDeltasOfAnotherInstance: another instance on the queue
+// held a delta and stopped for good, leaving it in projector_held; a
+// running instance, which did not see it at its start, adopts it and
+// applies it once the missing version arrives.
+func TestSQSAdoptsHeldDeltasOfAnotherInstance(t *testing.T) {
+	r := newSQSRig(t, 2*time.Second)
+	p, err := New(r.config())
+	require.NoError(t, err)
+	p.sqs.adoptEvery = 100 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	run := &running{p: p, stop: cancel, done: make(chan error, 1)}
+	go func() { run.done <- p.Run(ctx) }()
+	t.Cleanup(func() { run.halt(t) })
+
+	sendSQS(t, r.emu, r.queue, "x", qsnap("x", 1, `{"n":1}`))
+	require.Eventually(t, func() bool { return p.Status().Counters.Applied == 1 }, 10*time.Second, 20*time.Millisecond)
+	// The other instance's batch: x:3 held, behind the missing x:2.
+	_, err = r.store.Apply(t.Context(), &store.Batch{Topic: p.Config().Topic, Unfenced: true, NextOffset: 1,
+		Hold:        []store.Held{{JobID: "x", Version: 3, Offset: 99, Ops: []byte(`[{"op":"increment","path":"/n","by":100}]`), Since: time.Now()}},
+		Coordinates: map[int64]store.Coordinate{99: {MessageID: "m-99", SequenceNumber: "99"}}})
+	require.NoError(t, err)
+	held, _, err := r.store.HeldJobs(t.Context(), 10)
+	require.NoError(t, err)
+	require.Len(t, held, 1)
+
+	sendSQS(t, r.emu, r.queue, "x", qincr("x", 2, 10))
+	r.drained(20 * time.Second)
+	rows, err := r.store.Jobs(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, int64(3), rows["x"].Version)
+	require.JSONEq(t, `{"n":111}`, string(rows["x"].State))
+	require.Zero(t, p.Status().Counters.HeldJobs)
+}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/projector/projector/gapfill"
+	"github.com/projector/projector/store"
 )
 
 // sqsState is an SQS-fed engine's queue side: its client, its reader, the
@@ -25,6 +26,9 @@ type sqsState struct {
 	// noKeep, set by a test before Run, turns the visibility keeper off, so
 	// messages come back to other consumers while their batch is in flight.
 	noKeep bool
+	// adoptEvery is how often the worker adopts other instances' held
+	// deltas: heldAdoptEvery, shorter in tests.
+	adoptEvery time.Duration
 }
 
 // queuePollEvery is how often the queue's counts are read, for the lag.
@@ -62,13 +66,13 @@ func (p *Projector) runSQS(ctx context.Context) error {
 	defer p.book.drop(0, w)
 	p.health.inGroup.Store(true)
 	defer p.health.inGroup.Store(false)
-	return w.runQueue(ctx, q.reader, cfg.SQS)
+	return w.runQueue(ctx, q.reader, cfg.SQS, q.adoptEvery)
 }
 
 // runQueue is [worker.run] for a queue, which has no claim: restore the
 // held deltas, then fetch batches, commit them unfenced, and acknowledge
 // (delete) their messages once committed.
-func (w *worker) runQueue(ctx context.Context, r *sqsReader, q SQS) error {
+func (w *worker) runQueue(ctx context.Context, r *sqsReader, q SQS, adoptEvery time.Duration) error {
 	w.detector = gapfill.NewDetector(w.cfg.GapPolicy)
 	src := &sqsSource{r: r, batchSize: w.cfg.BatchSize, linger: w.cfg.BatchLinger}
 	w.src = src
@@ -90,8 +94,15 @@ func (w *worker) runQueue(ctx context.Context, r *sqsReader, q SQS) error {
 	}()
 	wg.Go(func() { r.run(rctx) })
 	w.attempts = w.startAttempts(rctx, &wg)
+	adopted := time.Now()
 	for {
 		w.beat.now()
+		if time.Since(adopted) >= adoptEvery {
+			adopted = time.Now()
+			if err := w.adoptHeld(ctx); err != nil && ctx.Err() == nil {
+				w.log.Warn("reading the queue's held deltas failed; trying again later", "err", err)
+			}
+		}
 		msgs := w.fetch(ctx)
 		res := w.attempts.collect(w)
 		if len(msgs) > 0 || len(res) > 0 {
@@ -111,6 +122,46 @@ func (w *worker) runQueue(ctx context.Context, r *sqsReader, q SQS) error {
 		w.attempts.schedule(w)
 		w.publish()
 	}
+}
+
+// heldAdoptEvery is how often a queue worker looks for held deltas it does
+// not know: other instances on the queue hold deltas too, and one that
+// stopped for good leaves them to the others.
+const heldAdoptEvery = 30 * time.Second
+
+// adoptHeld takes on the queue's held deltas this worker does not hold
+// yet, held by another instance (alive or gone): their gaps then run here
+// too. Two instances resolving one gap is safe; the conditional writes
+// and the release by key decide.
+func (w *worker) adoptHeld(ctx context.Context) error {
+	held, err := w.store.LoadHeld(ctx, w.topic, w.partition)
+	if err != nil {
+		return err
+	}
+	var fresh []store.Held
+	ids := map[string]bool{}
+	var list []string
+	for _, h := range held {
+		if j, ok := w.cache.peek(h.JobID); ok {
+			if _, known := j.Held[h.Version]; known {
+				continue
+			}
+		}
+		fresh = append(fresh, h)
+		if !ids[h.JobID] {
+			ids[h.JobID] = true
+			list = append(list, h.JobID)
+		}
+	}
+	if len(fresh) == 0 {
+		return nil
+	}
+	rows, err := w.store.LoadJobs(ctx, list)
+	if err != nil {
+		return err
+	}
+	w.log.Info("adopted held deltas of the queue held by other instances", "deltas", len(fresh), "jobs", len(list))
+	return w.holdStored(fresh, rows)
 }
 
 // watchQueue reads the queue's approximate counts every queuePollEvery:

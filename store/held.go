@@ -30,8 +30,23 @@ type Held struct {
 
 // LoadHeld reads the held deltas a partition's previous owner stored.
 func (s *Store) LoadHeld(ctx context.Context, topic string, p int) ([]Held, error) {
+	return s.loadHeld(ctx, topic, p, true)
+}
+
+// LoadHeldIndex is LoadHeld without the ops: what is held and where it
+// came from, for a caller that reads the ops it keeps in memory with
+// [Store.LoadHeldOps] and leaves the rest in PostgreSQL.
+func (s *Store) LoadHeldIndex(ctx context.Context, topic string, p int) ([]Held, error) {
+	return s.loadHeld(ctx, topic, p, false)
+}
+
+func (s *Store) loadHeld(ctx context.Context, topic string, p int, withOps bool) ([]Held, error) {
+	ops := "NULL::text"
+	if withOps {
+		ops = "ops::text"
+	}
 	rows, err := s.pool.Query(ctx, `SELECT job_id, version, partition, coalesce(source_partition, partition), "offset",
-			ops::text, event_id, held_since, log_time, coalesce(message_id, ''), coalesce(sequence_number, '')
+			`+ops+`, event_id, held_since, log_time, coalesce(message_id, ''), coalesce(sequence_number, '')
 		FROM `+s.held+` WHERE projection = $1 AND topic = $2 AND partition = $3 ORDER BY job_id, version`,
 		s.projection, topic, p)
 	if err != nil {
@@ -41,13 +56,15 @@ func (s *Store) LoadHeld(ctx context.Context, topic string, p int) ([]Held, erro
 	var out []Held
 	for rows.Next() {
 		var h Held
-		var ops string
+		var ops *string
 		var logTime *time.Time
 		if err := rows.Scan(&h.JobID, &h.Version, &h.Partition, &h.SourcePartition, &h.Offset, &ops, &h.EventID, &h.Since, &logTime,
 			&h.Coordinate.MessageID, &h.Coordinate.SequenceNumber); err != nil {
 			return nil, fmt.Errorf("store: load held %s/%d: %w", topic, p, err)
 		}
-		h.Ops = json.RawMessage(ops)
+		if ops != nil {
+			h.Ops = json.RawMessage(*ops)
+		}
 		if logTime != nil {
 			h.LogTime = *logTime
 		}

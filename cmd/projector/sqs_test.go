@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/projector/projector/internal/pgtest"
 	"github.com/projector/projector/internal/sqsemu"
 	"github.com/projector/projector/internal/sqstest"
+	"github.com/projector/projector/projection"
 	"github.com/projector/projector/store"
 )
 
@@ -129,4 +131,24 @@ func TestRunSQS(t *testing.T) {
 	require.Len(t, rows, 20)
 	require.JSONEq(t, `{"n":7}`, string(rows["job-7"].State))
 	p.stop(stopWithin)
+
+	// projector status reports the queue's counts as the lag, and the SQS
+	// message of the quarantined record.
+	r := runBin(t, 20*time.Second, env, "status", "--schema", schema, "--json", "--sqs-queue-url", queue,
+		"--sqs-endpoint", e.Endpoint, "--sqs-region", sqsemu.Region)
+	require.Equal(t, 0, r.code, "%s", r)
+	var rep statusReport
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &rep), "%s", r)
+	require.NotNil(t, rep.SQS, "%s", r.stdout)
+	require.Equal(t, projection.SQSCounts{}, rep.SQS.SQSCounts)
+	require.NotNil(t, rep.Lag)
+	require.Zero(t, *rep.Lag)
+	require.Equal(t, 1, rep.Quarantine)
+	require.NotEmpty(t, rep.Recent[0].MessageID, "%s", r.stdout)
+	require.NotEmpty(t, rep.Recent[0].SequenceNumber, "%s", r.stdout)
+	r = runBin(t, 20*time.Second, env, "status", "--schema", schema, "--sqs-queue-url", queue,
+		"--sqs-endpoint", e.Endpoint, "--sqs-region", sqsemu.Region)
+	require.Equal(t, 0, r.code, "%s", r)
+	require.Contains(t, r.stdout, "0 visible, 0 in flight")
+	require.Contains(t, r.stdout, "message "+rep.Recent[0].MessageID)
 }

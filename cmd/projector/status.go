@@ -27,6 +27,8 @@ type statusOpts struct {
 	json        bool
 	limit       int
 	kafka       kafkaFlags
+	// sqs is the queue whose counts to report, with --sqs-queue-url.
+	sqs sqsFlags
 }
 
 // statusReport is what `projector status --json` prints.
@@ -43,6 +45,14 @@ type statusReport struct {
 	// DeletedJobs counts the tombstones: jobs deleted and remembered so
 	// that no late event brings them back.
 	DeletedJobs int64 `json:"deleted_jobs"`
+	// SQS is the queue's approximate counts, with --sqs-queue-url; their
+	// sum is then Lag.
+	SQS *queueReport `json:"sqs,omitempty"`
+}
+
+type queueReport struct {
+	QueueURL string `json:"queue_url"`
+	projection.SQSCounts
 }
 
 type partitionReport struct {
@@ -58,6 +68,9 @@ type quarantineReport struct {
 	Key       string    `json:"key"`
 	Error     string    `json:"error"`
 	CreatedAt time.Time `json:"time"`
+	// MessageID and SequenceNumber name an SQS message.
+	MessageID      string `json:"message_id,omitempty"`
+	SequenceNumber string `json:"sequence_number,omitempty"`
 }
 
 var statusCommand = &command{
@@ -66,7 +79,9 @@ var statusCommand = &command{
 	usage: `projector status reads the projection's state from PostgreSQL: each partition's
 next offset, epoch and owner, the jobs held behind a gap (with the versions
 they hold and since when), and the quarantine. With --brokers it also asks Kafka
-for the high watermarks and reports the lag of every partition.
+for the high watermarks and reports the lag of every partition; with
+--sqs-queue-url (a projection fed by 'run --source sqs') it asks the queue for
+its approximate visible and in-flight messages, which are the lag.
 
 It only reads: it runs no migration, creates and alters nothing (its
 transactions are read-only), and a projection that does not exist is an error
@@ -83,6 +98,7 @@ Example:
 		fs.BoolVar(&o.json, "json", false, "print JSON instead of tables")
 		fs.IntVar(&o.limit, "limit", 20, "most held jobs and quarantined records to list")
 		o.kafka.register(fs)
+		o.sqs.registerQueue(fs)
 		return o
 	},
 	run: func(ctx context.Context, env *cmdEnv, opts any) error {
@@ -97,6 +113,12 @@ Example:
 		}
 		if err := checkStoreNames(o.schema, o.table); err != nil {
 			return err
+		}
+		if o.sqs.queueURL != "" {
+			o.sqs.source = sourceSQS
+			if err := o.sqs.validate(); err != nil {
+				return err
+			}
 		}
 		st, err := openReadOnly(ctx, o.databaseURL, o.schema, o.table)
 		if err != nil {
@@ -166,6 +188,17 @@ func buildStatus(ctx context.Context, st *store.Store, o *statusOpts) (*statusRe
 		}
 		rep.Partitions = append(rep.Partitions, pr)
 	}
+	if o.sqs.queueURL != "" {
+		qctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		n, err := projection.QueueCounts(qctx, o.sqs.config())
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		rep.SQS = &queueReport{QueueURL: o.sqs.queueURL, SQSCounts: n}
+		lag := n.Visible + n.InFlight
+		rep.Lag = &lag
+	}
 	held, total, err := st.HeldJobs(ctx, o.limit)
 	if err != nil {
 		return nil, err
@@ -181,7 +214,8 @@ func buildStatus(ctx context.Context, st *store.Store, o *statusOpts) (*statusRe
 	rep.Quarantine = qtotal
 	for _, r := range q {
 		rep.Recent = append(rep.Recent, quarantineReport{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
-			Key: string(r.Key), Error: r.Error, CreatedAt: r.CreatedAt})
+			Key: string(r.Key), Error: r.Error, CreatedAt: r.CreatedAt,
+			MessageID: r.Coordinate.MessageID, SequenceNumber: r.Coordinate.SequenceNumber})
 	}
 	if rep.Jobs, err = st.CountJobs(ctx); err != nil {
 		return nil, err
@@ -215,6 +249,9 @@ func printStatus(env *cmdEnv, rep *statusReport) {
 			fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\n", printable(p.Topic), p.Partition, position, hw, lag, p.Epoch, printable(p.Owner), updated)
 		}
 	}
+	if rep.SQS != nil {
+		fmt.Fprintf(w, "queue %s: %d visible, %d in flight\n", printable(rep.SQS.QueueURL), rep.SQS.Visible, rep.SQS.InFlight)
+	}
 	if rep.Lag != nil {
 		fmt.Fprintf(w, "total lag: %d\n", *rep.Lag)
 	}
@@ -229,7 +266,11 @@ func printStatus(env *cmdEnv, rep *statusReport) {
 	if len(rep.Recent) > 0 {
 		fmt.Fprintln(w, "TOPIC/PARTITION@OFFSET\tKEY\tERROR")
 		for _, q := range rep.Recent {
-			fmt.Fprintf(w, "%s/%d@%d\t%s\t%s\n", printable(q.Topic), q.Partition, q.Offset, strconv.QuoteToGraphic(q.Key), printable(q.Error))
+			where := fmt.Sprintf("%s/%d@%d", printable(q.Topic), q.Partition, q.Offset)
+			if q.MessageID != "" {
+				where = fmt.Sprintf("%s message %s seq %s", printable(q.Topic), printable(q.MessageID), printable(q.SequenceNumber))
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\n", where, strconv.QuoteToGraphic(q.Key), printable(q.Error))
 		}
 	}
 	w.Flush()
