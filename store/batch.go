@@ -170,8 +170,8 @@ type Result struct {
 // Apply commits b in one transaction: fence, writes, held rows, quarantine
 // and position. It returns [ErrFenced] if another owner claimed the
 // partition, or a *[StaleError] if an update's row moved; both roll back.
-// Its steps run in this order: [Store.fence], [Store.lockJobs],
-// [Store.applySnapshots], [Store.applyDeletes], [Store.applyUpdates],
+// Its steps run in this order: [Store.fence] (which also takes the job
+// locks of [Store.lockJobs], in the same round trip), [Store.applySnapshots], [Store.applyDeletes], [Store.applyUpdates],
 // [Store.hold], [Store.writeGapLog], [Store.release],
 // [Store.writeQuarantine], then the commit.
 func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
@@ -186,9 +186,6 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	if err := s.fence(ctx, tx, b); err != nil {
 		return res, err
-	}
-	if err := s.lockJobs(ctx, tx, b); err != nil {
-		return res, fmt.Errorf("store: apply %s/%d@%d: lock jobs: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
 	if err := s.applySnapshots(ctx, tx, b, &res); err != nil {
 		return res, err

@@ -17,8 +17,9 @@ import (
 )
 
 // freezer stops a connection's client right after a statement whose text
-// contains match has run on the server, until thaw: from PostgreSQL's side
-// the client is frozen inside its open transaction.
+// contains match has run on the server (or the pipeline holding it), until
+// thaw: from PostgreSQL's side the client is frozen inside its open
+// transaction.
 type freezer struct {
 	match    string
 	once     sync.Once
@@ -48,6 +49,28 @@ func (f *freezer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQue
 		<-f.thawed
 	}
 }
+
+// A statement sent in a pipeline (pgx.Batch) is traced as a batch query;
+// the client freezes once the whole pipeline has run.
+func (f *freezer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return context.WithValue(ctx, batchMatch{f}, new(bool))
+}
+
+func (f *freezer) TraceBatchQuery(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	if matched, ok := ctx.Value(batchMatch{f}).(*bool); ok && strings.Contains(data.SQL, f.match) {
+		*matched = true
+	}
+}
+
+func (f *freezer) TraceBatchEnd(ctx context.Context, conn *pgx.Conn, _ pgx.TraceBatchEndData) {
+	if matched, ok := ctx.Value(batchMatch{f}).(*bool); ok && *matched {
+		f.TraceQueryEnd(context.WithValue(ctx, f, true), conn, pgx.TraceQueryEndData{})
+	}
+}
+
+// batchMatch keys, in a batch's context, whether one of its statements
+// matched.
+type batchMatch struct{ f *freezer }
 
 func (f *freezer) thaw() { f.thawOnce.Do(func() { close(f.thawed) }) }
 

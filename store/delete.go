@@ -49,6 +49,17 @@ func stripeOf(jobID string) int32 {
 // delete misses a row created meanwhile. Stripes are taken in ascending
 // order, so two batches never deadlock on them.
 func (s *Store) lockJobs(ctx context.Context, tx pgx.Tx, b *Batch) error {
+	sql, args, ok := s.lockJobsStatement(b)
+	if !ok {
+		return nil
+	}
+	_, err := tx.Exec(ctx, sql, args...)
+	return err
+}
+
+// lockJobsStatement is the statement of [Store.lockJobs] and its
+// arguments; ok is false when the batch writes no job.
+func (s *Store) lockJobsStatement(b *Batch) (sql string, args []any, ok bool) {
 	mode := map[int32]bool{} // stripe -> exclusive
 	add := func(ws []Write, exclusive func(Write) bool) {
 		for _, w := range ws {
@@ -60,7 +71,7 @@ func (s *Store) lockJobs(ctx context.Context, tx pgx.Tx, b *Batch) error {
 	add(b.Deletes, func(Write) bool { return true })
 	add(b.Updates, func(w Write) bool { return w.Deleted || w.ExpectDeleted })
 	if len(mode) == 0 {
-		return nil
+		return "", nil, false
 	}
 	stripes := make([]int32, 0, len(mode))
 	for st := range mode {
@@ -73,10 +84,9 @@ func (s *Store) lockJobs(ctx context.Context, tx pgx.Tx, b *Batch) error {
 	}
 	// unnest yields the rows in array order, and a function scan
 	// evaluates them one by one: the locks are taken in that order.
-	_, err := tx.Exec(ctx, `SELECT CASE WHEN u.x THEN pg_advisory_xact_lock($1, u.s)::text
+	return `SELECT CASE WHEN u.x THEN pg_advisory_xact_lock($1, u.s)::text
 			ELSE pg_advisory_xact_lock_shared($1, u.s)::text END
-		FROM unnest($2::int[], $3::bool[]) AS u(s, x)`, s.lockClass, stripes, excl)
-	return err
+		FROM unnest($2::int[], $3::bool[]) AS u(s, x)`, []any{s.lockClass, stripes, excl}, true
 }
 
 // applyDeletes writes the batch's deletes: each applies where the job's

@@ -113,6 +113,12 @@ func millis(d time.Duration) string { return strconv.FormatInt(max(d.Millisecond
 // fence bounds the batch transaction and takes the partition's row under
 // b's epoch, storing b's position: [ErrFenced] when the epoch is no longer
 // the partition's, a *[SwapWaitError] when a rebuild's swap holds the row.
+// A batch of a source with no owners (b.Unfenced, SQS) has no row to check
+// or write. It then takes the batch's job locks ([Store.lockJobs]). The
+// statements go to the server in one round trip (a pipeline): each runs
+// only once the one before it has, in the same transaction, and the first
+// that fails fails the rest, so the order and the bounds are those of one
+// statement after the other.
 func (s *Store) fence(ctx context.Context, tx pgx.Tx, b *Batch) error {
 	// The fence below locks the partition row until commit: bound how long
 	// a frozen client may keep the transaction open, and each statement.
@@ -120,39 +126,58 @@ func (s *Store) fence(ctx context.Context, tx pgx.Tx, b *Batch) error {
 	// does: only a claim (brief) or a rebuild's swap (long) holds it, and a
 	// batch waiting for a swap says so (*[SwapWaitError]) rather than
 	// failing as an outage at the statement bound. The statements after
-	// the fence wait as before: the bound is lifted once it holds the row.
-	var lockTimeout string
-	if err := tx.QueryRow(ctx, `SELECT current_setting('lock_timeout'), set_config('idle_in_transaction_session_timeout', $1, true),
+	// the fence wait as before: the bound is lifted once it holds the row
+	// (the setting it had is kept in projector.lock_timeout meanwhile).
+	var pipe pgx.Batch
+	pipe.Queue(`SELECT set_config('projector.lock_timeout', current_setting('lock_timeout'), true),
+		set_config('idle_in_transaction_session_timeout', $1, true),
 		set_config('statement_timeout', $2, true), set_config('lock_timeout', $3, true)`,
-		millis(s.idleTimeout), millis(s.statementTimeout), millis(s.claimLockTimeout)).Scan(&lockTimeout, nil, nil, nil); err != nil {
+		millis(s.idleTimeout), millis(s.statementTimeout), millis(s.claimLockTimeout))
+	if !b.Unfenced {
+		pipe.Queue(`UPDATE `+s.partitions+` SET next_offset = $5, updated_at = now()
+			WHERE projection = $1 AND topic = $2 AND partition = $3 AND epoch = $4`,
+			s.projection, b.Topic, b.Partition, b.Epoch, b.NextOffset)
+	}
+	pipe.Queue(`SELECT set_config('lock_timeout', current_setting('projector.lock_timeout'), true)`)
+	lockSQL, lockArgs, lock := s.lockJobsStatement(b)
+	if lock {
+		pipe.Queue(lockSQL, lockArgs...)
+	}
+	br := tx.SendBatch(ctx, &pipe)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
 		return fmt.Errorf("store: apply %s/%d@%d: bounds: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
 	if b.Unfenced {
-		// A source with no owners (SQS): no row to check or write; the
-		// lock bound goes back to what it was.
-		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, lockTimeout); err != nil {
+		if _, err := br.Exec(); err != nil {
 			return fmt.Errorf("store: apply %s: bounds: %w", b.Topic, err)
 		}
-		return nil
-	}
-	tag, err := tx.Exec(ctx, `UPDATE `+s.partitions+` SET next_offset = $5, updated_at = now()
-		WHERE projection = $1 AND topic = $2 AND partition = $3 AND epoch = $4`,
-		s.projection, b.Topic, b.Partition, b.Epoch, b.NextOffset)
-	if err == nil {
-		_, err = tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, lockTimeout)
-	}
-	if err != nil {
-		var pgErr *pgconn.PgError
-		// lock_not_available, or the statement bound if it is the shorter.
-		if errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "57014") {
-			if running, ok := s.swapping(ctx); ok {
-				err = &SwapWaitError{Table: s.schema + "." + s.projection, Running: running, Err: err}
-			}
+	} else {
+		tag, err := br.Exec()
+		if err == nil {
+			_, err = br.Exec()
 		}
-		return fmt.Errorf("store: apply %s/%d@%d: fence: %w", b.Topic, b.Partition, b.NextOffset, err)
+		if err != nil {
+			var pgErr *pgconn.PgError
+			// lock_not_available, or the statement bound if it is the shorter.
+			if errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "57014") {
+				if running, ok := s.swapping(ctx); ok {
+					err = &SwapWaitError{Table: s.schema + "." + s.projection, Running: running, Err: err}
+				}
+			}
+			return fmt.Errorf("store: apply %s/%d@%d: fence: %w", b.Topic, b.Partition, b.NextOffset, err)
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrFenced
+		}
 	}
-	if tag.RowsAffected() == 0 {
-		return ErrFenced
+	if lock {
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("store: apply %s/%d@%d: lock jobs: %w", b.Topic, b.Partition, b.NextOffset, err)
+		}
+	}
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("store: apply %s/%d@%d: fence: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
 	return nil
 }

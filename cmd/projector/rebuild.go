@@ -107,7 +107,7 @@ Example:
 		}
 		// Every precondition before anything is reset: the database (whose
 		// live tables are only created if missing), then the topic.
-		live, err := openStore(ctx, o.databaseURL, o.storeConfig())
+		live, err := openProjection(ctx, o.databaseURL, o.storeConfig(), migrated)
 		if err != nil {
 			return err
 		}
