@@ -87,8 +87,8 @@ func TestSQSMessageOffset(t *testing.T) {
 // counts see visible and in-flight messages.
 func TestSQSClient(t *testing.T) {
 	e := sqstest.New(t)
-	url := sqstest.Queue(t, e, time.Second)
-	cfg := emulatorSQS(e, url, time.Second)
+	url := sqstest.Queue(t, e, 2*time.Second)
+	cfg := emulatorSQS(e, url, 2*time.Second)
 	c, err := cfg.client(t.Context())
 	require.NoError(t, err)
 	defer c.close()
@@ -115,7 +115,7 @@ func TestSQSClient(t *testing.T) {
 
 	// Past the first timeout, extended messages stay hidden.
 	for range 3 {
-		time.Sleep(400 * time.Millisecond)
+		time.Sleep(700 * time.Millisecond)
 		failed, err := c.changeVisibility(t.Context(), msgs, cfg.Visibility)
 		require.NoError(t, err)
 		require.Empty(t, failed)
@@ -154,8 +154,9 @@ func TestSQSClient(t *testing.T) {
 // whose group is not its job id is counted.
 func TestSQSReader(t *testing.T) {
 	e := sqstest.New(t)
-	url := sqstest.Queue(t, e, time.Second)
-	cfg := emulatorSQS(e, url, time.Second)
+	// 3 s, kept every 1 s: a loaded machine does not miss a turn.
+	url := sqstest.Queue(t, e, 3*time.Second)
+	cfg := emulatorSQS(e, url, 3*time.Second)
 	c, err := cfg.client(t.Context())
 	require.NoError(t, err)
 	defer c.close()
@@ -175,8 +176,8 @@ func TestSQSReader(t *testing.T) {
 	require.Len(t, got, 2)
 	require.Equal(t, int64(1), r.stats.groupMismatch.Load(), "j2 was sent in group other")
 
-	// Twice the visibility timeout later, the keeper has kept both hidden.
-	time.Sleep(2 * time.Second)
+	// Past the visibility timeout, the keeper has kept both hidden.
+	time.Sleep(4 * time.Second)
 	n, err := c.counts(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, SQSCounts{InFlight: 2}, n)
