@@ -129,7 +129,6 @@ func (p *Projector) workerDeps() workerDeps {
 // errFenced stops a worker whose partition was claimed by another owner.
 var errFenced = errors.New("partition fenced")
 
-
 func (w *worker) run(ctx context.Context) error {
 	cfg := w.cfg
 	w.detector = gapfill.NewDetector(cfg.GapPolicy)
