@@ -187,7 +187,7 @@ func (w *worker) applyApart(ctx context.Context, msgs []Record, res []gapfill.Re
 func (w *worker) quarantineRecord(ctx context.Context, m Record, cause error) error {
 	w.log.Warn("record refused by PostgreSQL; quarantined", "offset", m.Coord.Offset, "err", store.Refusal(cause))
 	bad := w.newBatch(m.Coord.Offset+1, m)
-	bad.Bad = []store.Bad{{Partition: -1, Offset: m.Coord.Offset, Key: m.Key, Value: m.Value, Err: store.Refusal(cause)}}
+	bad.Bad = []store.Bad{{Partition: -1, Offset: m.Coord.Offset, Key: m.Key, Value: m.Value, Err: store.Refusal(cause), Coordinate: m.Coord.sqs()}}
 	actx, cancel := w.applyContext(ctx)
 	defer cancel()
 	if _, err := w.store.Apply(actx, bad); err != nil {

@@ -29,6 +29,17 @@ type plan struct {
 	// the write they tell which snapshots and deletes would have applied
 	// one by one.
 	folds map[string]snapshot.Folded
+	// messages name the SQS message of each record read in the batch, for
+	// its held row: the batch's coordinates by offset alone are ambiguous
+	// when two messages share an offset. Nil for Kafka.
+	messages map[messageKey]store.Coordinate
+}
+
+// messageKey finds the SQS message a held delta was read from.
+type messageKey struct {
+	offset  int64
+	job     string
+	version int64
 }
 
 // newBatch is an empty batch of this worker's partition that moves its
@@ -90,7 +101,7 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 	for _, m := range msgs {
 		ev, err := event.Decode(m.Key, m.Value)
 		if err != nil {
-			p.quarantine(store.Bad{Partition: -1, Offset: m.Coord.Offset, Key: m.Key, Value: m.Value, Err: err.Error()})
+			p.quarantine(store.Bad{Partition: -1, Offset: m.Coord.Offset, Key: m.Key, Value: m.Value, Err: err.Error(), Coordinate: m.Coord.sqs()})
 			continue
 		}
 		if ev.Kind == event.Delta {
@@ -100,6 +111,12 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 			order = append(order, ev.JobID)
 		}
 		count[ev.JobID]++
+		if m.Coord.MessageID != "" {
+			if p.messages == nil {
+				p.messages = map[messageKey]store.Coordinate{}
+			}
+			p.messages[messageKey{m.Coord.Offset, ev.JobID, ev.Version}] = m.Coord.sqs()
+		}
 		decoded = append(decoded, gapfill.Input{Event: ev, Partition: w.partition, Offset: m.Coord.Offset, Source: gapfill.FromLog, At: now, LogTime: m.Time})
 	}
 	inputs := make(map[string][]gapfill.Input, len(order))
@@ -279,6 +296,7 @@ func (p *plan) advance(w *worker, j gapfill.Job, ins []gapfill.Input, now time.T
 		p.batch.Hold = append(p.batch.Hold, store.Held{
 			JobID: j.ID, Version: h.Event.Version, Partition: w.partition, SourcePartition: src, Offset: h.Offset,
 			Ops: h.Event.RawOps, EventID: h.Event.EventID, Since: h.Since, LogTime: h.LogTime,
+			Coordinate: p.messages[messageKey{h.Offset, j.ID, h.Event.Version}],
 		})
 	}
 	for _, v := range out.Released {

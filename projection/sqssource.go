@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/projector/projector/event"
+	"github.com/projector/projector/store"
 )
 
 // sqsReader receives from one queue for one engine. A receiver goroutine
@@ -305,6 +306,12 @@ func (s *sqsSource) Lag(ctx context.Context) (int64, error) {
 func (s *sqsSource) Close() error {
 	s.r.release()
 	return nil
+}
+
+// sqs is the SQS message c names, for a held or quarantine row; zero for
+// a Kafka record.
+func (c Coord) sqs() store.Coordinate {
+	return store.Coordinate{MessageID: c.MessageID, SequenceNumber: c.Sequence}
 }
 
 func firstFailure(f batchFailure) string {

@@ -3,7 +3,9 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -113,6 +115,9 @@ type Bad struct {
 	Offset     int64
 	Key, Value []byte
 	Err        string
+	// Coordinate names the SQS message the record was read from; zero for
+	// Kafka, or when the batch's [Batch.Coordinates] name it by offset.
+	Coordinate Coordinate
 }
 
 // Batch is everything one partition's batch changes, committed at once.
@@ -273,7 +278,11 @@ func (s *Store) applySnapshots(ctx context.Context, tx pgx.Tx, b *Batch, res *Re
 }
 
 // writeQuarantine stores b's records that broke the wire format or that
-// PostgreSQL refused.
+// PostgreSQL refused. A record already quarantined (read again) is not
+// stored twice. The offset of an SQS record only stands for its message
+// (see [Coordinate]): two messages may share one, and the second is then
+// stored at the next free offset rather than dropped as a duplicate of the
+// first ([Store.quarantineApart]).
 func (s *Store) writeQuarantine(ctx context.Context, tx pgx.Tx, b *Batch) error {
 	if len(b.Bad) == 0 {
 		return nil
@@ -285,7 +294,7 @@ func (s *Store) writeQuarantine(ctx context.Context, tx pgx.Tx, b *Batch) error 
 	errs := make([]string, len(b.Bad))
 	msgIDs, seqs := make([]*string, len(b.Bad)), make([]*string, len(b.Bad))
 	for i, r := range b.Bad {
-		msgIDs[i], seqs[i] = b.coordinate(r.Offset, Coordinate{})
+		msgIDs[i], seqs[i] = b.coordinate(r.Offset, r.Coordinate)
 		// The reason quotes input: keep it text PostgreSQL accepts.
 		reason := strings.ToValidUTF8(strings.ReplaceAll(r.Err, "\x00", ""), "\uFFFD")
 		parts[i], offs[i], keys[i], vals[i], errs[i] = int32(r.Partition), r.Offset, r.Key, r.Value, reason
@@ -293,14 +302,72 @@ func (s *Store) writeQuarantine(ctx context.Context, tx pgx.Tx, b *Batch) error 
 			parts[i] = int32(b.Partition)
 		}
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO `+s.quarantine+` (projection, topic, partition, "offset", key, value, error, message_id, sequence_number)
+	rows, err := tx.Query(ctx, `INSERT INTO `+s.quarantine+` (projection, topic, partition, "offset", key, value, error, message_id, sequence_number)
 		SELECT $1, $2, i.part, i.off, i.key, i.value, i.err, i.msg, i.seq
 		FROM unnest($3::int[], $4::bigint[], $5::bytea[], $6::bytea[], $7::text[], $8::text[], $9::text[]) AS i(part, off, key, value, err, msg, seq)
-		ON CONFLICT (projection, topic, partition, "offset") DO NOTHING`,
-		s.projection, b.Topic, parts, offs, keys, vals, errs, msgIDs, seqs); err != nil {
+		ON CONFLICT (projection, topic, partition, "offset") DO NOTHING
+		RETURNING partition, "offset", coalesce(message_id, '')`,
+		s.projection, b.Topic, parts, offs, keys, vals, errs, msgIDs, seqs)
+	if err != nil {
 		return fmt.Errorf("store: apply %s/%d@%d: quarantine: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
+	type stored struct {
+		part int32
+		off  int64
+		msg  string
+	}
+	inserted := map[stored]bool{}
+	var k stored
+	if _, err := pgx.ForEachRow(rows, []any{&k.part, &k.off, &k.msg}, func() error {
+		inserted[k] = true
+		return nil
+	}); err != nil {
+		return fmt.Errorf("store: apply %s/%d@%d: quarantine: %w", b.Topic, b.Partition, b.NextOffset, err)
+	}
+	for i := range b.Bad {
+		if msgIDs[i] == nil || inserted[stored{parts[i], offs[i], *msgIDs[i]}] {
+			// A Kafka record's offset is its own: a conflict is the same
+			// record, quarantined before.
+			continue
+		}
+		if err := s.quarantineApart(ctx, tx, b.Topic, parts[i], offs[i], keys[i], vals[i], errs[i], msgIDs[i], seqs[i]); err != nil {
+			return fmt.Errorf("store: apply %s/%d@%d: quarantine: %w", b.Topic, b.Partition, b.NextOffset, err)
+		}
+	}
 	return nil
+}
+
+// quarantineApartTries bounds the search for a free offset: two SQS
+// messages sharing an offset is already rare.
+const quarantineApartTries = 64
+
+// quarantineApart stores an SQS record whose offset another row holds:
+// nothing if that row is the same message (delivered again), else at the
+// first offset after it that is free or holds the same message.
+func (s *Store) quarantineApart(ctx context.Context, tx pgx.Tx, topic string, part int32, off int64, key, value []byte, reason string, msgID, seq *string) error {
+	for range quarantineApartTries {
+		var there string
+		err := tx.QueryRow(ctx, `SELECT coalesce(message_id, '') FROM `+s.quarantine+`
+			WHERE projection = $1 AND topic = $2 AND partition = $3 AND "offset" = $4`, s.projection, topic, part, off).Scan(&there)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			if _, err := tx.Exec(ctx, `INSERT INTO `+s.quarantine+` (projection, topic, partition, "offset", key, value, error, message_id, sequence_number)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`, s.projection, topic, part, off, key, value, reason, msgID, seq); err != nil {
+				return err
+			}
+			return nil
+		case err != nil:
+			return err
+		case there == *msgID:
+			return nil
+		}
+		if off == math.MaxInt64 {
+			off = 0
+		} else {
+			off++
+		}
+	}
+	return fmt.Errorf("message %s: no free offset within %d of %d", *msgID, quarantineApartTries, off)
 }
 
 // Coordinate names a record read from SQS, which has no partition and
@@ -312,10 +379,11 @@ type Coordinate struct {
 	SequenceNumber string `json:"sequence_number,omitempty"`
 }
 
-// coordinate is the SQS message id and sequence number of the record at
-// offset, from the batch's coordinates or else c; nil for a Kafka record.
+// coordinate is the SQS message id and sequence number of a record: c,
+// its own, when set, else the batch's coordinate at offset (which two
+// messages sharing an offset would make ambiguous); nil for a Kafka record.
 func (b *Batch) coordinate(offset int64, c Coordinate) (msgID, seq *string) {
-	if bc, ok := b.Coordinates[offset]; ok {
+	if bc, ok := b.Coordinates[offset]; ok && c.MessageID == "" {
 		c = bc
 	}
 	if c.MessageID != "" {
