@@ -17,6 +17,7 @@ import (
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+	"github.com/aws/smithy-go"
 )
 
 // SQS is an SQS FIFO queue the projector reads instead of a Kafka topic,
@@ -227,6 +228,47 @@ func (c *sqsClient) receive(ctx context.Context) ([]sqsMessage, error) {
 		msgs = append(msgs, sm)
 	}
 	return msgs, nil
+}
+
+// SQSAuthError means SQS refused the projector's credentials, or their
+// permission on the queue: retrying cannot fix that, so the engine stops
+// (`projector run` exits 1) rather than wait as for an outage, as it does
+// when Kafka brokers refuse it ([AuthError]).
+type SQSAuthError struct {
+	// Code is SQS's error code, e.g. InvalidClientTokenId.
+	Code string
+	Err  error
+}
+
+func (e *SQSAuthError) Error() string {
+	return fmt.Sprintf("sqs: credentials refused (%s): fix the AWS credentials (environment, shared files, role) or their permissions on the queue: %v", e.Code, e.Err)
+}
+
+func (e *SQSAuthError) Unwrap() error { return e.Err }
+
+// sqsAuthCodes are the error codes with which AWS refuses a request's
+// credentials, signature or permission.
+var sqsAuthCodes = map[string]bool{
+	"InvalidClientTokenId": true, "UnrecognizedClientException": true,
+	"AccessDenied": true, "AccessDeniedException": true,
+	"SignatureDoesNotMatch": true, "InvalidSignatureException": true,
+	"MissingAuthenticationToken": true, "MissingAuthenticationTokenException": true,
+	"IncompleteSignature": true, "IncompleteSignatureException": true,
+	"InvalidAccessKeyId": true,
+}
+
+// sqsAuthError returns err as an *SQSAuthError when SQS refused the
+// credentials or their permission; otherwise nil.
+func sqsAuthError(err error) *SQSAuthError {
+	var ae *SQSAuthError
+	if errors.As(err, &ae) {
+		return ae
+	}
+	var api smithy.APIError
+	if errors.As(err, &api) && sqsAuthCodes[api.ErrorCode()] {
+		return &SQSAuthError{Code: api.ErrorCode(), Err: err}
+	}
+	return nil
 }
 
 // batchFailure is the messages one batch call did not handle, by id, with

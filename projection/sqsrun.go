@@ -104,6 +104,10 @@ func (w *worker) runQueue(ctx context.Context, r *sqsReader, q SQS, adoptEvery t
 			}
 		}
 		msgs := w.fetch(ctx)
+		if err := r.err(); err != nil && len(msgs) == 0 {
+			w.log.Error("SQS refused the credentials; stopping", "err", err)
+			return err
+		}
 		res := w.attempts.collect(w)
 		if len(msgs) > 0 || len(res) > 0 {
 			// commit acknowledges what it committed; what it did not

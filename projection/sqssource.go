@@ -30,6 +30,10 @@ type sqsReader struct {
 	// failed reports receive failures (an SQS outage), ok their end.
 	failed func(err error, next time.Duration)
 	ok     func()
+	// refused is closed, and refusal set, when SQS refused the
+	// credentials: the receiver stopped for good.
+	refused chan struct{}
+	refusal *SQSAuthError
 
 	mu sync.Mutex
 	// inFlight are the messages received and not yet deleted, by message
@@ -76,7 +80,7 @@ func newSQSReader(c *sqsClient, log *slog.Logger, ahead int) *sqsReader {
 	return &sqsReader{
 		c: c, log: log, queue: make(chan sqsMessage, max(ahead, c.cfg.MaxMessages)),
 		inFlight: map[string]sqsMessage{}, keep: c.cfg.Visibility / 3,
-		failed: func(error, time.Duration) {}, ok: func() {},
+		failed: func(error, time.Duration) {}, ok: func() {}, refused: make(chan struct{}),
 	}
 }
 
@@ -93,6 +97,11 @@ func (r *sqsReader) run(ctx context.Context) {
 		msgs, err := r.c.receive(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
+				return
+			}
+			if ae := sqsAuthError(err); ae != nil {
+				r.refusal = ae
+				close(r.refused)
 				return
 			}
 			d := bo.NextBackOff()
@@ -115,6 +124,17 @@ func (r *sqsReader) run(ctx context.Context) {
 				return
 			}
 		}
+	}
+}
+
+// err is why the receiver stopped for good (SQS refused the
+// credentials), or nil.
+func (r *sqsReader) err() error {
+	select {
+	case <-r.refused:
+		return r.refusal
+	default:
+		return nil
 	}
 }
 
@@ -144,6 +164,8 @@ func (r *sqsReader) take(ctx context.Context, maxMsgs int, wait, linger time.Dur
 	select {
 	case first = <-r.queue:
 	case <-t.C:
+		return nil
+	case <-r.refused:
 		return nil
 	case <-ctx.Done():
 		return nil

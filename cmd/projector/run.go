@@ -201,7 +201,8 @@ With --source sqs it receives from the SQS FIFO queue --sqs-queue-url instead
 one queue; a message is deleted only after the transaction that applied, held
 or quarantined it committed, and one delivered twice is dropped as a
 duplicate. /readyz then checks that the queue answers, and the lag is the
-queue's approximate visible and in-flight messages.
+queue's approximate visible and in-flight messages. SQS refusing the
+credentials or their permission on the queue stops it with exit 1.
 
 Example:
   DATABASE_URL=postgres://app@db:5432/app projector run --brokers kafka-1:9092,kafka-2:9092

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -151,4 +152,26 @@ func TestRunSQS(t *testing.T) {
 	require.Equal(t, 0, r.code, "%s", r)
 	require.Contains(t, r.stdout, "0 visible, 0 in flight")
 	require.Contains(t, r.stdout, "message "+rep.Recent[0].MessageID)
+}
+
+// TestRunSQSRefusedCredentials: SQS refusing the credentials stops run
+// with exit 1 and a message saying what to fix, as brokers refusing them
+// do, instead of retrying forever as an outage.
+func TestRunSQSRefusedCredentials(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("x-amzn-query-error", "InvalidClientTokenId;Sender")
+		w.Header().Set("Content-Type", "application/x-amz-json-1.0")
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = w.Write([]byte(`{"__type":"com.amazon.coral.service#UnrecognizedClientException","message":"The security token included in the request is invalid."}`))
+	}))
+	t.Cleanup(srv.Close)
+	env := dbEnv("AWS_ACCESS_KEY_ID=AKIDWRONG", "AWS_SECRET_ACCESS_KEY=wrong",
+		"AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null")
+	r := runBin(t, 60*time.Second, env, "run", "--source", "sqs", "--sqs-queue-url", srv.URL+"/000000000000/jobs.fifo",
+		"--sqs-endpoint", srv.URL, "--sqs-region", "us-east-1", "--sqs-wait", "0s", "--schema", pgtest.Schema(t),
+		"--http-addr", "127.0.0.1:0")
+	require.Equal(t, 1, r.code, "%s", r)
+	require.Contains(t, r.stderr, "credentials refused (InvalidClientTokenId)", "%s", r)
+	require.Contains(t, r.stderr, "fix the AWS credentials", "%s", r)
 }
