@@ -129,8 +129,8 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 		pl, err := w.plan(actx, msgs, res, now)
 		var result store.Result
 		if err == nil {
-			if testHookBeforeApply != nil {
-				testHookBeforeApply(w.partition)
+			if w.beforeApply != nil {
+				w.beforeApply(w.partition)
 			}
 			failpoint.Hit(failpoint.Planned)
 			stop := w.watchStall(len(msgs))

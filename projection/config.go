@@ -104,6 +104,11 @@ type Config struct {
 	// Version and Revision label projector_build_info; empty takes them
 	// from the binary's build information.
 	Version, Revision string
+
+	// testBeforeApply, set by this package's tests, runs before each batch
+	// commit of this instance's workers: a hook per instance, so tests
+	// that pause or fence a batch can run in parallel.
+	testBeforeApply func(partition int)
 }
 
 // Kafka is the broker settings of c.

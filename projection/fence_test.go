@@ -17,17 +17,10 @@ import (
 	"github.com/projector/projector/store"
 )
 
-// setApplyHook installs testHookBeforeApply for one test and removes it at
-// cleanup. The hook is a package global read by every worker, so a test
-// that sets it must not call t.Parallel: parallel tests start only after
-// every sequential test has finished, and the cleanup that removes the
-// hook runs after the test's projectors have stopped (it is registered
-// before them, and cleanups run last-in first-out).
-func setApplyHook(t *testing.T, hook func(partition int)) {
-	t.Helper()
-	require.Nil(t, testHookBeforeApply, "another test left its hook installed")
-	testHookBeforeApply = hook
-	t.Cleanup(func() { testHookBeforeApply = nil })
+// applyHook gives one instance a hook that runs before each of its batch
+// commits (with the partition), for r.config.
+func applyHook(hook func(partition int)) func(*Config) {
+	return func(c *Config) { c.testBeforeApply = hook }
 }
 
 // gate is a channel closed once, by the test or by its cleanup, so a hook
@@ -51,7 +44,7 @@ func (g *gate) open() { g.once.Do(func() { close(g.ch) }) }
 // rejoins and the engine claims the partition again under a newer epoch,
 // reads the batch again from the stored position and applies it.
 func TestFencedBatchWritesNothingAndThePartitionIsReclaimed(t *testing.T) {
-	// Not parallel: it installs testHookBeforeApply.
+	t.Parallel()
 	ctx := context.Background()
 	r := newRig(t, 1)
 	s := newStream(1)
@@ -72,7 +65,7 @@ func TestFencedBatchWritesNothingAndThePartitionIsReclaimed(t *testing.T) {
 	fencedWorkerMayApply := newGate(t) // the first worker, after the intruder's claim
 	reclaimed := make(chan struct{})   // the engine's next worker is about to apply
 	newWorkerMayApply := newGate(t)
-	setApplyHook(t, func(partition int) {
+	hook := applyHook(func(partition int) {
 		switch calls.Add(1) {
 		case 1:
 			c, err := r.store.Claim(ctx, r.topic, partition, "intruder")
@@ -83,7 +76,7 @@ func TestFencedBatchWritesNothingAndThePartitionIsReclaimed(t *testing.T) {
 			<-newWorkerMayApply.ch
 		}
 	})
-	cfg := r.config(func(c *Config) { c.Owner = "engine" })
+	cfg := r.config(func(c *Config) { c.Owner = "engine" }, hook)
 	run := r.start(cfg)
 	// Registered after start, so it runs before the halt: a hook still
 	// blocked when the test fails is released first.
@@ -227,7 +220,7 @@ func schemaOf(s *store.Store) string {
 // finally commits, the fence rejects the batch: no record is committed
 // twice, and the model is b's.
 func TestZombieWorkerOutlivingItsGenerationIsFenced(t *testing.T) {
-	// Not parallel: it installs testHookBeforeApply.
+	t.Parallel()
 	r := newRig(t, 1)
 	rng := rand.New(rand.NewPCG(3, 9))
 	s := newStream(1)
@@ -243,13 +236,13 @@ func TestZombieWorkerOutlivingItsGenerationIsFenced(t *testing.T) {
 	var calls atomic.Int32
 	zombieHolds := make(chan struct{})
 	zombieMayApply := newGate(t)
-	setApplyHook(t, func(int) {
+	hook := applyHook(func(int) {
 		if calls.Add(1) == 1 {
 			close(zombieHolds)
 			<-zombieMayApply.ch
 		}
 	})
-	a := r.start(r.config(func(c *Config) { c.Owner = "a"; c.BatchSize = 50 }))
+	a := r.start(r.config(func(c *Config) { c.Owner = "a"; c.BatchSize = 50 }, hook))
 	t.Cleanup(zombieMayApply.open)
 	waitClosed(t, zombieHolds, 20*time.Second, "a fetches its first batch")
 	zombieEpoch := a.p.Status().Partitions[0].Epoch

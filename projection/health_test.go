@@ -162,21 +162,21 @@ func TestReadyzFollowsDatabaseOutage(t *testing.T) {
 // exits non-zero and its supervisor starts it again; a new instance goes
 // on from the stored position.
 func TestHealthzFailsWhenWorkerWedged(t *testing.T) {
-	// Not parallel: it installs testHookBeforeApply.
+	t.Parallel()
 	r := newRig(t, 1)
 	release := make(chan struct{})
 	var once sync.Once
 	unblock := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(unblock)
 	var calls atomic.Int32
-	setApplyHook(t, func(int) {
+	hook := applyHook(func(int) {
 		if calls.Add(1) == 1 {
 			<-release
 		}
 	})
 	logs := &logLines{t: t}
 	const stall = 3 * time.Second
-	p, err := New(r.config(func(c *Config) { c.StallTimeout = stall; c.Logger = logs.logger() }))
+	p, err := New(r.config(func(c *Config) { c.StallTimeout = stall; c.Logger = logs.logger() }, hook))
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -254,21 +254,21 @@ func TestMissingTopicIsWaitedFor(t *testing.T) {
 // the broker's high watermark, read in the background: projector_partition_lag
 // shows it too.
 func TestReadyMaxLag(t *testing.T) {
-	// Not parallel: it installs testHookBeforeApply.
+	t.Parallel()
 	r := newRig(t, 1)
 	release := make(chan struct{})
 	var once sync.Once
 	unblock := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(unblock)
 	blocked := make(chan struct{}, 1)
-	setApplyHook(t, func(int) {
+	hook := applyHook(func(int) {
 		select {
 		case blocked <- struct{}{}:
 		default:
 		}
 		<-release
 	})
-	run := r.start(r.config(func(c *Config) { c.ReadyMaxLag = 5 }))
+	run := r.start(r.config(func(c *Config) { c.ReadyMaxLag = 5 }, hook))
 	srv := httptest.NewServer(run.p.Handler())
 	defer srv.Close()
 	r.eventually(20*time.Second, "/readyz 200 on an empty topic", func() (bool, string) {
@@ -336,15 +336,15 @@ func TestDeletedTopicWaitsWithoutRebalanceLoop(t *testing.T) {
 // TestCatchUpProgressLogged: while the lag is large, run logs the lag, the
 // rate and the time left every 10 s; once it falls, "caught up" once.
 func TestCatchUpProgressLogged(t *testing.T) {
-	// Not parallel: it installs testHookBeforeApply.
+	t.Parallel()
 	r := newRig(t, 1)
 	release := make(chan struct{})
 	var once sync.Once
 	unblock := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(unblock)
-	setApplyHook(t, func(int) { <-release })
+	hook := applyHook(func(int) { <-release })
 	logs := &logLines{t: t}
-	run := r.start(r.config(func(c *Config) { c.Logger = logs.logger() }))
+	run := r.start(r.config(func(c *Config) { c.Logger = logs.logger() }, hook))
 	s := newStream(1)
 	for _, j := range jobIDs("p", 1500) {
 		s.snapshots(j, 1)

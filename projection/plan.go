@@ -10,6 +10,7 @@ import (
 	"github.com/projector/projector/delta"
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
+	"github.com/projector/projector/internal/failpoint"
 	"github.com/projector/projector/snapshot"
 	"github.com/projector/projector/store"
 )
@@ -33,15 +34,17 @@ type plan struct {
 // newBatch is an empty batch of this worker's partition that moves its
 // position to next. The batch of an unordered source (an SQS queue) is
 // unfenced, and names the SQS messages of recs for its held and
-// quarantine rows.
+// quarantine rows. A failpoints build can turn the fence off for Kafka
+// too ([failpoint.Unfenced]), to prove the writes need no owner.
 func (w *worker) newBatch(next int64, recs ...Record) *store.Batch {
 	return &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: next,
-		Unfenced: w.unordered(), Coordinates: coordinatesOf(recs)}
+		Unfenced: w.unowned(), Coordinates: coordinatesOf(recs)}
 }
 
-// unordered reports whether the worker's source has no ordered positions
-// and no owners to fence (an SQS queue).
-func (w *worker) unordered() bool { return w.src != nil && !w.src.Ordered() }
+// unowned reports whether the worker's records are not its alone: its
+// source has no ordered positions and no owners to fence (an SQS queue),
+// or a failpoints build turned the fence off.
+func (w *worker) unowned() bool { return (w.src != nil && !w.src.Ordered()) || failpoint.Unfenced() }
 
 // coordinatesOf names the SQS messages among recs by the offsets that
 // stand for them; nil when there are none (Kafka).
@@ -131,7 +134,7 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 			// have moved the row since it was cached: read it, unless the
 			// job holds deltas. The conditional writes are what is correct
 			// either way; owning the partition only saves this read.
-			if !cached || (w.unordered() && len(j.Held) == 0) {
+			if !cached || (w.unowned() && len(j.Held) == 0) {
 				need = append(need, id)
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -110,6 +111,12 @@ func New(cfg Config) (*Projector, error) {
 			// a slow lane as wide as the main one, and frees its slot
 			// for the prompt answers behind it.
 			sc.SlowConcurrent = cfg.SnapshotConcurrency
+			// Connections to the authority are kept for reuse, one for
+			// every slot of both lanes, rather than dialled afresh for
+			// every request past the transport's default two.
+			tr := http.DefaultTransport.(*http.Transport).Clone()
+			tr.MaxIdleConnsPerHost = 2 * cfg.SnapshotConcurrency
+			sc.HTTP = &http.Client{Transport: tr}
 			sc.MaxElapsedTime = cfg.SnapshotMaxElapsed
 			p.snapshots = sc
 			p.resolver.Snapshots = countedSnapshots{src: sc, c: &p.counters}

@@ -78,7 +78,7 @@ func TestRestartBetweenWavesResumesAtTheStoredPositions(t *testing.T) {
 // followed by a new one: the batches the first committed are not read
 // again, the ones it abandoned are, and the final model is exact.
 func TestRestartMidStreamReadsEveryRecordExactlyOnce(t *testing.T) {
-	// Not parallel: it installs testHookBeforeApply.
+	t.Parallel()
 	const parts, batch, pauseAt = 2, 20, 6
 	r := newRig(t, parts)
 	rng := rand.New(rand.NewPCG(11, 3))
@@ -100,19 +100,18 @@ func TestRestartMidStreamReadsEveryRecordExactlyOnce(t *testing.T) {
 	paused := make(chan struct{})
 	var pauseOnce sync.Once
 	mayCommit := newGate(t)
-	setApplyHook(t, func(int) {
+	hook := applyHook(func(int) {
 		if calls.Add(1) >= pauseAt {
 			pauseOnce.Do(func() { close(paused) })
 			<-mayCommit.ch
 		}
 	})
-	a := r.start(r.config(func(c *Config) { c.BatchSize = batch; c.Owner = "a" }))
+	a := r.start(r.config(func(c *Config) { c.BatchSize = batch; c.Owner = "a" }, hook))
 	t.Cleanup(mayCommit.open)
 	waitClosed(t, paused, 20*time.Second, "the projector reaches its pause")
 	a.stop()
 	mayCommit.open()
 	a.halt(t)
-	testHookBeforeApply = nil // a has stopped: nothing reads it now
 
 	ca := a.p.Status().Counters
 	hwm := r.highWatermarks()

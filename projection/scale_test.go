@@ -123,9 +123,10 @@ func (r *resources) sample() {
 	var own int64
 	by := map[string]int{}
 	for _, g := range strings.Split(dump, "\n\n") {
-		// The authority server's connections: (*conn).serve and the
-		// background read each one starts.
-		server := strings.Contains(g, "net/http.(*conn).serve") || strings.Contains(g, "created by net/http.(*connReader)")
+		// The authority server's connections: (*conn).serve (started by
+		// (*Server).Serve) and the background read each one starts.
+		server := strings.Contains(g, "net/http.(*conn).serve") || strings.Contains(g, "created by net/http.(*connReader)") ||
+			strings.Contains(g, "created by net/http.(*Server).Serve")
 		if !strings.Contains(g, "kfake") && !server && !strings.Contains(g, "scaleAuthority") &&
 			!strings.Contains(g, "testing.") {
 			own++

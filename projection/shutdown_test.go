@@ -42,7 +42,7 @@ func (r *rig) groupOffsets(group string) map[int]int64 {
 // the shutdown grace; its position reaches the Kafka group too, so lag
 // tools see what PostgreSQL stores, not the position before the last batch.
 func TestStopCommitsTheLastBatchPositionToTheGroup(t *testing.T) {
-	// Not parallel: it installs testHookBeforeApply.
+	t.Parallel()
 	r := newRig(t, 2)
 	var recs []rec
 	for p := range 2 {
@@ -57,14 +57,14 @@ func TestStopCommitsTheLastBatchPositionToTheGroup(t *testing.T) {
 	var heldPartition atomic.Int32
 	held := make(chan struct{})
 	mayApply := newGate(t)
-	setApplyHook(t, func(partition int) {
+	hook := applyHook(func(partition int) {
 		if calls.Add(1) == 1 {
 			heldPartition.Store(int32(partition))
 			close(held)
 			<-mayApply.ch
 		}
 	})
-	cfg := r.config()
+	cfg := r.config(hook)
 	run := r.start(cfg)
 	t.Cleanup(mayApply.open)
 	waitClosed(t, held, 20*time.Second, "a batch reaches its commit")

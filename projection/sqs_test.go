@@ -87,8 +87,8 @@ func TestSQSMessageOffset(t *testing.T) {
 // counts see visible and in-flight messages.
 func TestSQSClient(t *testing.T) {
 	e := sqstest.New(t)
-	url := sqstest.Queue(t, e, time.Second)
-	cfg := emulatorSQS(e, url, time.Second)
+	url := sqstest.Queue(t, e, 2*time.Second)
+	cfg := emulatorSQS(e, url, 2*time.Second)
 	c, err := cfg.client(t.Context())
 	require.NoError(t, err)
 	defer c.close()
@@ -115,7 +115,7 @@ func TestSQSClient(t *testing.T) {
 
 	// Past the first timeout, extended messages stay hidden.
 	for range 3 {
-		time.Sleep(400 * time.Millisecond)
+		time.Sleep(700 * time.Millisecond)
 		failed, err := c.changeVisibility(t.Context(), msgs, cfg.Visibility)
 		require.NoError(t, err)
 		require.Empty(t, failed)
@@ -154,8 +154,9 @@ func TestSQSClient(t *testing.T) {
 // whose group is not its job id is counted.
 func TestSQSReader(t *testing.T) {
 	e := sqstest.New(t)
-	url := sqstest.Queue(t, e, time.Second)
-	cfg := emulatorSQS(e, url, time.Second)
+	// 3 s, kept every 1 s: a loaded machine does not miss a turn.
+	url := sqstest.Queue(t, e, 3*time.Second)
+	cfg := emulatorSQS(e, url, 3*time.Second)
 	c, err := cfg.client(t.Context())
 	require.NoError(t, err)
 	defer c.close()
@@ -175,8 +176,8 @@ func TestSQSReader(t *testing.T) {
 	require.Len(t, got, 2)
 	require.Equal(t, int64(1), r.stats.groupMismatch.Load(), "j2 was sent in group other")
 
-	// Twice the visibility timeout later, the keeper has kept both hidden.
-	time.Sleep(2 * time.Second)
+	// Past the visibility timeout, the keeper has kept both hidden.
+	time.Sleep(4 * time.Second)
 	n, err := c.counts(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, SQSCounts{InFlight: 2}, n)
@@ -188,4 +189,45 @@ func TestSQSReader(t *testing.T) {
 	require.Equal(t, SQSCounts{}, n)
 	st := r.stats.snapshot()
 	require.Equal(t, SQSCounters{Received: 2, GroupNotJobID: 1, Deleted: 2}, st)
+}
+
+// TestSQSSourceCloseReleasesInFlight: messages received and never
+// acknowledged are made visible again at once when the source closes (the
+// engine stops), not only after their visibility timeout; acknowledged
+// ones stay deleted.
+func TestSQSSourceCloseReleasesInFlight(t *testing.T) {
+	e := sqstest.New(t)
+	url := sqstest.Queue(t, e, 30*time.Second)
+	cfg := emulatorSQS(e, url, 30*time.Second)
+	c, err := cfg.client(t.Context())
+	require.NoError(t, err)
+	defer c.close()
+	src := &sqsSource{r: newSQSReader(c, slog.New(slog.DiscardHandler), 10), batchSize: 10, linger: 50 * time.Millisecond}
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	wg.Go(func() { src.r.run(ctx) })
+
+	sendSQS(t, e, url, "a", `{"n":1}`, "b", `{"n":2}`, "c", `{"n":3}`)
+	var recs []Record
+	deadline := time.Now().Add(5 * time.Second)
+	for len(recs) < 3 && time.Now().Before(deadline) {
+		got, err := src.Fetch(ctx, time.Second)
+		require.NoError(t, err)
+		recs = append(recs, got...)
+	}
+	require.Len(t, recs, 3)
+	for _, r := range recs {
+		require.NotEmpty(t, r.Coord.MessageID)
+		require.Equal(t, -1, r.Coord.Partition)
+	}
+	require.NoError(t, src.Ack(t.Context(), recs[:1]))
+	cancel()
+	wg.Wait()
+	// The receiver's last long poll, cut short, stays open on the server
+	// for up to its wait (1 s) and would take released messages: let it end.
+	time.Sleep(1500 * time.Millisecond)
+	require.NoError(t, src.Close())
+	n, err := c.counts(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, SQSCounts{Visible: 2}, n, "the two unacknowledged messages are visible again at once")
 }

@@ -134,13 +134,12 @@ const heldAdoptEvery = 30 * time.Second
 // too. Two instances resolving one gap is safe; the conditional writes
 // and the release by key decide.
 func (w *worker) adoptHeld(ctx context.Context) error {
-	held, err := w.store.LoadHeld(ctx, w.topic, w.partition)
+	held, err := w.store.LoadHeldIndex(ctx, w.topic, w.partition)
 	if err != nil {
 		return err
 	}
 	var fresh []store.Held
-	ids := map[string]bool{}
-	var list []string
+	jobs := map[string]bool{}
 	for _, h := range held {
 		if j, ok := w.cache.peek(h.JobID); ok {
 			if _, known := j.Held[h.Version]; known {
@@ -148,20 +147,14 @@ func (w *worker) adoptHeld(ctx context.Context) error {
 			}
 		}
 		fresh = append(fresh, h)
-		if !ids[h.JobID] {
-			ids[h.JobID] = true
-			list = append(list, h.JobID)
-		}
+		jobs[h.JobID] = true
 	}
 	if len(fresh) == 0 {
 		return nil
 	}
-	rows, err := w.store.LoadJobs(ctx, list)
-	if err != nil {
-		return err
-	}
-	w.log.Info("adopted held deltas of the queue held by other instances", "deltas", len(fresh), "jobs", len(list))
-	return w.holdStored(fresh, rows)
+	w.log.Info("adopting held deltas of the queue that other instances held", "deltas", len(fresh), "jobs", len(jobs))
+	// fresh is ordered by job, as restoreChunk wants it.
+	return w.restoreChunk(ctx, fresh)
 }
 
 // watchQueue reads the queue's approximate counts every queuePollEvery:

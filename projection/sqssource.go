@@ -198,7 +198,10 @@ func (r *sqsReader) forget(ids []string) []sqsMessage {
 }
 
 // release makes every message still in flight visible again at once, for
-// another consumer (or this one, later) to receive: the engine stops.
+// another consumer (or this one, later) to receive: the engine stops. It
+// is best effort: a long poll cut short by the stop may still be open on
+// the server for up to its wait and take them, and they then come back
+// after their visibility timeout.
 func (r *sqsReader) release() {
 	r.mu.Lock()
 	msgs := make([]sqsMessage, 0, len(r.inFlight))

@@ -88,6 +88,8 @@ type workerDeps struct {
 	// not count (see [Projector]).
 	swapWaitAt *atomic.Int64
 	applying   *sync.Map
+	// beforeApply, when set (by tests), runs before each batch commit.
+	beforeApply func(partition int)
 }
 
 // workerConfig is the part of [Config] a worker reads.
@@ -120,14 +122,12 @@ func (p *Projector) workerDeps() workerDeps {
 		dbOutage: &p.dbOutage, sourceOutage: &p.kafkaOutage,
 		databaseAnswered: p.databaseAnswered, databaseFailed: p.databaseFailed,
 		quarantineLog: &p.quarantineLog, swapWaitAt: &p.swapWaitAt, applying: &p.applying,
+		beforeApply: cfg.testBeforeApply,
 	}
 }
 
 // errFenced stops a worker whose partition was claimed by another owner.
 var errFenced = errors.New("partition fenced")
-
-// testHookBeforeApply, when set by a test, runs before each batch commit.
-var testHookBeforeApply func(partition int)
 
 func (w *worker) run(ctx context.Context) error {
 	cfg := w.cfg

@@ -185,9 +185,9 @@ func (s *Store) Ping(ctx context.Context) error {
 // monitoring command needs and all the rights it should need. It does not
 // migrate; [Store.CheckExists] says whether there is anything to read.
 func OpenReadOnly(ctx context.Context, databaseURL string, cfg Config) (*Store, error) {
-	pcfg, err := pgxpool.ParseConfig(databaseURL)
+	pcfg, err := parseURL(databaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("store: DATABASE_URL is not a valid PostgreSQL connection string: %w", err)
+		return nil, err
 	}
 	pcfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
 	pcfg.MaxConns = 2

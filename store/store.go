@@ -156,11 +156,43 @@ func Open(ctx context.Context, databaseURL string, cfg Config) (*Store, error) {
 // for a connection while others committed.
 const DefaultMaxConns = 16
 
-// OpenPool connects to databaseURL with the projector's pool settings.
-func OpenPool(ctx context.Context, databaseURL string) (*pgxpool.Pool, error) {
+// ConfigError is a setting the store cannot use, found before anything
+// connected: the caller's to fix, not an outage.
+type ConfigError struct {
+	// Setting names what is wrong, e.g. "DATABASE_URL".
+	Setting string
+	// Problem says what is wrong with it.
+	Problem string
+	Err     error
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("store: %s %s: %v", e.Setting, e.Problem, e.Err)
+}
+
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+// CheckURL reports, as a *[ConfigError], a databaseURL that is not a
+// PostgreSQL connection string; it connects to nothing. An empty one is
+// valid (libpq's defaults and PG* variables apply).
+func CheckURL(databaseURL string) error {
+	_, err := parseURL(databaseURL)
+	return err
+}
+
+func parseURL(databaseURL string) (*pgxpool.Config, error) {
 	pcfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("store: DATABASE_URL is not a valid PostgreSQL connection string: %w", err)
+		return nil, &ConfigError{Setting: "DATABASE_URL", Problem: "is not a valid PostgreSQL connection string", Err: err}
+	}
+	return pcfg, nil
+}
+
+// OpenPool connects to databaseURL with the projector's pool settings.
+func OpenPool(ctx context.Context, databaseURL string) (*pgxpool.Pool, error) {
+	pcfg, err := parseURL(databaseURL)
+	if err != nil {
+		return nil, err
 	}
 	if !strings.Contains(databaseURL, "pool_max_conns") {
 		pcfg.MaxConns = max(pcfg.MaxConns, DefaultMaxConns)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/projector/projector/internal/bench"
 	"github.com/projector/projector/internal/demo"
+	"github.com/projector/projector/projection"
 )
 
 type benchOpts struct {
@@ -84,7 +85,7 @@ Examples:
 		fs.IntVar(&o.partitions, "partitions", 6, "partitions of the benchmark topic")
 		fs.IntVar(&o.stateBytes, "state-bytes", 0, "size of a job's state in bytes, about (padded with a field no delta touches;\n0 leaves the natural size, about 200 bytes)")
 		fs.IntVar(&o.naive, "naive-sample", 2000, "events the naive consumer handles (its rate is measured on them)")
-		fs.IntVar(&o.batchSize, "batch-size", 5000, "the projector's most records per batch transaction")
+		fs.IntVar(&o.batchSize, "batch-size", projection.Config{}.WithDefaults().BatchSize, "the projector's most records per batch transaction")
 		fs.Uint64Var(&o.seed, "seed", 1, "seed of the generated stream")
 		fs.IntVar(&o.preload, "preload", 0, "also run into a table already holding this many rows (growth)")
 		fs.BoolVar(&o.live, "live", false, "also measure produce-to-visible latency at a steady --rate for --duration")

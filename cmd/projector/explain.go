@@ -79,7 +79,7 @@ Example:
 			return usagef("--gaps %d: must not be negative", o.gaps)
 		}
 		job := env.args[0]
-		st, err := openExisting(ctx, o.store)
+		st, err := openProjection(ctx, o.store.databaseURL, o.store.config(), existing)
 		if err != nil {
 			return err
 		}

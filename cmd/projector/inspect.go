@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"strconv"
@@ -10,8 +8,6 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projector/projector/store"
 )
@@ -29,35 +25,8 @@ func (f *storeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.table, "table", "jobs", "read-model table; also names the projection")
 }
 
-// openExisting checks the settings (exit 2 when they are wrong), then
-// connects to a projection that must already exist: it creates and alters
-// nothing, and a missing projection is a runtime failure (exit 1).
-func openExisting(ctx context.Context, f storeFlags) (*store.Store, error) {
-	if strings.TrimSpace(f.databaseURL) == "" {
-		return nil, usagef("DATABASE_URL is not set: set it or pass --database-url, e.g. postgres://user@127.0.0.1:5432/db")
-	}
-	if _, err := pgxpool.ParseConfig(f.databaseURL); err != nil {
-		return nil, usagef("DATABASE_URL is not a valid PostgreSQL connection string (want postgres://user:pass@host:port/db or key=value pairs): %v", err)
-	}
-	if err := checkStoreNames(f.schema, f.table); err != nil {
-		return nil, err
-	}
-	cfg := store.Config{Schema: f.schema, Table: f.table}
-	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	st, err := store.Open(cctx, f.databaseURL, cfg)
-	if err != nil {
-		return nil, err
-	}
-	if err := st.CheckExists(ctx); err != nil {
-		st.Close()
-		if errors.Is(err, store.ErrNoProjection) {
-			return nil, fmt.Errorf("no projection %s.%s in this database: %w", f.schema, f.table, err)
-		}
-		return nil, err
-	}
-	return st, nil
-}
+// config is the store's configuration the flags name.
+func (f storeFlags) config() store.Config { return store.Config{Schema: f.schema, Table: f.table} }
 
 // printable escapes what a terminal would interpret in text that comes from
 // records or the database (job ids, keys, errors): control characters,

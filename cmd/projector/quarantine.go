@@ -87,7 +87,7 @@ Example:
 		if o.limit < 0 {
 			return usagef("--limit %d: must not be negative (0 prints all)", o.limit)
 		}
-		st, err := openExisting(ctx, o.store)
+		st, err := openProjection(ctx, o.store.databaseURL, o.store.config(), existing)
 		if err != nil {
 			return err
 		}
@@ -146,7 +146,7 @@ Example:
 		if err != nil {
 			return err
 		}
-		st, err := openExisting(ctx, o.store)
+		st, err := openProjection(ctx, o.store.databaseURL, o.store.config(), existing)
 		if err != nil {
 			return err
 		}
@@ -217,7 +217,7 @@ Example, after dropping a constraint that refused records:
 		if err != nil {
 			return err
 		}
-		st, err := openExisting(ctx, o.store)
+		st, err := openProjection(ctx, o.store.databaseURL, o.store.config(), existing)
 		if err != nil {
 			return err
 		}
@@ -289,7 +289,7 @@ Example:
 		if o.all == o.before.set {
 			return usagef("give --before TIME or --all, not both and not neither")
 		}
-		st, err := openExisting(ctx, o.store)
+		st, err := openProjection(ctx, o.store.databaseURL, o.store.config(), existing)
 		if err != nil {
 			return err
 		}

@@ -8,10 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projector/projector/projection"
 	"github.com/projector/projector/snapshot"
@@ -128,16 +125,17 @@ type gapFlags struct {
 }
 
 func (g *gapFlags) register(fs *flag.FlagSet) {
-	fs.DurationVar(&g.wait, "gap-wait", 10*time.Second, "how long a delta held behind a missing version waits for it to arrive\nbefore re-read and snapshot run; 0 skips waiting")
+	d := projection.Config{}.WithDefaults()
+	fs.DurationVar(&g.wait, "gap-wait", d.GapWait, "how long a delta held behind a missing version waits for it to arrive\nbefore re-read and snapshot run; 0 skips waiting")
 	fs.BoolVar(&g.reread, "reread", true, "re-read step: read the job's row and every partition of the log again\nfor the missing versions (--reread=false turns it off)")
-	fs.DurationVar(&g.rereadWindow, "reread-window", 10*time.Minute, "how far before the first held delta the log re-read starts")
-	fs.Int64Var(&g.rereadMaxBytes, "reread-max-bytes", 256<<20, "most bytes one log re-read reads")
+	fs.DurationVar(&g.rereadWindow, "reread-window", d.RereadWindow, "how far before the first held delta the log re-read starts")
+	fs.Int64Var(&g.rereadMaxBytes, "reread-max-bytes", d.RereadMaxBytes, "most bytes one log re-read reads")
 	fs.StringVar(&g.snapshotURL, "snapshot-url", "", "trusted snapshot authority: GET {url}/jobs/{job_id} returns the job's snapshot;\nempty turns the snapshot step off")
-	fs.DurationVar(&g.snapshotTimeout, "snapshot-timeout", 5*time.Second, "timeout of one request to the authority")
-	fs.IntVar(&g.snapshotConc, "snapshot-concurrency", 4, "most requests to the authority in flight, not counting slow ones:\na request running past 3 x the median answer time (at least 50ms) moves to\na slow lane of as many more, freeing its slot; it still ends at --snapshot-timeout")
-	fs.DurationVar(&g.retryMax, "gap-retry-max", 5*time.Minute, "longest backoff between attempts that leave a gap held")
-	fs.DurationVar(&g.logRetention, "gap-log-retention", 7*24*time.Hour, "how long closed gaps stay in the gap log (projector explain shows them)")
-	fs.IntVar(&g.logMaxRows, "gap-log-max-rows", 100_000, "most rows the gap log keeps; the oldest beyond are pruned")
+	fs.DurationVar(&g.snapshotTimeout, "snapshot-timeout", d.SnapshotTimeout, "timeout of one request to the authority")
+	fs.IntVar(&g.snapshotConc, "snapshot-concurrency", d.SnapshotConcurrency, "most requests to the authority in flight, not counting slow ones:\na request running past 3 x the median answer time (at least 50ms) moves to\na slow lane of as many more, freeing its slot; it still ends at --snapshot-timeout")
+	fs.DurationVar(&g.retryMax, "gap-retry-max", d.GapRetryMax, "longest backoff between attempts that leave a gap held")
+	fs.DurationVar(&g.logRetention, "gap-log-retention", d.GapLogRetention, "how long closed gaps stay in the gap log (projector explain shows them)")
+	fs.IntVar(&g.logMaxRows, "gap-log-max-rows", d.GapLogMaxRows, "most rows the gap log keeps; the oldest beyond are pruned")
 }
 
 func (g *gapFlags) validate() error {
@@ -211,8 +209,9 @@ Example:
       --sqs-queue-url https://sqs.eu-west-1.amazonaws.com/123456789012/job-events.fifo`,
 	flags: func(fs *flag.FlagSet) any {
 		o := &runOpts{}
-		o.register(fs, "projector", "")
-		fs.StringVar(&o.start, "start", "earliest", "where a partition never projected before starts: earliest or latest")
+		d := projection.Config{}.WithDefaults()
+		o.register(fs, d.Group, "")
+		fs.StringVar(&o.start, "start", d.Start, "where a partition never projected before starts: earliest or latest")
 		o.sqs.register(fs)
 		return o
 	},
@@ -256,12 +255,13 @@ const defaultHTTPAddr = ":8080"
 
 // register adds the engine's flags, shared by run and rebuild.
 func (o *runOpts) register(fs *flag.FlagSet, group, httpAddr string) {
+	d := projection.Config{}.WithDefaults()
 	registerStoreFlags(fs, &o.databaseURL, &o.schema, &o.table)
 	fs.Var(&o.brokers, "brokers", "Kafka bootstrap brokers, comma-separated host:port (required)")
-	fs.StringVar(&o.topic, "topic", "job-events", "topic to consume")
+	fs.StringVar(&o.topic, "topic", d.Topic, "topic to consume")
 	fs.StringVar(&o.group, "group", group, "Kafka consumer group; instances with the same group share the partitions")
-	fs.IntVar(&o.batchSize, "batch-size", 5000, "most records per batch transaction")
-	fs.DurationVar(&o.batchLinger, "batch-linger", 50*time.Millisecond, "how long a batch waits for more records after its first")
+	fs.IntVar(&o.batchSize, "batch-size", d.BatchSize, "most records per batch transaction")
+	fs.DurationVar(&o.batchLinger, "batch-linger", d.BatchLinger, "how long a batch waits for more records after its first")
 	usage := "address for /healthz, /readyz, /status and /metrics; \"off\" disables it"
 	if httpAddr == "" {
 		usage += "\n(default :8080; if :8080 is taken, for example by a second instance on the\nsame host, the server is skipped with a warning: set it to make that an error)"
@@ -269,14 +269,14 @@ func (o *runOpts) register(fs *flag.FlagSet, group, httpAddr string) {
 	fs.StringVar(&o.httpAddr, "http-addr", httpAddr, usage)
 	fs.StringVar(&o.owner, "owner", "", "this instance's name in the partitions table (default host/pid)")
 	fs.Int64Var(&o.readyMaxLag, "ready-max-lag", 0, "with a positive value, /readyz fails while this instance's total lag\nis above it; 0 leaves lag out of readiness")
-	fs.DurationVar(&o.stallTimeout, "stall-timeout", projection.DefaultStallTimeout,
+	fs.DurationVar(&o.stallTimeout, "stall-timeout", d.StallTimeout,
 		"a partition with lag whose position has not moved for this long is stalled:\n/healthz fails, projector_stalls_total counts it, and run exits 1 so a\nsupervisor starts it again; a loop silent this long fails /healthz too")
 	o.kafka.register(fs)
-	o.cacheBytes = projection.DefaultCacheBytes
+	o.cacheBytes = byteSize(d.CacheBytes)
 	fs.Var(&o.cacheBytes, "cache-bytes", "memory budget of the cache of job rows and held deltas, one `size` for the whole\ninstance (64MiB, 512KiB, 1GiB or a number of bytes); least recently used\nrows are evicted, held jobs are kept and past half of it their deltas stay\nin PostgreSQL")
 	o.log.register(fs)
 	o.gap.register(fs)
-	fs.DurationVar(&o.tombstoneRetention, "tombstone-retention", projection.DefaultTombstoneRetention,
+	fs.DurationVar(&o.tombstoneRetention, "tombstone-retention", d.TombstoneRetention,
 		"how long a deleted job's tombstone is kept: until then no event at or below the\ndelete's version brings the job back; after it, one older than the delete can;\n0 keeps them for ever")
 	o.groupTiming.register(fs)
 	o.bounds.register(fs)
@@ -395,9 +395,7 @@ func registerStoreFlags(fs *flag.FlagSet, url, schema, table *string) {
 	fs.StringVar(table, "table", "jobs", "read-model table; also names the projection's positions")
 }
 
-// openStore checks the settings (exit 2 when they are wrong), then connects
-// and migrates (exit 1 when the server fails).
-// openStoreWaiting is [openStore] for the daemon: a server that does not
+// openStoreWaiting is [openProjection] for the daemon: a server that does not
 // answer yet (a database restarting, a network not up) is waited for with
 // backoff, logged at the start and at most every 30 s, so a fleet started
 // before its database comes up by itself. Settings the server refuses
@@ -408,7 +406,7 @@ func openStoreWaiting(ctx context.Context, url string, cfg store.Config, log *sl
 	var lastLog time.Time
 	bo := 200 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		st, err := openStore(ctx, url, cfg)
+		st, err := openProjection(ctx, url, cfg, migrated)
 		if err == nil {
 			if attempt > 1 {
 				log.Info("PostgreSQL answers; starting", "waited", time.Since(start).Round(time.Millisecond).String(), "attempts", attempt)
@@ -433,30 +431,4 @@ func openStoreWaiting(ctx context.Context, url string, cfg store.Config, log *sl
 		}
 		bo = min(bo*2, 10*time.Second)
 	}
-}
-
-func openStore(ctx context.Context, url string, cfg store.Config) (*store.Store, error) {
-	if strings.TrimSpace(url) == "" {
-		return nil, usagef("DATABASE_URL is not set: set it or pass --database-url, e.g. postgres://user@127.0.0.1:5432/db")
-	}
-	if _, err := pgxpool.ParseConfig(url); err != nil {
-		return nil, usagef("DATABASE_URL is not a valid PostgreSQL connection string (want postgres://user:pass@host:port/db or key=value pairs): %v", err)
-	}
-	if err := checkStoreNames(cfg.Schema, cfg.Table); err != nil {
-		return nil, err
-	}
-	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	st, err := store.Open(cctx, url, cfg)
-	if err != nil {
-		return nil, err
-	}
-	if err := st.Migrate(ctx); err != nil {
-		st.Close()
-		if errors.Is(err, context.Canceled) {
-			return nil, err
-		}
-		return nil, err
-	}
-	return st, nil
 }

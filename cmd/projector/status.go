@@ -3,16 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"sort"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projector/projector/projection"
 	"github.com/projector/projector/store"
@@ -94,7 +90,7 @@ Example:
 		o := &statusOpts{}
 		registerStoreFlags(fs, &o.databaseURL, &o.schema, &o.table)
 		fs.Var(&o.brokers, "brokers", "Kafka brokers, comma-separated host:port; with them the lag is reported")
-		fs.StringVar(&o.topic, "topic", "job-events", "topic whose lag to report")
+		fs.StringVar(&o.topic, "topic", projection.Config{}.WithDefaults().Topic, "topic whose lag to report")
 		fs.BoolVar(&o.json, "json", false, "print JSON instead of tables")
 		fs.IntVar(&o.limit, "limit", 20, "most held jobs and quarantined records to list")
 		o.kafka.register(fs)
@@ -120,7 +116,7 @@ Example:
 				return err
 			}
 		}
-		st, err := openReadOnly(ctx, o.databaseURL, o.schema, o.table)
+		st, err := openProjection(ctx, o.databaseURL, store.Config{Schema: o.schema, Table: o.table}, readOnly)
 		if err != nil {
 			return err
 		}
@@ -274,35 +270,4 @@ func printStatus(env *cmdEnv, rep *statusReport) {
 		}
 	}
 	w.Flush()
-}
-
-// openReadOnly checks the settings (exit 2 when they are wrong), then
-// connects to a projection that must already exist, in read-only
-// transactions: status runs no migration, creates and alters nothing, and
-// needs no more than SELECT rights. A missing projection is a runtime
-// failure (exit 1) that says so.
-func openReadOnly(ctx context.Context, url, schema, table string) (*store.Store, error) {
-	if strings.TrimSpace(url) == "" {
-		return nil, usagef("DATABASE_URL is not set: set it or pass --database-url, e.g. postgres://user@127.0.0.1:5432/db")
-	}
-	if _, err := pgxpool.ParseConfig(url); err != nil {
-		return nil, usagef("DATABASE_URL is not a valid PostgreSQL connection string (want postgres://user:pass@host:port/db or key=value pairs): %v", err)
-	}
-	if err := checkStoreNames(schema, table); err != nil {
-		return nil, err
-	}
-	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	st, err := store.OpenReadOnly(cctx, url, store.Config{Schema: schema, Table: table})
-	if err != nil {
-		return nil, err
-	}
-	if err := st.CheckExists(ctx); err != nil {
-		st.Close()
-		if errors.Is(err, store.ErrNoProjection) {
-			return nil, fmt.Errorf("no projection %s.%s in this database (check --schema and --table; nothing was created): %w", schema, table, err)
-		}
-		return nil, err
-	}
-	return st, nil
 }

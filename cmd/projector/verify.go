@@ -83,7 +83,7 @@ Example:
 		if err != nil {
 			return usagef("--snapshot-url: %v", err)
 		}
-		st, err := openExisting(ctx, o.store)
+		st, err := openProjection(ctx, o.store.databaseURL, o.store.config(), existing)
 		if err != nil {
 			return err
 		}

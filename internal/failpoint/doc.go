@@ -15,6 +15,12 @@
 //
 // It must never do anything but count and kill: no sleeps, no errors
 // returned, no state a test could depend on other than the process dying.
+// The one exception is a switch, not a point: with no-fence=1 in
+// PROJECTOR_FAILPOINTS, [Unfenced] reports true and the engine commits
+// Kafka batches without the partition fence (and without storing
+// positions), as a share group (KIP-932) hands one partition's records to
+// several consumers at once. It exists to prove that the conditional
+// writes alone keep the read model exact; a normal build cannot turn it on.
 package failpoint
 
 // Env names the variable a failpoints build reads; a normal build never
@@ -29,3 +35,6 @@ const (
 	Claimed      = "claimed"             // the epoch is bumped, nothing read yet
 	Planned      = "batch-planned"       // a batch is read and planned, its transaction not begun
 )
+
+// NoFence is the switch that turns the partition fence off ([Unfenced]).
+const NoFence = "no-fence"

@@ -37,6 +37,14 @@ func parse() {
 	}
 }
 
+// Unfenced reports whether PROJECTOR_FAILPOINTS turns the partition fence
+// off (no-fence=1).
+func Unfenced() bool {
+	parseOnce.Do(parse)
+	_, ok := armed[NoFence]
+	return ok
+}
+
 // Hit counts a hit of the point name and kills the process at the armed
 // hit.
 func Hit(name string) {

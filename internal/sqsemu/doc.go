@@ -7,7 +7,9 @@
 //
 // The emulator speaks the JSON protocol of the current AWS SDKs. Where its
 // FIFO semantics differ from SQS is written in docs/operations.md ("SQS
-// source"): the tests rely only on what both do.
+// FIFO as the source"): the tests rely only on what both do. [Locate]
+// looks for node_modules in FAUXQS_DIR, else in the working directory and
+// its parents, so the demo finds it when run from the repository.
 //
 // It must never import the testing package: the product binary links it
 // for the demo. The testing.TB wrappers live in internal/sqstest.

@@ -17,7 +17,9 @@ import (
 // message carries its group id and sequence number.
 func TestEmulatorFIFOSemantics(t *testing.T) {
 	e := New(t)
-	url := Queue(t, e, time.Second)
+	// 3 s: long enough that a loaded machine does not see group a's head
+	// come back before the second receive.
+	url := Queue(t, e, 3*time.Second)
 	c := e.Client()
 	ctx := t.Context()
 	send := func(group, body string) string {
@@ -73,7 +75,7 @@ func TestEmulatorFIFOSemantics(t *testing.T) {
 			}
 		}
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	var again []types.Message
 	for len(again) == 0 && time.Now().Before(deadline) {
 		again = receive()

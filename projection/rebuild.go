@@ -1,0 +1,327 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/projector/projector/store"
+)
+
+// Rebuild projects the topic from its earliest offsets into a shadow of a
+// live read model, with its own consumer group, and swaps the shadow in
+// once it caught up (`projector rebuild`; docs/operations.md). The live
+// model keeps serving meanwhile, and is untouched by a rebuild that stops
+// before the swap: a later one continues from the shadow's positions.
+type Rebuild struct {
+	// Live is the live read model.
+	Live *store.Store
+	// Config is the rebuild's projection; its Store is set to the shadow.
+	Config Config
+	// KeepOld keeps a copy of the previous model; Restart discards what an
+	// unfinished rebuild stored; DryRun reports the drift and never swaps.
+	KeepOld, Restart, DryRun bool
+	// HeldWait is how long, once caught up, held gaps may close before the
+	// swap; Timeout gives up when not caught up within it (0: never).
+	HeldWait, Timeout time.Duration
+	// DriftSample is how many job ids a dry run's drift names per kind.
+	DriftSample int
+	// Out receives what the rebuild says it does, a line each.
+	Out io.Writer
+	// Started, when set, is given the shadow's projector before it runs
+	// (to serve its health, status and metrics); its stop is called when
+	// the rebuild returns.
+	Started func(p *Projector) (stop func(), err error)
+	// Progress, when set, is given the records to read before the shadow
+	// reads them; update is told how many were read, finish when reading
+	// is done.
+	Progress func(total int64) (update func(read int64), finish func())
+}
+
+// RebuildResult is what a rebuild did.
+type RebuildResult struct {
+	// Counters are the rebuild's projection's, for this run.
+	Counters Counters
+	// Swap is what the swap changed; zero for a dry run.
+	Swap store.SwapResult
+	// Drift is how the live model differs from the rebuilt one, for a dry
+	// run.
+	Drift store.Drift
+}
+
+// RebuildSetupError is a rebuild that cannot start as asked: the operator
+// must change how it is run. Nothing was changed.
+type RebuildSetupError struct{ Msg string }
+
+func (e *RebuildSetupError) Error() string { return e.Msg }
+
+// causedError is a message of its own that still wraps its cause, for
+// errors.Is.
+type causedError struct {
+	msg string
+	err error
+}
+
+func (e *causedError) Error() string { return e.msg }
+
+func (e *causedError) Unwrap() error { return e.err }
+
+// rebuildCatchUpBound is how long the swap, holding the live positions,
+// waits for the shadow to read as far as they say.
+const rebuildCatchUpBound = 30 * time.Second
+
+// Run rebuilds, checking every precondition before anything is reset: one
+// rebuild of the table at a time (*store.ErrRebuildRunning), the topic, and
+// what is attached to the live table.
+func (r *Rebuild) Run(ctx context.Context) (RebuildResult, error) {
+	var res RebuildResult
+	cfg := r.Config
+	live := r.Live
+	release, err := live.LockRebuild(ctx)
+	if errors.Is(err, store.ErrRebuildRunning) {
+		return res, &causedError{err: err, msg: fmt.Sprintf("nothing was changed: another rebuild of %s.%s is running (it holds the shadow %s); wait for it to end, or stop it",
+			live.Schema(), live.Projection(), r.shadowName())}
+	}
+	if err != nil {
+		return res, err
+	}
+	defer release()
+	hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	target, err := HighWatermarks(hctx, cfg.Kafka(), cfg.Topic)
+	cancel()
+	if err != nil {
+		return res, fmt.Errorf("nothing was changed: %w", err)
+	}
+	if err := live.CheckRebuild(ctx); err != nil {
+		var refused *store.RebuildRefusedError
+		if errors.As(err, &refused) {
+			return res, fmt.Errorf("nothing was changed: %s.%s has what a rebuild cannot keep:\n  %s", live.Schema(), live.Projection(), strings.Join(refused.Problems, "\n  "))
+		}
+		return res, err
+	}
+	shadow, err := live.Shadow()
+	if err != nil {
+		return res, &RebuildSetupError{fmt.Sprintf("--table: %v", err)}
+	}
+	if err := r.prepareShadow(ctx, shadow, target); err != nil {
+		return res, err
+	}
+
+	cfg.Store = shadow
+	p, err := New(cfg)
+	if err != nil {
+		return res, &RebuildSetupError{err.Error()}
+	}
+	if r.Started != nil {
+		stop, err := r.Started(p)
+		if err != nil {
+			return res, err
+		}
+		defer stop()
+	}
+	rctx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	runDone := make(chan struct{})
+	var runErr error
+	go func() {
+		defer close(runDone)
+		runErr = p.Run(rctx)
+	}()
+	// stopShadow stops the rebuild's projection and waits for it: its
+	// batch in flight commits or is dropped, its positions stay true.
+	stopShadow := func() error {
+		cancelRun()
+		<-runDone
+		return runErr
+	}
+	defer stopShadow()
+	update, finish := func(int64) {}, func() {}
+	if r.Progress != nil {
+		update, finish = r.Progress(sum(target))
+	}
+	waitErr := r.waitRebuilt(ctx, shadow, target, runDone, update)
+	finish()
+	if r.DryRun || waitErr != nil {
+		if err := stopShadow(); err != nil {
+			return res, err
+		}
+	}
+	if waitErr != nil {
+		return res, fmt.Errorf("rebuild stopped before the swap, the live read model is untouched (the shadow %s stays; run again to continue from it): %w", r.shadowName(), waitErr)
+	}
+	if r.DryRun {
+		d, err := live.Diff(ctx, shadow, r.DriftSample)
+		if err != nil {
+			return res, err
+		}
+		res.Drift, res.Counters = d, p.Status().Counters
+		return res, nil
+	}
+	// The shadow keeps reading until the swap holds the live positions
+	// and it has read as far as they say, so the swap hands over rows
+	// no older than what live instances had projected.
+	catchUp := func(ctx context.Context, livePos []store.PartitionPosition) error {
+		reached := shadowReaches(ctx, shadow, cfg.Topic, livePos, runDone)
+		if err := stopShadow(); err != nil {
+			return err
+		}
+		return reached
+	}
+	swap, err := live.SwapCaughtUp(ctx, shadow, r.KeepOld, catchUp)
+	if serr := stopShadow(); err == nil && serr != nil {
+		err = serr
+	}
+	if err != nil {
+		return res, fmt.Errorf("the live read model is untouched (the shadow %s stays; run again to swap it): %w", r.shadowName(), err)
+	}
+	res.Swap, res.Counters = swap, p.Status().Counters
+	return res, nil
+}
+
+// shadowName is the rebuild table as people write it: schema.table.
+func (r *Rebuild) shadowName() string {
+	return r.Live.Schema() + "." + store.ShadowName(r.Live.Projection())
+}
+
+// say writes one line to Out.
+func (r *Rebuild) say(format string, args ...any) {
+	if r.Out != nil {
+		fmt.Fprintf(r.Out, format+"\n", args...)
+	}
+}
+
+// prepareShadow continues from what an earlier rebuild stored in the
+// shadow, or starts it over (Restart, or nothing to continue from), and
+// says which.
+func (r *Rebuild) prepareShadow(ctx context.Context, shadow *store.Store, target map[int]int64) error {
+	topic, schema, table := r.Config.Topic, r.Live.Schema(), r.Live.Projection()
+	prog, err := shadow.Progress(ctx, topic)
+	if err != nil {
+		return err
+	}
+	if len(prog.OtherTopics) > 0 && !r.Restart {
+		return &RebuildSetupError{fmt.Sprintf("the shadow %s holds an unfinished rebuild of topic %s, not %s: pass --restart to discard it and start over",
+			r.shadowName(), strings.Join(prog.OtherTopics, ", "), topic)}
+	}
+	if !r.Restart && prog.TableExists && prog.Read() > 0 {
+		if err := shadow.Migrate(ctx); err != nil {
+			return err
+		}
+		r.say("resuming the rebuild of %s.%s from the shadow's stored positions: %d of %d records already read (--restart starts over)",
+			schema, table, prog.Read(), sum(target))
+		return r.copyChecks(ctx, shadow)
+	}
+	if err := shadow.Reset(ctx); err != nil {
+		return err
+	}
+	if err := shadow.Migrate(ctx); err != nil {
+		return err
+	}
+	how := "starting"
+	if r.Restart && prog.Read() > 0 {
+		how = fmt.Sprintf("starting over (--restart discarded %d records read earlier):", prog.Read())
+	}
+	r.say("%s the rebuild of %s.%s from the start of %s into %s (%d partitions, %d records to read)",
+		how, schema, table, topic, r.shadowName(), len(target), sum(target))
+	return r.copyChecks(ctx, shadow)
+}
+
+// copyChecks gives the shadow the checks users put on the live table, so
+// records that break them are quarantined in the replay, as live.
+func (r *Rebuild) copyChecks(ctx context.Context, shadow *store.Store) error {
+	names, err := r.Live.CopyChecks(ctx, shadow)
+	if err != nil {
+		return err
+	}
+	if len(names) > 0 {
+		r.say("the shadow checks rows as %s.%s does: %s", r.Live.Schema(), r.Live.Projection(), strings.Join(names, ", "))
+	}
+	return nil
+}
+
+// waitRebuilt waits until the shadow's positions reach target, then up to
+// HeldWait for held gaps to close.
+func (r *Rebuild) waitRebuilt(ctx context.Context, shadow *store.Store, target map[int]int64, stopped <-chan struct{}, update func(read int64)) error {
+	start := time.Now()
+	var caughtUp time.Time
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-stopped:
+			return errors.New("the rebuild's projection stopped (see the log above)")
+		case <-tick.C:
+		}
+		if caughtUp.IsZero() {
+			prog, err := shadow.Progress(ctx, r.Config.Topic)
+			if err != nil {
+				return err
+			}
+			done := true
+			var read int64
+			for part, h := range target {
+				if h > 0 && prog.Positions[part] < h {
+					done = false
+				}
+				read += min(max(prog.Positions[part], 0), h)
+			}
+			update(read)
+			if done {
+				caughtUp = time.Now()
+			} else if r.Timeout > 0 && time.Since(start) > r.Timeout {
+				return fmt.Errorf("not caught up within --timeout %s", r.Timeout)
+			}
+			continue
+		}
+		_, held, err := shadow.HeldJobs(ctx, 0)
+		if err != nil {
+			return err
+		}
+		if held == 0 || time.Since(caughtUp) >= r.HeldWait {
+			return nil
+		}
+	}
+}
+
+// shadowReaches waits until the shadow's positions of topic are at least
+// the live ones, for at most rebuildCatchUpBound, or until the shadow's
+// projection stopped. What it did not reach, the live instances read again
+// after the swap.
+func shadowReaches(ctx context.Context, shadow *store.Store, topic string, live []store.PartitionPosition, stopped <-chan struct{}) error {
+	deadline := time.Now().Add(rebuildCatchUpBound)
+	for {
+		prog, err := shadow.Progress(ctx, topic)
+		if err != nil {
+			return err
+		}
+		behind := false
+		for _, p := range live {
+			if p.Topic == topic && p.Next > max(prog.Positions[p.Partition], 0) {
+				behind = true
+			}
+		}
+		if !behind || time.Now().After(deadline) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-stopped:
+			return nil
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func sum(m map[int]int64) int64 {
+	var n int64
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
