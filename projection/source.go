@@ -59,7 +59,7 @@ type Source interface {
 	Ack(ctx context.Context, recs []Record) error
 	// Ordered reports whether records have ordered positions, stored and fenced per owner, and can be read again from the log (Kafka); false for a queue that deletes after commit (SQS FIFO), where the gap re-read checks the store only.
 	Ordered() bool
-	// Lag is how many records wait to be projected (Kafka: the partition's end minus the position; SQS: approximate visible plus in-flight messages).
+	// Lag is how many records wait to be projected (Kafka: the partition's end minus the position; SQS: approximate visible plus in-flight messages). The engine does not call it yet: the status and metrics read the same figures from the partition book (docs/design.md, "Sources").
 	Lag(ctx context.Context) (int64, error)
 	// Close stops reading and releases what was not acknowledged, to be delivered again.
 	Close() error
