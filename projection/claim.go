@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -99,17 +100,28 @@ func (w *worker) restoreChunk(ctx context.Context, held []store.Held) error {
 // holdStored puts held rows read from the store, with their jobs' rows,
 // into the cache and the detector. A held row read without its ops (left
 // in PostgreSQL) is read back when a batch offers anything to the job.
+//
+// A cached job's held set may be shared with a gap attempt running on
+// another goroutine (an SQS instance adopts held rows without a reset):
+// it is never written to, each job gets a copy to add to.
 func (w *worker) holdStored(held []store.Held, rows map[string]store.Job) error {
+	copied := map[string]bool{}
 	for _, h := range held {
 		j, ok := w.cache.get(h.JobID)
 		if !ok {
 			var err error
-			if j, err = storedJob(h.JobID, rows, map[int64]gapfill.Held{}); err != nil {
+			if j, err = storedJob(h.JobID, rows, nil); err != nil {
 				return err
 			}
 		}
-		if j.Held == nil {
-			j.Held = map[int64]gapfill.Held{}
+		if !copied[h.JobID] {
+			// The cache keeps what put is given, or a copy of it: after
+			// this, the job's held set is this call's alone.
+			j.Held = maps.Clone(j.Held)
+			if j.Held == nil {
+				j.Held = map[int64]gapfill.Held{}
+			}
+			copied[h.JobID] = true
 		}
 		ev := event.Event{JobID: h.JobID, Version: h.Version, Kind: event.Delta, EventID: h.EventID}
 		if h.Ops != nil {

@@ -217,8 +217,15 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 
 // ack acknowledges records whose batch committed. A failure is logged
 // only: the records are delivered again and dropped as duplicates.
+//
+// A batch in flight when ctx ends is still committed (see
+// [worker.applyContext]), and its acknowledgement must still reach the
+// source (an SQS delete, the position for the group's last flush): the
+// source is given a context that outlives ctx, by at most shutdownGrace.
 func (w *worker) ack(ctx context.Context, recs []Record) {
-	if err := w.src.Ack(ctx, recs); err != nil {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
+	defer cancel()
+	if err := w.src.Ack(actx, recs); err != nil {
 		w.log.Warn("acknowledging a committed batch failed; its records will be delivered again and dropped as duplicates",
 			"records", len(recs), "first_offset", firstOffset(recs), "err", err)
 	}

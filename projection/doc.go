@@ -1,12 +1,25 @@
-// Package projection is the engine: it joins the Kafka consumer group, runs
-// one worker per assigned partition, decodes and routes each record, folds a
-// batch into version-conditional writes and commits them, with the
-// partition's position, through [store.Store.Apply]. [Replay] runs
-// quarantined records through the same version rules, outside any partition.
+// Package projection is the engine: it reads job events from a [Source]
+// (with Kafka, it joins the consumer group and runs one worker per assigned
+// partition; with SQS, one worker per instance receives from the queue),
+// decodes and routes each record, folds a batch into version-conditional
+// writes, commits them through [store.Store.Apply], and only then
+// acknowledges the batch to its source. [Replay] runs quarantined records
+// through the same version rules, outside any partition.
+//
+// A worker's records flow through one file per stage: source.go (the
+// [Source] interface; kafkasource.go and sqssource.go implement it),
+// worker.go (the loop and its dependencies), claim.go (claim a partition,
+// restore its held deltas), fetch.go, plan.go (records and gap resolutions
+// into one transaction's writes), commit.go (apply, settle the cache, the
+// detector and the counters, acknowledge) and isolate.go (a batch
+// PostgreSQL refuses for its data). sqsrun.go is the queue's loop, which
+// has no claim.
 //
 // It is the only package that imports kafka-go. It must never move a
-// partition's position past work that is not durably done, never write
-// without the fencing epoch it claimed, and never commit a Kafka group
+// partition's position past work that is not durably done, never write a
+// Kafka partition without the fencing epoch it claimed (a queue's batches
+// are unfenced: the conditional writes alone arbitrate), never acknowledge
+// a batch before its transaction committed, and never commit a Kafka group
 // offset ahead of the position stored in PostgreSQL: the stored position is
 // the truth, the group offset only feeds lag tooling.
 //

@@ -238,7 +238,15 @@ func TestFaultBackendsTerminatedMidBatch(t *testing.T) {
 				a, b := f.terminateBackends()
 				killed, inTx = killed+a, inTx+b
 				time.Sleep(100 * time.Millisecond) // pacing the fault: batches run between terminations
-				return inTx >= 3 && f.committedRecords() > 0, fmt.Sprintf("%d terminated, %d of them busy", killed, inTx)
+				return inTx >= 3, fmt.Sprintf("%d terminated, %d of them busy", killed, inTx)
+			})
+			// Then the terminations stop: the batches that failed are retried
+			// on new connections and commit. (Terminating until a commit is
+			// seen can starve every batch on a loaded machine, where a batch
+			// takes longer than the pause between terminations.)
+			f.eventually(60*time.Second, "a batch commits after the terminations", func() (bool, string) {
+				n := f.committedRecords()
+				return n > 0, fmt.Sprintf("%d records committed", n)
 			})
 			wait()
 			f.verify(60*time.Second, faulttest.Options{})

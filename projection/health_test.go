@@ -406,10 +406,17 @@ func TestDatabaseOutageIsNotAStall(t *testing.T) {
 // every few seconds by design (the broker poll every 5 s); a StallTimeout
 // shorter than that must not make /healthz call them wedged between two
 // turns. Liveness is watched over more than two broker polls.
+//
+// The stall timeout is below the broker poll, which is what is tested, but
+// well above the idle worker's own wake-up (idleWake): a worker idle for
+// exactly its limit has no margin on a loaded machine, and its beat is not
+// what this test is about.
 func TestShortStallTimeoutKeepsIdleMonitorsLive(t *testing.T) {
 	t.Parallel()
+	stall := 3 * idleWake
+	require.Less(t, stall, brokerPollEvery, "the stall timeout must be shorter than the broker monitor's turn for this test to mean anything")
 	r := newRig(t, 1)
-	run := r.start(r.config(func(c *Config) { c.StallTimeout = time.Second }))
+	run := r.start(r.config(func(c *Config) { c.StallTimeout = stall }))
 	r.produce(rec{0, "a", snap("a", 1, `{}`)})
 	r.caughtUp(20*time.Second, run)
 	// The observation window, not synchronisation: every sample must be

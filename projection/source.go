@@ -55,11 +55,11 @@ type Coord struct {
 type Source interface {
 	// Fetch waits up to wait for a first record, then gathers more up to the batch size or the linger time; no records and no error when wait passed (or ctx ended), an error when the source is unreachable.
 	Fetch(ctx context.Context, wait time.Duration) ([]Record, error)
-	// Ack tells the source that recs' batch transaction committed (Kafka: the position goes to the group offset; SQS: the messages are deleted); a failed Ack only means they are delivered again.
+	// Ack tells the source that recs' batch transaction committed (Kafka: the position goes to the group offset; SQS: the messages are deleted); a failed Ack only means they are delivered again. It is called for a batch that committed during shutdown too, with a context that is live but bounded.
 	Ack(ctx context.Context, recs []Record) error
 	// Ordered reports whether records have ordered positions, stored and fenced per owner, and can be read again from the log (Kafka); false for a queue that deletes after commit (SQS FIFO), where the gap re-read checks the store only.
 	Ordered() bool
-	// Lag is how many records wait to be projected (Kafka: the partition's end minus the position; SQS: approximate visible plus in-flight messages).
+	// Lag is how many records wait to be projected (Kafka: the partition's end minus the position; SQS: approximate visible plus in-flight messages). The engine does not call it yet: the status and metrics read the same figures from the partition book (docs/design.md, "Sources").
 	Lag(ctx context.Context) (int64, error)
 	// Close stops reading and releases what was not acknowledged, to be delivered again.
 	Close() error
