@@ -59,14 +59,17 @@ func (s *sqsFlags) validate() error {
 	}
 	if err := s.config().Validate(); err != nil {
 		// projection names the setting; the command line names the flag.
-		msg := strings.ReplaceAll(err.Error(), "\n", "; ")
-		for _, name := range []string{"sqs-queue-url", "sqs-endpoint", "sqs-wait", "sqs-visibility", "sqs-max-messages"} {
-			if strings.HasPrefix(msg, name) {
-				msg = "--" + msg
-				break
+		// Each of several problems names its flag.
+		parts := strings.Split(err.Error(), "\n")
+		for i, part := range parts {
+			for _, name := range []string{"sqs-queue-url", "sqs-endpoint", "sqs-wait", "sqs-visibility", "sqs-max-messages"} {
+				if strings.HasPrefix(part, name) {
+					parts[i] = "--" + part
+					break
+				}
 			}
 		}
-		return usagef("%s", msg)
+		return usagef("%s", strings.Join(parts, "; "))
 	}
 	return nil
 }

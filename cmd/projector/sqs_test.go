@@ -39,6 +39,7 @@ func TestRunSQSUsageErrors(t *testing.T) {
 		{"max messages 0", []string{"run", "--source", "sqs", url, "--sqs-max-messages", "0"}, []string{"--sqs-max-messages 0", "1 to 10"}},
 		{"wait above 20s", []string{"run", "--source", "sqs", url, "--sqs-wait", "30s"}, []string{"--sqs-wait 30s", "0s to 20s"}},
 		{"visibility 0", []string{"run", "--source", "sqs", url, "--sqs-visibility", "0s"}, []string{"--sqs-visibility 0s", "1s to 12h"}},
+		{"two problems", []string{"run", "--source", "sqs", url, "--sqs-wait", "1.5s", "--sqs-max-messages", "11"}, []string{"--sqs-wait 1.5s", "; --sqs-max-messages 11"}},
 		{"endpoint not a URL", []string{"run", "--source", "sqs", url, "--sqs-endpoint", "localhost:4566"}, []string{"--sqs-endpoint \"localhost:4566\""}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
