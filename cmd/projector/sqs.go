@@ -27,17 +27,19 @@ type sqsFlags struct {
 
 func (s *sqsFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&s.source, "source", sourceKafka, "where job events come from: kafka (a topic, --brokers) or sqs (an SQS FIFO\nqueue, --sqs-queue-url)")
-	s.registerQueue(fs)
-}
-
-// registerQueue adds the SQS flags except --source.
-func (s *sqsFlags) registerQueue(fs *flag.FlagSet) {
-	fs.StringVar(&s.queueURL, "sqs-queue-url", "", "with --source sqs: the queue's URL (required), e.g.\nhttps://sqs.eu-west-1.amazonaws.com/123456789012/job-events.fifo")
-	fs.StringVar(&s.endpoint, "sqs-endpoint", "", "with --source sqs: base URL of every SQS request instead of the region's\n(an emulator or a VPC endpoint), e.g. http://127.0.0.1:4566")
-	fs.StringVar(&s.region, "sqs-region", "", "with --source sqs: the queue's AWS region (default from AWS_REGION or the\nshared config, else from the queue URL); credentials come from the standard\nAWS chain (environment, shared files, instance or task role)")
+	s.registerQueue(fs, "with --source sqs: the queue's URL (required), e.g.", "with --source sqs: ")
 	fs.DurationVar(&s.wait, "sqs-wait", projection.DefaultSQSWait, "with --source sqs: long poll of one receive, whole seconds from 0s to 20s")
 	fs.DurationVar(&s.visibility, "sqs-visibility", projection.DefaultSQSVisibility, "with --source sqs: how long a received message stays hidden from other\nconsumers (whole seconds, 1s to 12h); extended while its batch is in flight,\nand the message is deleted only after its batch committed")
 	fs.IntVar(&s.maxMessages, "sqs-max-messages", projection.DefaultSQSMaxMessages, "with --source sqs: most messages one receive returns, 1 to 10")
+}
+
+// registerQueue adds the flags that name the queue and reach it: status
+// takes these alone (it receives nothing). url is the queue URL's help,
+// when the start of the others'.
+func (s *sqsFlags) registerQueue(fs *flag.FlagSet, url, when string) {
+	fs.StringVar(&s.queueURL, "sqs-queue-url", "", url+"\nhttps://sqs.eu-west-1.amazonaws.com/123456789012/job-events.fifo")
+	fs.StringVar(&s.endpoint, "sqs-endpoint", "", when+"base URL of every SQS request instead of the region's\n(an emulator or a VPC endpoint), e.g. http://127.0.0.1:4566")
+	fs.StringVar(&s.region, "sqs-region", "", when+"the queue's AWS region (default from AWS_REGION or the\nshared config, else from the queue URL); credentials come from the standard\nAWS chain (environment, shared files, instance or task role)")
 }
 
 // validate says which flag to fix; it checks the SQS flags only with

@@ -176,3 +176,20 @@ func TestRunSQSRefusedCredentials(t *testing.T) {
 	require.Contains(t, r.stderr, "credentials refused (InvalidClientTokenId)", "%s", r)
 	require.Contains(t, r.stderr, "fix the AWS credentials", "%s", r)
 }
+
+// TestStatusSQSFlags: status takes the flags that name and reach a queue,
+// not the receive settings of run, which it would ignore.
+func TestStatusSQSFlags(t *testing.T) {
+	t.Parallel()
+	r := runBin(t, 20*time.Second, dbEnv(), "status", "--help")
+	require.Equal(t, 0, r.code, "%s", r)
+	for _, f := range []string{"--sqs-queue-url", "--sqs-endpoint", "--sqs-region"} {
+		require.Contains(t, r.stdout, f)
+	}
+	for _, f := range []string{"--sqs-wait", "--sqs-visibility", "--sqs-max-messages", "with --source sqs"} {
+		require.NotContains(t, r.stdout, f)
+	}
+	r = runBin(t, 20*time.Second, dbEnv(), "status", "--sqs-queue-url", "https://sqs.eu-west-1.amazonaws.com/1/q.fifo", "--sqs-wait", "1s")
+	require.Equal(t, 2, r.code, "%s", r)
+	require.Contains(t, r.stderr, "sqs-wait")
+}

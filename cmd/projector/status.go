@@ -94,7 +94,9 @@ Example:
 		fs.BoolVar(&o.json, "json", false, "print JSON instead of tables")
 		fs.IntVar(&o.limit, "limit", 20, "most held jobs and quarantined records to list")
 		o.kafka.register(fs)
-		o.sqs.registerQueue(fs)
+		o.sqs.registerQueue(fs, "the queue of a projection fed by 'run --source sqs', to report its\napproximate visible and in-flight messages as the lag, e.g.", "with --sqs-queue-url: ")
+		// The receive settings only pass validation.
+		o.sqs.wait, o.sqs.visibility, o.sqs.maxMessages = projection.DefaultSQSWait, projection.DefaultSQSVisibility, projection.DefaultSQSMaxMessages
 		return o
 	},
 	run: func(ctx context.Context, env *cmdEnv, opts any) error {
