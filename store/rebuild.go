@@ -45,7 +45,7 @@ func (s *Store) Reset(ctx context.Context) error {
 		return fmt.Errorf("store: reset %s: only a rebuild's shadow (%s<table>) may be reset", s.projection, ShadowPrefix)
 	}
 	return pgx.BeginTxFunc(ctx, s.pool, readCommitted, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('projector.migrate'))`); err != nil {
+		if _, err := tx.Exec(ctx, migrateLock, s.schema); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, `DROP TABLE IF EXISTS `+s.jobs); err != nil {
@@ -387,7 +387,7 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool, catchUp C
 			}
 			return tag.RowsAffected(), nil
 		}
-		if _, err := exec(`SELECT pg_advisory_xact_lock(hashtext('projector.migrate'))`); err != nil {
+		if _, err := exec(migrateLock, s.schema); err != nil {
 			return err
 		}
 		// The swap lock tells the batches and claims that wait for the

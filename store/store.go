@@ -259,6 +259,13 @@ func (s *Store) Projection() string { return s.projection }
 // JobsTable is the quoted, schema-qualified read-model table.
 func (s *Store) JobsTable() string { return s.jobs }
 
+// migrateLock serialises what changes a schema's tables (migrations, a
+// rebuild's reset and swap) among the instances that share the schema.
+// It is keyed by the schema, so a long swap in one schema never holds up
+// an instance of another schema starting (its migration waited on one
+// database-wide key before).
+const migrateLock = `SELECT pg_advisory_xact_lock(hashtextextended('projector.migrate:' || $1, 0))`
+
 // Migrate creates the schema and tables, idempotently. Two instances
 // starting at once are serialised by an advisory lock held for the
 // migration transaction.
@@ -268,7 +275,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return fmt.Errorf("store: migrate: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('projector.migrate'))`); err != nil {
+	if _, err := tx.Exec(ctx, migrateLock, s.schema); err != nil {
 		return fmt.Errorf("store: migrate: lock: %w", err)
 	}
 	if err := migrateIn(ctx, tx, s.schema, s.projection); err != nil {

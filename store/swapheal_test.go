@@ -50,11 +50,14 @@ func TestHealDuringASwapWaitsForIt(t *testing.T) {
 		_, err := live.Swap(ctx, shadow, false)
 		swapped <- err
 	}()
+	// Only this test's swap: other tests swap in their own schemas at the
+	// same time, and one of them waiting must not pass for this one.
 	waiting := func(app, event string) bool {
 		var n int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND application_name LIKE $1 AND wait_event_type = 'Lock' AND wait_event = $2`,
-			app, event).Scan(&n))
+			WHERE datname = current_database() AND application_name LIKE $1 AND wait_event_type = 'Lock' AND wait_event = $2
+				AND strpos(query, $3) > 0`,
+			app, event, schema).Scan(&n))
 		return n > 0
 	}
 	require.Eventually(t, func() bool { return waiting("projector rebuild swap", "transactionid") }, time.Minute, 10*time.Millisecond,

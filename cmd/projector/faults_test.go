@@ -462,7 +462,7 @@ func TestFaultDatabaseUnreachableAtStartup(t *testing.T) {
 }
 
 // SIGTERM while run is still starting, waiting for another instance's
-// migration (the test holds the migration lock): a clean stop, exit 0,
+// migration (the test holds the schema's migration lock): a clean stop, exit 0,
 // as for a running instance. Found by the rebalance storm, where an
 // instance stopped seconds after it started on a loaded machine exited 1.
 func TestFaultSigtermWhileStarting(t *testing.T) {
@@ -472,13 +472,13 @@ func TestFaultSigtermWhileStarting(t *testing.T) {
 	conn, err := pgtest.Pool(t).Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()
-	_, err = conn.Exec(ctx, `SELECT pg_advisory_lock(hashtext('projector.migrate'))`)
+	_, err = conn.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended('projector.migrate:' || $1, 0))`, s.schema)
 	require.NoError(t, err)
 	unlocked := false
 	unlock := func() {
 		if !unlocked {
 			unlocked = true
-			_, err := conn.Exec(ctx, `SELECT pg_advisory_unlock(hashtext('projector.migrate'))`)
+			_, err := conn.Exec(ctx, `SELECT pg_advisory_unlock(hashtextextended('projector.migrate:' || $1, 0))`, s.schema)
 			require.NoError(t, err)
 		}
 	}
