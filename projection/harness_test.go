@@ -89,13 +89,20 @@ type running struct {
 
 func (r *rig) start(cfg Config) *running {
 	r.t.Helper()
+	return startEngine(r.t, cfg)
+}
+
+// startEngine runs an engine with cfg until the test ends (or it is
+// halted), whatever its source.
+func startEngine(t *testing.T, cfg Config) *running {
+	t.Helper()
 	p, err := New(cfg)
-	require.NoError(r.t, err)
+	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	run := &running{p: p, stop: cancel, done: make(chan error, 1)}
 	go func() { run.done <- p.Run(ctx) }()
 	var once sync.Once
-	r.t.Cleanup(func() { once.Do(func() { run.halt(r.t) }) })
+	t.Cleanup(func() { once.Do(func() { run.halt(t) }) })
 	return run
 }
 

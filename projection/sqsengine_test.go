@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -52,14 +51,7 @@ func (r *sqsRig) config(mod ...func(*Config)) Config {
 
 func (r *sqsRig) start(cfg Config) *running {
 	r.t.Helper()
-	p, err := New(cfg)
-	require.NoError(r.t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	run := &running{p: p, stop: cancel, done: make(chan error, 1)}
-	go func() { run.done <- p.Run(ctx) }()
-	var once sync.Once
-	r.t.Cleanup(func() { once.Do(func() { run.halt(r.t) }) })
-	return run
+	return startEngine(r.t, cfg)
 }
 
 // drained waits until the queue holds no message, visible or in flight,
