@@ -19,13 +19,17 @@ const attemptPoll = 25 * time.Millisecond
 // authority in a queue no longer than this plus the fetchers.
 const rereadRound = 1000
 
-// slowOutcomes is how many attempts in a row a job's request must end for
-// slowness (snapshot.ErrSlow) before its next request starts in the slow
-// lane. A prompt answer delayed once past the slow threshold by a busy
-// moment is asked in the main lane again, after the jobs never asked; a
-// job slow twice in a row waits for the slow lane, where it holds up no
-// prompt answer.
-const slowOutcomes = 1
+// A job whose request ends for slowness (snapshot.ErrSlow: no answer in 3
+// slow thresholds, or by --snapshot-timeout) is found slow. Found slow
+// once, its next request goes to whichever frees first of a slow fetcher
+// (its request starts in the slow lane) and a main fetcher no partition
+// has other work for: a prompt answer delayed past 3 thresholds by a
+// busy moment is then asked again soon, without waiting behind every slow
+// job for the slow lane, and without taking the main lane from jobs never
+// asked. Found slow twice in a row, its requests start in the slow lane
+// only. A request cut only because the slow lane was full
+// (snapshot.ErrSlowLaneFull) says nothing of the job: its count stays, and
+// a job never found slow is asked in the main lane again.
 
 // attempts runs a partition's gap attempts in the background, each job on
 // its own: the jobs due in a round are re-read together (the store once,
@@ -54,8 +58,12 @@ type attempts struct {
 	ctx       context.Context
 	fetching  int
 	// pending are re-read attempts waiting for a free fetcher, oldest due
-	// first; pendingSlow those waiting for a free slow fetcher.
-	pending, pendingSlow []gapfill.Attempt
+	// first; pendingLow those of jobs found slow once, pendingSlow those
+	// of jobs found slow again (see queue).
+	pending, pendingLow, pendingSlow []gapfill.Attempt
+	// lowTurn alternates the slow fetchers between pendingLow and
+	// pendingSlow, so neither waits for ever behind the other.
+	lowTurn bool
 	// out carries finished work back: re-read rounds and single answers.
 	out chan finished
 	// gen counts resets: work started before the last one reports under
@@ -118,7 +126,7 @@ func (w *worker) startAttempts(ctx context.Context, wg *sync.WaitGroup) *attempt
 
 // busy reports whether any attempt is queued or in flight.
 func (a *attempts) busy() bool {
-	return a.rereading || a.fetching > 0 || len(a.pending) > 0 || len(a.pendingSlow) > 0
+	return a.rereading || a.fetching > 0 || len(a.pending) > 0 || len(a.pendingLow) > 0 || len(a.pendingSlow) > 0
 }
 
 // canTake reports whether the next [attempts.schedule] would take due
@@ -126,7 +134,7 @@ func (a *attempts) busy() bool {
 // a due job is no reason to wake early.
 func (a *attempts) canTake() bool {
 	return a.resolver != nil && !a.rereading &&
-		len(a.pending) < max(a.fetchers, rereadRound/4) && len(a.pendingSlow) < rereadRound
+		len(a.pending) < max(a.fetchers, rereadRound/4) && len(a.pendingLow)+len(a.pendingSlow) < rereadRound
 }
 
 // collect returns the attempts that ended since the last call; re-read
@@ -165,14 +173,18 @@ func (a *attempts) collect(w *worker) []gapfill.Resolution {
 	}
 }
 
-// queue puts an attempt in line for a fetcher: a slow one when the
-// authority was too slow for the job slowOutcomes times in a row.
+// queue puts an attempt in line for a fetcher, by how many times in a row
+// the job was found slow.
 func (a *attempts) queue(w *worker, att gapfill.Attempt) {
-	if g, _ := w.detector.Gap(att.Job.ID); g.Slow >= slowOutcomes && a.pool.slowSize() > 0 {
+	g, _ := w.detector.Gap(att.Job.ID)
+	switch {
+	case g.Slow == 0 || a.pool.slowSize() == 0:
+		a.pending = append(a.pending, att)
+	case g.Slow == 1:
+		a.pendingLow = append(a.pendingLow, att)
+	default:
 		a.pendingSlow = append(a.pendingSlow, att)
-		return
 	}
-	a.pending = append(a.pending, att)
 }
 
 // schedule starts what capacity allows: the next re-read round when none
@@ -211,7 +223,17 @@ func (a *attempts) schedule(w *worker) {
 		}
 	}
 	a.pending = a.offer(w, a.pending, false)
+	if len(a.pending) == 0 && a.pool.mainIdle() {
+		// Main fetchers no partition has offered other work to.
+		a.pendingLow = a.offer(w, a.pendingLow, false)
+	}
+	// Slow fetchers: each queue goes first every other turn.
+	if a.lowTurn {
+		a.pendingLow = a.offer(w, a.pendingLow, true)
+	}
 	a.pendingSlow = a.offer(w, a.pendingSlow, true)
+	a.pendingLow = a.offer(w, a.pendingLow, true)
+	a.lowTurn = !a.lowTurn
 }
 
 // offer hands queued attempts to idle fetchers, in order, and returns
@@ -241,7 +263,7 @@ func (a *attempts) offer(w *worker, queue []gapfill.Attempt, slow bool) []gapfil
 // afresh in the new detector, and a stale result would end an attempt
 // that is not theirs. Until they report they count against the limits.
 func (a *attempts) reset() {
-	a.pending, a.pendingSlow = nil, nil
+	a.pending, a.pendingLow, a.pendingSlow = nil, nil, nil
 	a.gen++
 }
 
@@ -270,6 +292,11 @@ func (p *fetchPool) size() int {
 		return 0
 	}
 	return p.main + p.slowed + cap(p.in) + cap(p.slowIn)
+}
+
+// mainIdle reports whether no attempt waits for a main fetcher.
+func (p *fetchPool) mainIdle() bool {
+	return p != nil && len(p.in) == 0
 }
 
 // slowSize is the number of slow fetchers; 0 for no pool.

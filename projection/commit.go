@@ -108,7 +108,8 @@ func (w *worker) reschedule(res []gapfill.Resolution) {
 		if reason == "" {
 			reason = "still held after " + string(r.Last)
 		}
-		if r.Last == gapfill.StepSnapshot {
+		// A cut with the slow lane full says nothing of the job.
+		if r.Last == gapfill.StepSnapshot && !errors.Is(r.Err, snapshot.ErrSlowLaneFull) {
 			w.detector.Slow(r.JobID, errors.Is(r.Err, snapshot.ErrSlow))
 		}
 		w.detector.Failed(r.JobID, now, r.Last, reason)

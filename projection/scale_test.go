@@ -257,7 +257,7 @@ func TestScaleTenThousandHeldJobs(t *testing.T) {
 	}))
 
 	// The lanes' occupancy, sampled every 10 ms until phase 1 ends.
-	var laneSamples, mainBusy, slowBusyN atomic.Int64
+	var laneSamples, mainBusy, slowBusyN, slowAfterSum atomic.Int64
 	lctx, stopLanes := context.WithCancel(context.Background())
 	var laneSampling sync.WaitGroup
 	laneSampling.Go(func() {
@@ -276,6 +276,7 @@ func TestScaleTenThousandHeldJobs(t *testing.T) {
 			laneSamples.Add(1)
 			mainBusy.Add(int64(l.Main))
 			slowBusyN.Add(int64(l.Slow))
+			slowAfterSum.Add(int64(l.SlowAfter))
 		}
 	})
 	defer func() { stopLanes(); laneSampling.Wait() }()
@@ -397,7 +398,11 @@ func TestScaleTenThousandHeldJobs(t *testing.T) {
 	// full). Requests of jobs found slow start in the slow lane and cost
 	// it nothing.
 	leftMain := lanes.Moved + lanes.Full
-	slowInMain := time.Duration(leftMain) * lanes.SlowAfter
+	var meanAfter time.Duration
+	if n := laneSamples.Load(); n > 0 {
+		meanAfter = time.Duration(slowAfterSum.Load() / n)
+	}
+	slowInMain := time.Duration(leftMain) * meanAfter
 	mainWork := busy["prompt"] + busy["failing"] + slowInMain
 	mainBound := float64(prompt) / (mainWork.Seconds() / concurrency)
 	// The ceiling of any scheduler that keeps --snapshot-concurrency
@@ -432,8 +437,8 @@ func TestScaleTenThousandHeldJobs(t *testing.T) {
 		throughput, median, ideal, 100*throughput/ideal)
 	t.Logf("why 80%% is out of reach: even packed with no idle slot, the main lane must carry the prompt answers (%.0fs), a 503 for each of the %d failing jobs (%d x %s) and, for each of the %d slow jobs, one request up to the slow threshold before it can be told slow (%d x at least %s): %.0f slot-seconds, %.0f heals/s at most with %d slots, %.0f%% of %.0f/s",
 		busy["prompt"].Seconds(), failingJobs, failingJobs, median.Round(time.Millisecond), slowJobs, slowJobs, snapshot.SlowFloor, floorWork.Seconds(), ceiling, concurrency, 100*ceiling/ideal, ideal)
-	t.Logf("the main lane's work in this run: prompt answers %.0fs, 503s %.0fs (%.0fs with the retries), %d slow requests that left it at the threshold (%s) %.0fs: %.0f slot-seconds, %.0f heals/s at most (%.0f%% of %.0f/s); reached %.0f%% of it, main lane %.1f of %d slots in flight on average",
-		busy["prompt"].Seconds(), (time.Duration(failingJobs) * median).Seconds(), busy["failing"].Seconds(), leftMain, lanes.SlowAfter.Round(time.Millisecond), slowInMain.Seconds(),
+	t.Logf("the main lane's work in this run: prompt answers %.0fs, 503s %.0fs (%.0fs with the retries), %d slow requests that left it at the threshold (%s on average) %.0fs: %.0f slot-seconds, %.0f heals/s at most (%.0f%% of %.0f/s); reached %.0f%% of it, main lane %.1f of %d slots in flight on average",
+		busy["prompt"].Seconds(), (time.Duration(failingJobs) * median).Seconds(), busy["failing"].Seconds(), leftMain, meanAfter.Round(time.Millisecond), slowInMain.Seconds(),
 		mainWork.Seconds(), mainBound, 100*mainBound/ideal, ideal, 100*throughput/mainBound, mainOccupancy, concurrency)
 	t.Logf("phase 1 requests: %d (%.0f/s); slow answers in flight %.0fs in all (each until cut, or --snapshot-timeout in the slow lane)",
 		inPhase1, float64(inPhase1)/window, busy["slow"].Seconds())
@@ -469,11 +474,13 @@ func TestScaleTenThousandHeldJobs(t *testing.T) {
 	require.Less(t, res.maxRSS.Load(), int64(256<<20), "peak RSS")
 	require.Less(t, res.maxOwn.Load(), bound, "peak goroutines")
 	require.Positive(t, lanes.Moved, "no slow request moved to the slow lane")
-	// What the design guarantees: a slow job costs the main lane one
-	// threshold, not one per attempt (its later requests start in the
-	// slow lane); the main lane stays busy while jobs wait; and the heals
-	// come at 80% of what the main lane allows for the work it had.
-	require.LessOrEqual(t, leftMain, int64(slowJobs+slowJobs/4),
+	// What the design guarantees: a slow job costs the main lane a
+	// threshold when it is found slow, and at most once more, on a main
+	// slot with nothing else to do; then its requests start in the slow
+	// lane, not in the main one at every attempt. The main lane stays
+	// busy while jobs wait, and the heals come at 80% of what the main
+	// lane allows for the work it had.
+	require.LessOrEqual(t, leftMain, int64(2*slowJobs),
 		"slow jobs left the main lane %d times: their later requests started there again", leftMain)
 	require.GreaterOrEqual(t, mainOccupancy, 0.8*concurrency, "main slots idle while jobs waited")
 	require.GreaterOrEqual(t, throughput, 0.8*mainBound,

@@ -53,8 +53,8 @@ type Client struct {
 	// past SlowMedians times the median answer time (at least SlowFloor)
 	// stop counting against MaxConcurrent and count here instead, so slow
 	// answers do not hold the main slots while prompt ones wait. Such a
-	// request is cut, with an error matching [ErrSlow], when the slow lane
-	// is full, or once it has run MovedThresholds times the threshold.
+	// request is cut when the slow lane is full ([ErrSlowLaneFull]), or
+	// once it has run MovedThresholds times the threshold ([ErrSlow]).
 	// Requests of jobs known to be slow start here ([InSlowLane]), in up
 	// to half of it, and run to Timeout. Zero means no slow lane. It is
 	// read on the first Fetch.
@@ -312,18 +312,18 @@ func (c *Client) gone(ctx, reqCtx context.Context, timeout time.Duration, body i
 }
 
 // transportError makes a failed request's error say whose deadline ran
-// out. The caller's cancellation is permanent, and so is a cut for
-// slowness (asked again at once, the request would start in the main lane
-// again); everything else is retried. A cut and a timeout match [ErrSlow].
+// out. The caller's cancellation is permanent, and so is a cut (asked
+// again at once, the request would start in the main lane again);
+// everything else is retried. A timeout matches [ErrSlow].
 func (c *Client) transportError(ctx, reqCtx context.Context, timeout time.Duration, err error) error {
 	if ctx.Err() != nil {
 		return backoff.Permanent(ctx.Err())
 	}
-	if cause := context.Cause(reqCtx); errors.Is(cause, ErrSlow) {
+	if cause := context.Cause(reqCtx); errors.Is(cause, ErrSlow) || errors.Is(cause, ErrSlowLaneFull) {
 		return backoff.Permanent(cause)
 	}
 	if errors.Is(reqCtx.Err(), context.DeadlineExceeded) {
-		return &slowError{msg: fmt.Sprintf("no answer within %s: %v", timeout, err), err: err}
+		return &slowError{msg: fmt.Sprintf("no answer within %s: %v", timeout, err), err: err, is: ErrSlow}
 	}
 	return err
 }

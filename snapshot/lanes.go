@@ -30,21 +30,29 @@ const (
 )
 
 // ErrSlow marks a request that ended without an answer because the
-// authority was slow to give one: it ran past Timeout, or past the slow
-// threshold while the slow lane was full and was cut. The job's next
-// request should start in the slow lane ([InSlowLane]), where it costs
-// the prompt answers nothing.
+// authority was slow to give one: it ran past Timeout, or it moved to the
+// slow lane and was still running at MovedThresholds times the slow
+// threshold. The job's next request should start in the slow lane
+// ([InSlowLane]), where it costs the prompt answers nothing.
 var ErrSlow = errors.New("the authority is slow to answer this job")
 
-// slowError is a request ended by slowness; it matches [ErrSlow].
+// ErrSlowLaneFull marks a request cut at the slow threshold because the
+// slow lane was full. It says nothing certain about the job (a prompt
+// answer delayed by a busy moment is cut too): its next request starts in
+// the main lane as before.
+var ErrSlowLaneFull = errors.New("cut at the slow threshold with the slow lane full")
+
+// slowError is a request ended by slowness; it matches is ([ErrSlow] or
+// [ErrSlowLaneFull]).
 type slowError struct {
 	msg string
 	err error
+	is  error
 }
 
 func (e *slowError) Error() string        { return e.msg }
 func (e *slowError) Unwrap() error        { return e.err }
-func (e *slowError) Is(target error) bool { return target == ErrSlow }
+func (e *slowError) Is(target error) bool { return target == e.is }
 
 type slowLaneKey struct{}
 
@@ -77,12 +85,13 @@ func startsSlow(ctx context.Context) bool {
 // ([InSlowLane]). One still running past the slow threshold leaves the
 // main lane: it moves to the slow lane (SlowConcurrent slots) when a slot
 // is free there, and is cut if it is still running at MovedThresholds
-// times the threshold; when the slow lane is full it is cut at once. A
-// cut ends the request with an error matching [ErrSlow]. Either way its
-// main slot goes to the next request, so slow answers never hold the main
-// lane longer than the threshold, and a job found slow costs the main lane
-// that much once: its next request starts in the slow lane, waits there
-// for a slot if need be, and runs to the client's Timeout. In flight there
+// times the threshold; when the slow lane is full it is cut at once
+// ([ErrSlowLaneFull]). Either way its main slot goes to the next request,
+// so slow answers never hold the main lane longer than the threshold. A
+// job found slow ([ErrSlow]: no answer in MovedThresholds times the
+// threshold, or by Timeout) costs the main lane that much once: its next
+// request starts in the slow lane, waits there for a slot if need be, and
+// runs to the client's Timeout. In flight there
 // are never more than MaxConcurrent + SlowConcurrent requests.
 type lanes struct {
 	main chan struct{} // one token per request counted in the main lane
@@ -192,7 +201,7 @@ func (f *flight) overdue(after time.Duration) {
 	default:
 		l.full.Add(1)
 		l.cut.Add(1)
-		f.cancel(&slowError{msg: fmt.Sprintf("no answer within %s, the slow threshold, while the slow lane was full: cut, its next request starts in the slow lane", after.Round(time.Millisecond))})
+		f.cancel(&slowError{msg: fmt.Sprintf("no answer within %s, the slow threshold, while the slow lane was full: cut", after.Round(time.Millisecond)), is: ErrSlowLaneFull})
 	}
 }
 
@@ -206,7 +215,7 @@ func (f *flight) overstay(total time.Duration) {
 		return
 	}
 	l.cut.Add(1)
-	f.cancel(&slowError{msg: fmt.Sprintf("no answer within %s, moved to the slow lane at the slow threshold: cut, its next request starts in the slow lane", total.Round(time.Millisecond))})
+	f.cancel(&slowError{msg: fmt.Sprintf("no answer within %s, moved to the slow lane at the slow threshold: cut, its next request starts in the slow lane", total.Round(time.Millisecond)), is: ErrSlow})
 }
 
 // release frees the request's slot.

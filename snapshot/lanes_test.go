@@ -112,7 +112,8 @@ func TestFetchSlowLaneMovesThenCuts(t *testing.T) {
 // A job known to be slow starts in the slow lane: it takes no main slot,
 // waits for a slow one, and only half the slow lane takes such requests,
 // the rest staying free for requests that move over. A request past the
-// threshold while the slow lane is full is cut at once with ErrSlow.
+// threshold while the slow lane is full is cut at once with
+// ErrSlowLaneFull.
 func TestFetchSlowLaneStarts(t *testing.T) {
 	t.Parallel()
 
@@ -139,7 +140,8 @@ func TestFetchSlowLaneStarts(t *testing.T) {
 	require.Eventually(t, func() bool { s := c.Lanes(); return s.Slow == 2 && s.Moved == 1 }, wait, time.Millisecond)
 	slow4 := fetchAsync(ctx, c, "slow-4")
 	err := receive(t, slow4, "the cut request's end")
-	require.ErrorIs(t, err, snapshot.ErrSlow)
+	require.ErrorIs(t, err, snapshot.ErrSlowLaneFull)
+	require.NotErrorIs(t, err, snapshot.ErrSlow, "a cut with the slow lane full says nothing certain about the job")
 	require.ErrorContains(t, err, "while the slow lane was full")
 	require.GreaterOrEqual(t, c.Lanes().Full, int64(1))
 	require.Len(t, a.asked("slow-4"), 1, "a cut request is not asked again by Fetch")
