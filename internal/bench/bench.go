@@ -84,6 +84,12 @@ type Writer struct {
 	EventsPerSecond float64 `json:"events_per_second"`
 	RatioToCopy     float64 `json:"ratio_to_copy"`
 	Note            string  `json:"note,omitempty"`
+	// WALBytes is the write-ahead log the server wrote during the run, and
+	// BlocksRead the table's and its indexes' blocks read into shared
+	// buffers (not found there), for the projector's lines: what a growing
+	// table costs shows in them.
+	WALBytes   int64 `json:"wal_bytes,omitempty"`
+	BlocksRead int64 `json:"blocks_read,omitempty"`
 }
 
 // Report is everything one run measured; its JSON is `projector bench --json`.
@@ -470,6 +476,10 @@ func (r *run) projector(ctx context.Context, topic string, hwm map[int]int64, tr
 			}
 		}
 	}
+	before, err := ioCounters(ctx, r.pool, st.JobsTable())
+	if err != nil {
+		return projected{}, err
+	}
 	elapsed, err := r.runUntil(ctx, p, st, hwm)
 	if mem != nil {
 		if r.cfg.CPUProfile != nil {
@@ -485,6 +495,12 @@ func (r *run) projector(ctx context.Context, topic string, hwm map[int]int64, tr
 	if err != nil {
 		return projected{}, fmt.Errorf("bench: %s: %w", name, err)
 	}
+	// Before the check, which reads the whole table.
+	time.Sleep(statsDelay)
+	after, err := ioCounters(ctx, r.pool, st.JobsTable())
+	if err != nil {
+		return projected{}, err
+	}
 	if r.cfg.tamper != nil {
 		if err := r.cfg.tamper(ctx, r.pool, st.JobsTable()); err != nil {
 			return projected{}, err
@@ -494,6 +510,7 @@ func (r *run) projector(ctx context.Context, topic string, hwm map[int]int64, tr
 		return projected{}, err
 	}
 	w := Writer{Name: name, Events: r.rep.Events, Seconds: elapsed.Seconds(), Note: "fetch, decode, fold, write, commit; checked exact"}
+	w.WALBytes, w.BlocksRead = after.wal-before.wal, after.blocks-before.blocks
 	r.add(w)
 	return projected{rate: r.rep.Writers[len(r.rep.Writers)-1].EventsPerSecond, store: st}, nil
 }
@@ -537,6 +554,26 @@ func startEngine(ctx context.Context, p *projection.Projector) *engineRun {
 }
 
 func (e *engineRun) stop() { e.cancel(); <-e.stopped }
+
+// io is the server's write-ahead log position and the blocks of a table
+// and its indexes read into shared buffers so far.
+type ioCount struct{ wal, blocks int64 }
+
+// ioCounters reads the server's counters for table. Block reads are
+// statistics each connection publishes at most once a second, so they are
+// read a little after a run ends (see statsDelay).
+const statsDelay = 1500 * time.Millisecond
+
+func ioCounters(ctx context.Context, pool *pgxpool.Pool, table string) (ioCount, error) {
+	var c ioCount
+	err := pool.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint,
+		coalesce((SELECT coalesce(heap_blks_read, 0) + coalesce(idx_blks_read, 0) + coalesce(toast_blks_read, 0) + coalesce(tidx_blks_read, 0)
+			FROM pg_statio_all_tables WHERE relid = to_regclass($1)), 0)`, table).Scan(&c.wal, &c.blocks)
+	if err != nil {
+		return c, fmt.Errorf("bench: server counters: %w", err)
+	}
+	return c, nil
+}
 
 func reached(ctx context.Context, st *store.Store, hwm map[int]int64) (bool, error) {
 	pos, err := st.Positions(ctx)
@@ -645,7 +682,11 @@ func Print(out io.Writer, rep *Report) {
 	fmt.Fprintln(out)
 	fmt.Fprintln(tw, "WRITER\tEVENTS\tSECONDS\tEVENTS/S\tx RAW COPY\tNOTE")
 	for _, w := range rep.Writers {
-		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%.2f\t%s\n", w.Name, w.Events, w.Seconds, w.EventsPerSecond, w.RatioToCopy, w.Note)
+		note := w.Note
+		if w.WALBytes > 0 {
+			note += fmt.Sprintf("; WAL %.0f MiB, %d blocks read", float64(w.WALBytes)/(1<<20), w.BlocksRead)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%.2f\t%s\n", w.Name, w.Events, w.Seconds, w.EventsPerSecond, w.RatioToCopy, note)
 	}
 	tw.Flush()
 	fmt.Fprintf(out, "\nprojector: %.2fx raw COPY, %.1fx the naive consumer; peak heap %s, peak RSS %s (broker: %s)\n",
