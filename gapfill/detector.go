@@ -54,6 +54,10 @@ type Gap struct {
 	LastErr     string
 	// InFlight is set while an attempt taken with [Detector.Take] runs.
 	InFlight bool
+	// Slow counts the attempts in a row whose request to the authority
+	// ended for want of a timely answer (see [Detector.Slow]); callers
+	// send a slow job's next request where it holds up no prompt one.
+	Slow int
 }
 
 type entry struct {
@@ -226,6 +230,21 @@ func (d *Detector) Failed(job string, now time.Time, last Step, err string) {
 		wait *= 2
 	}
 	d.schedule(e, now.Add(min(wait, d.policy.RetryMax)))
+}
+
+// Slow records whether the attempt that just ended for job found the
+// authority too slow to answer it: a slow one adds to the job's count, any
+// other answer resets it.
+func (d *Detector) Slow(job string, slow bool) {
+	e, ok := d.gaps[job]
+	if !ok {
+		return
+	}
+	if slow {
+		e.Slow++
+	} else {
+		e.Slow = 0
+	}
 }
 
 // Gaps returns a copy of every held job's record, sorted by job.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/internal/failpoint"
+	"github.com/projector/projector/snapshot"
 )
 
 // attemptPoll is how often a worker with attempts in flight looks for
@@ -18,15 +19,29 @@ const attemptPoll = 25 * time.Millisecond
 // authority in a queue no longer than this plus the fetchers.
 const rereadRound = 1000
 
+// A job whose request ends for slowness (snapshot.ErrSlow: no answer in 3
+// slow thresholds, or by --snapshot-timeout) is found slow. Found slow
+// once, its next request goes to whichever frees first of a slow fetcher
+// (its request starts in the slow lane) and a main fetcher no partition
+// has other work for: a prompt answer delayed past 3 thresholds by a
+// busy moment is then asked again soon, without waiting behind every slow
+// job for the slow lane, and without taking the main lane from jobs never
+// asked. Found slow twice in a row, its requests start in the slow lane
+// only. A request cut only because the slow lane was full
+// (snapshot.ErrSlowLaneFull) says nothing of the job: its count stays, and
+// a job never found slow is asked in the main lane again.
+
 // attempts runs a partition's gap attempts in the background, each job on
 // its own: the jobs due in a round are re-read together (the store once,
 // the log in one pass), then each one left open goes to the instance's
-// fixed pool of fetchers that ask the authority, oldest due first. Every
-// result is handed back to the worker as soon as it is ready, to join its
-// next batch, so a slow or failing answer for one job holds up no other
-// beyond the concurrency limit. The goroutines are fixed (one re-reader
-// per partition, 3 x --snapshot-concurrency fetchers per instance) and the
-// work queued or in flight is bounded, however many jobs are held.
+// fixed pool of fetchers that ask the authority, oldest due first; a job
+// the authority was repeatedly too slow to answer goes to the pool's slow
+// fetchers instead, whose requests start in the slow lane. Every result is
+// handed back to the worker as soon as it is ready, to join its next
+// batch, so a slow or failing answer for one job holds up no other beyond
+// the concurrency limit. The goroutines are fixed (one re-reader per
+// partition, the fetchers per instance, see [fetchPoolSizes]) and the work
+// queued or in flight is bounded, however many jobs are held.
 //
 // Only the worker's goroutine calls its methods; the goroutines it starts
 // talk to it through channels.
@@ -37,22 +52,36 @@ type attempts struct {
 	snapshot bool
 	fetchers int
 
-	rereadIn  chan []gapfill.Attempt
+	rereadIn  chan rereadRoundOf
 	rereading bool
 	pool      *fetchPool
 	ctx       context.Context
 	fetching  int
 	// pending are re-read attempts waiting for a free fetcher, oldest due
-	// first.
-	pending []gapfill.Attempt
+	// first; pendingLow those of jobs found slow once, pendingSlow those
+	// of jobs found slow again (see queue).
+	pending, pendingLow, pendingSlow []gapfill.Attempt
+	// lowTurn alternates the slow fetchers between pendingLow and
+	// pendingSlow, so neither waits for ever behind the other.
+	lowTurn bool
 	// out carries finished work back: re-read rounds and single answers.
 	out chan finished
+	// gen counts resets: work started before the last one reports under
+	// an older gen and is dropped.
+	gen int
+}
+
+// rereadRoundOf is a round of attempts to re-read, started under gen.
+type rereadRoundOf struct {
+	atts []gapfill.Attempt
+	gen  int
 }
 
 // finished is a re-read round or one fetcher's answer.
 type finished struct {
 	fetched bool
 	atts    []gapfill.Attempt
+	gen     int
 }
 
 // startAttempts starts the partition's attempt goroutines; they stop when
@@ -67,11 +96,12 @@ func (w *worker) startAttempts(ctx context.Context, wg *sync.WaitGroup) *attempt
 		a.snapshot = a.snapshot || s == gapfill.StepSnapshot
 	}
 	a.fetchers = max(a.pool.size(), 1)
-	// At most one re-read round and a.fetchers answers are outstanding,
-	// so out never blocks the goroutines that send on it.
+	// At most one re-read round and a.fetchers answers (the pool's
+	// fetchers and queues) are outstanding, so out never blocks the
+	// goroutines that send on it.
 	a.out = make(chan finished, a.fetchers+1)
 	if a.reread {
-		a.rereadIn = make(chan []gapfill.Attempt, 1) // one round at a time: never blocks
+		a.rereadIn = make(chan rereadRoundOf, 1) // one round at a time: never blocks
 		wg.Go(func() {
 			for {
 				select {
@@ -80,10 +110,10 @@ func (w *worker) startAttempts(ctx context.Context, wg *sync.WaitGroup) *attempt
 				case round := <-a.rereadIn:
 					failpoint.Hit(failpoint.GapAttempt)
 					start := time.Now()
-					a.resolver.Reread(ctx, round, start)
-					w.log.Debug("re-read round", "jobs", len(round), "took", time.Since(start))
+					a.resolver.Reread(ctx, round.atts, start)
+					w.log.Debug("re-read round", "jobs", len(round.atts), "took", time.Since(start))
 					select {
-					case a.out <- finished{atts: round}:
+					case a.out <- finished{atts: round.atts, gen: round.gen}:
 					case <-ctx.Done():
 						return
 					}
@@ -96,11 +126,21 @@ func (w *worker) startAttempts(ctx context.Context, wg *sync.WaitGroup) *attempt
 
 // busy reports whether any attempt is queued or in flight.
 func (a *attempts) busy() bool {
-	return a.rereading || a.fetching > 0 || len(a.pending) > 0
+	return a.rereading || a.fetching > 0 || len(a.pending) > 0 || len(a.pendingLow) > 0 || len(a.pendingSlow) > 0
+}
+
+// canTake reports whether the next [attempts.schedule] would take due
+// jobs: no re-read round runs and the queues have room. While it cannot,
+// a due job is no reason to wake early.
+func (a *attempts) canTake() bool {
+	return a.resolver != nil && !a.rereading &&
+		len(a.pending) < max(a.fetchers, rereadRound/4) && len(a.pendingLow)+len(a.pendingSlow) < rereadRound
 }
 
 // collect returns the attempts that ended since the last call; re-read
-// attempts left open wait for the authority.
+// attempts left open wait for the authority. Work started before the last
+// reset is dropped: the detector it was taken from is gone, and the jobs
+// it was for are due afresh.
 func (a *attempts) collect(w *worker) []gapfill.Resolution {
 	var res []gapfill.Resolution
 	for {
@@ -108,10 +148,16 @@ func (a *attempts) collect(w *worker) []gapfill.Resolution {
 		case done := <-a.out:
 			if done.fetched {
 				a.fetching--
+			} else {
+				a.rereading = false
+			}
+			if done.gen != a.gen {
+				continue
+			}
+			if done.fetched {
 				res = append(res, done.atts[0].Res)
 				continue
 			}
-			a.rereading = false
 			for _, att := range done.atts {
 				if att.Res.Closed || !a.snapshot {
 					res = append(res, att.Res)
@@ -119,11 +165,25 @@ func (a *attempts) collect(w *worker) []gapfill.Resolution {
 				}
 				// The re-read did not close it: what it found still
 				// counts, and the authority is asked next.
-				a.pending = append(a.pending, att)
+				a.queue(w, att)
 			}
 		default:
 			return res
 		}
+	}
+}
+
+// queue puts an attempt in line for a fetcher, by how many times in a row
+// the job was found slow.
+func (a *attempts) queue(w *worker, att gapfill.Attempt) {
+	g, _ := w.detector.Gap(att.Job.ID)
+	switch {
+	case g.Slow == 0 || a.pool.slowSize() == 0:
+		a.pending = append(a.pending, att)
+	case g.Slow == 1:
+		a.pendingLow = append(a.pendingLow, att)
+	default:
+		a.pendingSlow = append(a.pendingSlow, att)
 	}
 }
 
@@ -137,7 +197,7 @@ func (a *attempts) schedule(w *worker) {
 	now := time.Now()
 	// The next round is re-read while the fetchers still have work, so
 	// they do not wait for it.
-	if !a.rereading && len(a.pending) < max(a.fetchers, rereadRound/4) {
+	if a.canTake() {
 		if ids := w.detector.Take(now, rereadRound); len(ids) > 0 {
 			round := make([]gapfill.Attempt, 0, len(ids))
 			for _, id := range ids {
@@ -154,97 +214,156 @@ func (a *attempts) schedule(w *worker) {
 			case len(round) == 0:
 			case a.reread:
 				a.rereading = true
-				a.rereadIn <- round
+				a.rereadIn <- rereadRoundOf{atts: round, gen: a.gen}
 			default:
-				a.pending = append(a.pending, round...)
+				for _, att := range round {
+					a.queue(w, att)
+				}
 			}
 		}
 	}
-	for len(a.pending) > 0 && a.fetching < a.fetchers {
-		att := a.pending[0]
+	a.pending = a.offer(w, a.pending, false)
+	if len(a.pending) == 0 && a.pool.mainIdle() {
+		// Main fetchers no partition has offered other work to.
+		a.pendingLow = a.offer(w, a.pendingLow, false)
+	}
+	// Slow fetchers: each queue goes first every other turn.
+	if a.lowTurn {
+		a.pendingLow = a.offer(w, a.pendingLow, true)
+	}
+	a.pendingSlow = a.offer(w, a.pendingSlow, true)
+	a.pendingLow = a.offer(w, a.pendingLow, true)
+	a.lowTurn = !a.lowTurn
+}
+
+// offer hands queued attempts to idle fetchers, in order, and returns
+// those left waiting.
+func (a *attempts) offer(w *worker, queue []gapfill.Attempt, slow bool) []gapfill.Attempt {
+	for len(queue) > 0 && a.fetching < a.fetchers {
+		att := queue[0]
 		if _, held := w.detector.Gap(att.Job.ID); held {
-			if !a.pool.offer(fetchJob{ctx: a.ctx, att: att, out: a.out}) {
+			if !a.pool.offer(fetchJob{ctx: a.ctx, att: att, out: a.out, slow: slow, gen: a.gen}) {
 				break // every fetcher is busy: the rest wait, in order
 			}
 			a.fetching++
 		}
 		// else: it closed while it waited.
-		a.pending[0] = gapfill.Attempt{}
-		a.pending = a.pending[1:]
+		queue[0] = gapfill.Attempt{}
+		queue = queue[1:]
 	}
-	if len(a.pending) == 0 {
-		a.pending = nil
+	if len(queue) == 0 {
+		return nil
 	}
+	return queue
 }
 
 // reset forgets queued attempts: the detector they were taken from was
-// reset. Attempts in flight still report, harmlessly.
+// reset. Attempts in flight run on (the goroutines cannot be called back)
+// but their results are dropped when they report: their jobs are due
+// afresh in the new detector, and a stale result would end an attempt
+// that is not theirs. Until they report they count against the limits.
 func (a *attempts) reset() {
-	a.pending = nil
+	a.pending, a.pendingLow, a.pendingSlow = nil, nil, nil
+	a.gen++
 }
 
-// fetchPool is the instance's fetchers (see [fetchPoolSize]). Workers offer
-// attempts without blocking; each answer goes back to the worker that
-// offered it, unless that worker has stopped.
+// fetchPool is the instance's fetchers (see [fetchPoolSizes]). Workers
+// offer attempts without blocking; each answer goes back to the worker
+// that offered it, unless that worker has stopped.
 type fetchPool struct {
-	resolver *gapfill.Resolver
-	in       chan fetchJob
-	n        int
+	resolver     *gapfill.Resolver
+	in, slowIn   chan fetchJob
+	main, slowed int
 }
 
-// fetchPoolSize is the size of the instance's fetch pool for a given
-// --snapshot-concurrency c: c for the requests in the main lane, c more
-// for those moved to the slow lane (the snapshot client's lanes keep the
-// requests in flight to these two limits), and c again so that fetches
-// waiting out a retry backoff, which hold no request slot, do not leave
-// the authority's slots idle.
-func fetchPoolSize(c int) int { return 3 * c }
+// fetchPoolSizes are the sizes of the instance's fetch pool for a given
+// --snapshot-concurrency c. Main fetchers: c for the requests in the main
+// lane, c for those that moved on to the slow lane (a request keeps its
+// fetcher when it moves), and c so that fetches waiting out a retry
+// backoff, which hold no request slot, do not leave the main lane idle.
+// Slow fetchers: one for each slot of the slow lane (as wide as the main
+// one) that takes requests started there, half of it.
+func fetchPoolSizes(c int) (main, slow int) { return 3 * c, snapshot.SlowStarts(c) }
 
-// size is the number of fetchers; 0 for no pool.
+// size is how many attempts the pool takes at once: its fetchers and the
+// queues in front of them; 0 for no pool.
 func (p *fetchPool) size() int {
 	if p == nil {
 		return 0
 	}
-	return p.n
+	return p.main + p.slowed + cap(p.in) + cap(p.slowIn)
+}
+
+// mainIdle reports whether no attempt waits for a main fetcher.
+func (p *fetchPool) mainIdle() bool {
+	return p != nil && len(p.in) == 0
+}
+
+// slowSize is the number of slow fetchers; 0 for no pool.
+func (p *fetchPool) slowSize() int {
+	if p == nil {
+		return 0
+	}
+	return p.slowed
 }
 
 type fetchJob struct {
 	ctx context.Context
 	att gapfill.Attempt
 	out chan<- finished
+	// slow sends the request to the slow lane; gen is the offering
+	// worker's attempts generation.
+	slow bool
+	gen  int
 }
 
-// startFetchPool starts n fetchers that run until ctx ends; wg waits for
-// them.
-func startFetchPool(ctx context.Context, wg *sync.WaitGroup, r *gapfill.Resolver, n int) *fetchPool {
-	p := &fetchPool{resolver: r, in: make(chan fetchJob), n: n}
-	for range n {
-		wg.Go(func() {
-			for {
+// startFetchPool starts main + slow fetchers that run until ctx ends; wg
+// waits for them.
+func startFetchPool(ctx context.Context, wg *sync.WaitGroup, r *gapfill.Resolver, main, slow int) *fetchPool {
+	// A short queue in front of each kind of fetcher: a fetcher that
+	// finishes takes the next attempt at once, rather than waiting for a
+	// worker's next turn to offer one.
+	p := &fetchPool{resolver: r, in: make(chan fetchJob, main), slowIn: make(chan fetchJob, slow), main: main, slowed: slow}
+	fetcher := func(in <-chan fetchJob) {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case job := <-in:
+				failpoint.Hit(failpoint.GapAttempt)
+				fctx := job.ctx
+				if job.slow {
+					fctx = snapshot.InSlowLane(fctx)
+				}
+				p.resolver.Authority(fctx, &job.att, time.Now())
 				select {
-				case <-ctx.Done():
-					return
-				case job := <-p.in:
-					failpoint.Hit(failpoint.GapAttempt)
-					p.resolver.Authority(job.ctx, &job.att, time.Now())
-					select {
-					case job.out <- finished{fetched: true, atts: []gapfill.Attempt{job.att}}:
-					case <-job.ctx.Done():
-					}
+				case job.out <- finished{fetched: true, atts: []gapfill.Attempt{job.att}, gen: job.gen}:
+				case <-job.ctx.Done():
 				}
 			}
-		})
+		}
+	}
+	for range main {
+		wg.Go(func() { fetcher(p.in) })
+	}
+	for range slow {
+		wg.Go(func() { fetcher(p.slowIn) })
 	}
 	return p
 }
 
-// offer hands job to an idle fetcher, or reports that none is idle.
+// offer hands job to an idle fetcher of its kind, or queues it for the
+// next free one, or reports that the queue is full.
 func (p *fetchPool) offer(job fetchJob) bool {
 	if p == nil {
 		return false
 	}
+	in := p.in
+	if job.slow {
+		in = p.slowIn
+	}
 	select {
-	case p.in <- job:
+	case in <- job:
 		return true
 	default:
 		return false

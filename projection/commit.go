@@ -9,6 +9,7 @@ import (
 
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/internal/failpoint"
+	"github.com/projector/projector/snapshot"
 	"github.com/projector/projector/store"
 )
 
@@ -106,6 +107,10 @@ func (w *worker) reschedule(res []gapfill.Resolution) {
 		reason := errString(r.Err)
 		if reason == "" {
 			reason = "still held after " + string(r.Last)
+		}
+		// A cut with the slow lane full says nothing of the job.
+		if r.Last == gapfill.StepSnapshot && !errors.Is(r.Err, snapshot.ErrSlowLaneFull) {
+			w.detector.Slow(r.JobID, errors.Is(r.Err, snapshot.ErrSlow))
 		}
 		w.detector.Failed(r.JobID, now, r.Last, reason)
 		if after, _ := w.detector.Gap(r.JobID); after.Attempts > g.Attempts {

@@ -16,7 +16,10 @@ func (w *worker) fetch(ctx context.Context) []Record {
 		// Answers join the next batch as soon as they are ready.
 		wait = attemptPoll
 	}
-	if due, ok := w.detector.NextDue(); ok && time.Until(due) < wait {
+	// A job falling due wakes the worker only if it can be taken then:
+	// while the attempts' queues are full, it waits for room like the
+	// rest, rather than waking the worker every few milliseconds.
+	if due, ok := w.detector.NextDue(); ok && time.Until(due) < wait && (w.attempts == nil || w.attempts.canTake()) {
 		wait = max(time.Until(due), 10*time.Millisecond)
 	}
 	recs, err := w.src.Fetch(ctx, wait)

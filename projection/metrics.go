@@ -101,9 +101,13 @@ var (
 	descAuthoritySlowMoves = prometheus.NewDesc("projector_authority_slow_lane_moves_total",
 		"Requests to the authority that ran past the slow threshold and moved to the slow lane, freeing their main slot.", nil, nil)
 	descAuthoritySlowFull = prometheus.NewDesc("projector_authority_slow_lane_full_total",
-		"Requests to the authority that ran past the slow threshold while the slow lane was full, and so kept their main slot until a slow slot freed or they ended.", nil, nil)
+		"Requests to the authority that ran past the slow threshold while the slow lane was full, and so were cut (counted in projector_authority_slow_cut_total too).", nil, nil)
+	descAuthoritySlowCut = prometheus.NewDesc("projector_authority_slow_cut_total",
+		"Requests to the authority cut for slowness: past the slow threshold with the slow lane full, or moved to it and still running at 3 x the threshold. The job's next request starts in the slow lane.", nil, nil)
+	descAuthoritySlowStarts = prometheus.NewDesc("projector_authority_slow_lane_starts_total",
+		"Requests to the authority started in the slow lane, for jobs whose last request was cut or timed out; they run to --snapshot-timeout.", nil, nil)
 	descAuthoritySlowAfter = prometheus.NewDesc("projector_authority_slow_after_seconds",
-		"How long a request to the authority runs before it moves to the slow lane: 3 x the median of the last 64 answers, at least 0.05; 0 until 8 answers have been seen.", nil, nil)
+		"How long a request to the authority runs before it leaves the main lane: 3 x the median of the last 64 answers, at least 0.05; 0 until 8 answers have been seen.", nil, nil)
 	descDBErrors = prometheus.NewDesc("projector_database_errors_total",
 		"Failed PostgreSQL operations (batches, claims, reloads, pings); each is retried.", nil, nil)
 	descStalls = prometheus.NewDesc("projector_stalls_total",
@@ -173,7 +177,9 @@ func (c *projectorCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descAuthorityInFlight, float64(l.Main), "main")
 		gauge(descAuthorityInFlight, float64(l.Slow), "slow")
 		counter(descAuthoritySlowMoves, l.Moved)
-		counter(descAuthoritySlowFull, l.Kept)
+		counter(descAuthoritySlowFull, l.Full)
+		counter(descAuthoritySlowCut, l.Cut)
+		counter(descAuthoritySlowStarts, l.Started)
 		gauge(descAuthoritySlowAfter, l.SlowAfter.Seconds())
 	}
 	counter(descDBErrors, k.DatabaseErrors)

@@ -107,9 +107,10 @@ func New(cfg Config) (*Projector, error) {
 			}
 			sc.Timeout = cfg.SnapshotTimeout
 			sc.MaxConcurrent = cfg.SnapshotConcurrency
-			// A request running past a few median answer times moves to
-			// a slow lane as wide as the main one, and frees its slot
-			// for the prompt answers behind it.
+			// A request running past a few median answer times leaves
+			// the main lane for a slow lane as wide, or is cut when that
+			// is full, and frees its slot for the prompt answers behind
+			// it; jobs found slow start there.
 			sc.SlowConcurrent = cfg.SnapshotConcurrency
 			// Connections to the authority are kept for reuse, one for
 			// every slot of both lanes, rather than dialled afresh for
@@ -165,7 +166,8 @@ func (p *Projector) run(ctx context.Context) error {
 	fctx, stopFetchers := context.WithCancel(context.Background())
 	var fetchers sync.WaitGroup
 	if p.resolver != nil && p.resolver.Snapshots != nil {
-		p.fetchers = startFetchPool(fctx, &fetchers, p.resolver, fetchPoolSize(cfg.SnapshotConcurrency))
+		main, slow := fetchPoolSizes(cfg.SnapshotConcurrency)
+		p.fetchers = startFetchPool(fctx, &fetchers, p.resolver, main, slow)
 	}
 	defer fetchers.Wait()
 	defer stopFetchers()

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/projector/projector/snapshot"
 )
 
 // runsScale reports whether -run names the scale tests explicitly: they
@@ -38,7 +40,8 @@ type scaleAuthority struct {
 
 	mu        sync.Mutex
 	firstAsk  map[string]time.Time
-	spans     []span // when each request was in flight
+	asks      map[string]int // requests for each job
+	spans     []span         // when each request was in flight
 	promptDur []time.Duration
 	requests  int
 }
@@ -63,6 +66,7 @@ func (a *scaleAuthority) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	a.mu.Lock()
 	a.requests++
+	a.asks[id]++
 	if _, ok := a.firstAsk[id]; !ok {
 		a.firstAsk[id] = start
 	}
@@ -93,6 +97,13 @@ func (a *scaleAuthority) serve(w http.ResponseWriter, r *http.Request) {
 		a.promptDur = append(a.promptDur, d)
 	}
 	a.mu.Unlock()
+}
+
+// first reports whether any job has been asked for yet.
+func (a *scaleAuthority) first() (int, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.requests, a.requests > 0
 }
 
 type span struct {
@@ -194,7 +205,7 @@ func TestScaleTenThousandHeldJobs(t *testing.T) {
 		concurrency = 32
 		gapWait     = time.Second
 	)
-	auth := &scaleAuthority{prompt: 20 * time.Millisecond, done: make(chan struct{}), firstAsk: map[string]time.Time{}}
+	auth := &scaleAuthority{prompt: 20 * time.Millisecond, done: make(chan struct{}), firstAsk: map[string]time.Time{}, asks: map[string]int{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /jobs/{id}", auth.serve)
 	srv := httptest.NewServer(mux)
@@ -245,6 +256,31 @@ func TestScaleTenThousandHeldJobs(t *testing.T) {
 		c.Logger = quietLogger(t)
 	}))
 
+	// The lanes' occupancy, sampled every 10 ms until phase 1 ends.
+	var laneSamples, mainBusy, slowBusyN, slowAfterSum atomic.Int64
+	lctx, stopLanes := context.WithCancel(context.Background())
+	var laneSampling sync.WaitGroup
+	laneSampling.Go(func() {
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-lctx.Done():
+				return
+			case <-tick.C:
+			}
+			if _, asked := auth.first(); !asked {
+				continue
+			}
+			l := run.p.snapshots.Lanes()
+			laneSamples.Add(1)
+			mainBusy.Add(int64(l.Main))
+			slowBusyN.Add(int64(l.Slow))
+			slowAfterSum.Add(int64(l.SlowAfter))
+		}
+	})
+	defer func() { stopLanes(); laneSampling.Wait() }()
+
 	healed := func() map[string]time.Time {
 		rows, err := r.store.Pool().Query(context.Background(),
 			`SELECT job_id, updated_at FROM `+r.store.JobsTable()+` WHERE version = 3`)
@@ -284,6 +320,9 @@ func TestScaleTenThousandHeldJobs(t *testing.T) {
 		return n == prompt, fmt.Sprintf("%d of %d promptly answered jobs healed", n, prompt)
 	})
 	phase1End := time.Now()
+	lanes1 := run.p.snapshots.Lanes()
+	stopLanes()
+	laneSampling.Wait()
 	require.Zero(t, countKind(phase1, "slow")+countKind(phase1, "failing"), "a job healed although the authority never answered it")
 
 	// Phase 2: the authority answers every job.
@@ -316,10 +355,24 @@ func TestScaleTenThousandHeldJobs(t *testing.T) {
 			}
 		}
 	}
+	// When the authority was first asked for each promptly answered
+	// job, from the first request on: the pace at which jobs reached it;
+	// and how many of them it was asked for more than once, by a cut
+	// or an answer delayed past the timeout.
+	var asked []time.Duration
+	var promptAgain int
+	for id, k := range kinds {
+		if ask, ok := auth.firstAsk[id]; ok && k == "prompt" {
+			asked = append(asked, ask.Sub(firstAsk))
+			if auth.asks[id] > 1 {
+				promptAgain++
+			}
+		}
+	}
 	median := percentile(auth.promptDur, 0.5)
-	// The time requests were in flight during phase 1: all of them, and
-	// the slow ones (each until --snapshot-timeout).
-	var busy, slowBusy time.Duration
+	// The time requests were in flight during phase 1, by the kind of
+	// job asked for.
+	busy := map[string]time.Duration{}
 	var inPhase1 int
 	for _, s := range auth.spans {
 		end := s.start.Add(s.d)
@@ -327,45 +380,80 @@ func TestScaleTenThousandHeldJobs(t *testing.T) {
 			end = lastPromptHeal
 		}
 		if end.After(s.start) {
-			busy += end.Sub(s.start)
-			if s.kind == "slow" {
-				slowBusy += end.Sub(s.start)
-			}
+			busy[s.kind] += end.Sub(s.start)
 			inPhase1++
 		}
 	}
 	requests := auth.requests
 	auth.mu.Unlock()
 
-	lanes := run.p.snapshots.Lanes()
-	slots := 2 * concurrency // the main lane and the slow lane, as wide
+	lanes := lanes1
+	slowJobs, failingJobs := jobs/10, jobs/20
 	window := lastPromptHeal.Sub(firstAsk).Seconds()
 	throughput := float64(prompt) / window
 	ideal := float64(concurrency) / median.Seconds()
-	// The most the two lanes allow for this mix: the requests phase 1
-	// needed (the slow ones in flight until --snapshot-timeout whatever
-	// the scheduler does) packed into every slot of both lanes.
-	lanesBound := float64(prompt) / (busy.Seconds() / float64(slots))
-	utilisation := busy.Seconds() / (float64(slots) * window)
+	// The main lane's work in phase 1: the prompt answers, the 503s, and
+	// for every request of a slow job that started there, the slow
+	// threshold it ran before it left (moved, or cut with the slow lane
+	// full). Requests of jobs found slow start in the slow lane and cost
+	// it nothing.
+	leftMain := lanes.Moved + lanes.Full
+	var meanAfter time.Duration
+	if n := laneSamples.Load(); n > 0 {
+		meanAfter = time.Duration(slowAfterSum.Load() / n)
+	}
+	slowInMain := time.Duration(leftMain) * meanAfter
+	mainWork := busy["prompt"] + busy["failing"] + slowInMain
+	mainBound := float64(prompt) / (mainWork.Seconds() / concurrency)
+	// The ceiling of any scheduler that keeps --snapshot-concurrency
+	// requests in flight, not counting the ones it knows to be slow: the
+	// prompt answers, one 503 for each failing job, and for each slow job
+	// one request run to the slow threshold (at least SlowFloor), since a
+	// job cannot be told slow before. Packed with no idle slot, this is
+	// the most phase 1 can reach; it is under 80% of
+	// --snapshot-concurrency / median for this mix.
+	floorWork := busy["prompt"] + time.Duration(failingJobs)*median + time.Duration(slowJobs)*snapshot.SlowFloor
+	ceiling := float64(prompt) / (floorWork.Seconds() / concurrency)
+	mainOccupancy := 0.0
+	if n := laneSamples.Load(); n > 0 {
+		mainOccupancy = float64(mainBusy.Load()) / float64(n)
+	}
 	healedLate := jobs - len(phase1)
 	phase2Rate := float64(healedLate) / phase2End.Sub(phase2Start).Seconds()
 	// The projector's goroutines: a fixed set, 8 per partition (worker,
-	// re-reader, kafka-go's readers), and per slot of the authority's two
-	// lanes the fetch pool's fetchers and a connection's two goroutines.
+	// re-reader, kafka-go's readers), the fetch pool's fetchers (see
+	// fetchPoolSizes: 3 per main slot, 1 per slow slot that takes started
+	// requests), and per slot of the authority's two lanes a
+	// connection's two goroutines.
 	perPartition := int64(8)
-	bound := 200 + perPartition*partitions + int64(fetchPoolSize(concurrency)) + 2*int64(slots)
+	slots := 2 * concurrency // the main lane and the slow lane, as wide
+	mainFetchers, slowFetchers := fetchPoolSizes(concurrency)
+	fetchers := mainFetchers + slowFetchers
+	bound := 200 + perPartition*partitions + int64(fetchers) + 2*int64(slots)
 	t.Logf("scale run: %d held jobs on %d partitions, --snapshot-concurrency %d (slow lane as wide), --gap-wait %s, started %s", jobs, partitions, concurrency, gapWait, started.Format(time.RFC3339))
 	t.Logf("phase 1 (10%% slow, 5%% 503): %d promptly answered jobs healed in %.1fs; heal time from first request p50 %s p95 %s p99 %s max %s",
 		prompt, phase1End.Sub(started).Seconds(), percentile(promptHeal, 0.5), percentile(promptHeal, 0.95), percentile(promptHeal, 0.99), percentile(promptHeal, 1))
 	t.Logf("phase 1 heal throughput: %.0f/s; --snapshot-concurrency / median answer (%s) = %.0f/s: %.0f%% (issue 7 asks for 80%%)",
 		throughput, median, ideal, 100*throughput/ideal)
-	t.Logf("phase 1 requests: %d (%.0f/s), in flight %.0fs in all, %.0fs of it slow answers held to --snapshot-timeout; the most both lanes (%d slots) allow for this mix: %.0f heals/s (%.0f%% of %.0f/s); reached %.0f%% of it, slots busy %.0f%% of the time",
-		inPhase1, float64(inPhase1)/window, busy.Seconds(), slowBusy.Seconds(), slots, lanesBound, 100*lanesBound/ideal, ideal, 100*throughput/lanesBound, 100*utilisation)
-	t.Logf("slow lane: threshold %s at the end, %d requests moved to it, %d ran past the threshold while it was full", lanes.SlowAfter, lanes.Moved, lanes.Kept)
+	t.Logf("why 80%% is out of reach: even packed with no idle slot, the main lane must carry the prompt answers (%.0fs), a 503 for each of the %d failing jobs (%d x %s) and, for each of the %d slow jobs, one request up to the slow threshold before it can be told slow (%d x at least %s): %.0f slot-seconds, %.0f heals/s at most with %d slots, %.0f%% of %.0f/s",
+		busy["prompt"].Seconds(), failingJobs, failingJobs, median.Round(time.Millisecond), slowJobs, slowJobs, snapshot.SlowFloor, floorWork.Seconds(), ceiling, concurrency, 100*ceiling/ideal, ideal)
+	t.Logf("the main lane's work in this run: prompt answers %.0fs, 503s %.0fs (%.0fs with the retries), %d slow requests that left it at the threshold (%s on average) %.0fs: %.0f slot-seconds, %.0f heals/s at most (%.0f%% of %.0f/s); reached %.0f%% of it, main lane %.1f of %d slots in flight on average",
+		busy["prompt"].Seconds(), (time.Duration(failingJobs) * median).Seconds(), busy["failing"].Seconds(), leftMain, meanAfter.Round(time.Millisecond), slowInMain.Seconds(),
+		mainWork.Seconds(), mainBound, 100*mainBound/ideal, ideal, 100*throughput/mainBound, mainOccupancy, concurrency)
+	t.Logf("phase 1 requests: %d (%.0f/s); slow answers in flight %.0fs in all (each until cut, or --snapshot-timeout in the slow lane)",
+		inPhase1, float64(inPhase1)/window, busy["slow"].Seconds())
+	t.Logf("first requests for the promptly answered jobs, from the first request: half by %s, 90%% by %s, all by %s; %d of them asked more than once",
+		percentile(asked, 0.5).Round(time.Millisecond), percentile(asked, 0.9).Round(time.Millisecond), percentile(asked, 1).Round(time.Millisecond), promptAgain)
+	if n := laneSamples.Load(); n > 0 {
+		t.Logf("lanes sampled every 10 ms in phase 1: main lane %.1f of %d slots in flight on average, slow lane %.1f of %d",
+			mainOccupancy, concurrency, float64(slowBusyN.Load())/float64(n), concurrency)
+	}
+	t.Logf("slow lane in phase 1: threshold %s at its end, %d requests moved to it, %d cut at the threshold with it full, %d cut in all, %d started in it",
+		lanes.SlowAfter, lanes.Moved, lanes.Full, lanes.Cut, lanes.Started)
 	t.Logf("phase 2 (authority answers all): the other %d jobs healed in %.1fs (%.0f/s); %d requests in all",
 		healedLate, phase2End.Sub(phase2Start).Seconds(), phase2Rate, requests)
 	t.Logf("peak RSS %.1f MiB (the whole test process, broker included); peak goroutines %d in all, %d without the in-process broker, the test's authority server and the test framework (bound 200 + %d per partition + %d fetchers + 2 per slot for connections = %d)",
-		float64(res.maxRSS.Load())/(1<<20), res.maxGoroutines.Load(), res.maxOwn.Load(), perPartition, fetchPoolSize(concurrency), bound)
+		float64(res.maxRSS.Load())/(1<<20), res.maxGoroutines.Load(), res.maxOwn.Load(), perPartition, fetchers, bound)
 	type group struct {
 		by string
 		n  int
@@ -386,10 +474,17 @@ func TestScaleTenThousandHeldJobs(t *testing.T) {
 	require.Less(t, res.maxRSS.Load(), int64(256<<20), "peak RSS")
 	require.Less(t, res.maxOwn.Load(), bound, "peak goroutines")
 	require.Positive(t, lanes.Moved, "no slow request moved to the slow lane")
-	// throughput / lanesBound is the share of phase 1 the slots of both
-	// lanes were busy while jobs waited.
-	require.GreaterOrEqual(t, throughput, 0.8*lanesBound,
-		"promptly answered jobs healed at under 80%% of what the two lanes allow for this mix: slots idle while jobs waited")
+	// What the design guarantees: a slow job costs the main lane a
+	// threshold when it is found slow, and at most once more, on a main
+	// slot with nothing else to do; then its requests start in the slow
+	// lane, not in the main one at every attempt. The main lane stays
+	// busy while jobs wait, and the heals come at 80% of what the main
+	// lane allows for the work it had.
+	require.LessOrEqual(t, leftMain, int64(2*slowJobs),
+		"slow jobs left the main lane %d times: their later requests started there again", leftMain)
+	require.GreaterOrEqual(t, mainOccupancy, 0.8*concurrency, "main slots idle while jobs waited")
+	require.GreaterOrEqual(t, throughput, 0.8*mainBound,
+		"promptly answered jobs healed at under 80%% of what the main lane allows for its work")
 	rows := r.rows()
 	for id, k := range kinds {
 		require.Equal(t, int64(3), rows[id].Version, "%s (%s)", id, k)

@@ -52,10 +52,12 @@ type Client struct {
 	// SlowConcurrent is the slow lane: up to this many requests that run
 	// past SlowMedians times the median answer time (at least SlowFloor)
 	// stop counting against MaxConcurrent and count here instead, so slow
-	// answers do not hold every slot while prompt ones wait. When the slow
-	// lane is full a slow request keeps its MaxConcurrent slot. Every
-	// request still ends at Timeout. Zero means no slow lane. It is read
-	// on the first Fetch.
+	// answers do not hold the main slots while prompt ones wait. Such a
+	// request is cut when the slow lane is full ([ErrSlowLaneFull]), or
+	// once it has run MovedThresholds times the threshold ([ErrSlow]).
+	// Requests of jobs known to be slow start here ([InSlowLane]), in up
+	// to half of it, and run to Timeout. Zero means no slow lane. It is
+	// read on the first Fetch.
 	SlowConcurrent int
 	// The backoff between attempts: exponential from InitialInterval up to
 	// MaxInterval, each wait jittered by ±50%, giving up once
@@ -205,7 +207,10 @@ func (c *Client) attempt(ctx context.Context, target, jobID string) (event.Event
 	// The slot is taken before the timeout starts, so waiting behind other
 	// fetches does not count against this request's time.
 	ln := c.lanes()
-	slot, err := ln.acquire(ctx)
+	// A request cut for slowness ends with the cut's error as its cause.
+	cutCtx, cut := context.WithCancelCause(ctx)
+	defer cut(nil)
+	slot, err := ln.acquire(ctx, cut)
 	if err != nil {
 		return event.Event{}, backoff.Permanent(err)
 	}
@@ -213,7 +218,7 @@ func (c *Client) attempt(ctx context.Context, target, jobID string) (event.Event
 	start := time.Now()
 
 	timeout := orDefault(c.Timeout, DefaultTimeout)
-	reqCtx, cancel := context.WithTimeout(ctx, timeout)
+	reqCtx, cancel := context.WithTimeout(cutCtx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(reqCtx, http.MethodGet, target, nil)
 	if err != nil {
@@ -307,13 +312,18 @@ func (c *Client) gone(ctx, reqCtx context.Context, timeout time.Duration, body i
 }
 
 // transportError makes a failed request's error say whose deadline ran
-// out. The caller's cancellation is permanent; everything else is retried.
+// out. The caller's cancellation is permanent, and so is a cut (asked
+// again at once, the request would start in the main lane again);
+// everything else is retried. A timeout matches [ErrSlow].
 func (c *Client) transportError(ctx, reqCtx context.Context, timeout time.Duration, err error) error {
 	if ctx.Err() != nil {
 		return backoff.Permanent(ctx.Err())
 	}
+	if cause := context.Cause(reqCtx); errors.Is(cause, ErrSlow) || errors.Is(cause, ErrSlowLaneFull) {
+		return backoff.Permanent(cause)
+	}
 	if errors.Is(reqCtx.Err(), context.DeadlineExceeded) {
-		return fmt.Errorf("no answer within %s: %w", timeout, err)
+		return &slowError{msg: fmt.Sprintf("no answer within %s: %v", timeout, err), err: err, is: ErrSlow}
 	}
 	return err
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,10 +22,23 @@ type laneAuthority struct {
 	slow                  map[string]chan struct{}
 	stop                  chan struct{}
 	inFlight, maxInFlight atomic.Int32
+
+	mu   sync.Mutex
+	asks map[string][]time.Time
+}
+
+// asked returns when the authority was asked for id.
+func (a *laneAuthority) asked(id string) []time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]time.Time(nil), a.asks[id]...)
 }
 
 func (a *laneAuthority) serve(w http.ResponseWriter, r *http.Request) {
 	id := strings.TrimPrefix(r.URL.Path, "/jobs/")
+	a.mu.Lock()
+	a.asks[id] = append(a.asks[id], time.Now())
+	a.mu.Unlock()
 	n := a.inFlight.Add(1)
 	for m := a.maxInFlight.Load(); n > m && !a.maxInFlight.CompareAndSwap(m, n); m = a.maxInFlight.Load() {
 	}
@@ -45,7 +59,7 @@ func (a *laneAuthority) serve(w http.ResponseWriter, r *http.Request) {
 // warmed up with enough prompt answers for a median.
 func laneClient(t *testing.T, mainSlots, slowSlots int, slow ...string) (*snapshot.Client, *laneAuthority) {
 	t.Helper()
-	a := &laneAuthority{slow: map[string]chan struct{}{}, stop: make(chan struct{})}
+	a := &laneAuthority{slow: map[string]chan struct{}{}, stop: make(chan struct{}), asks: map[string][]time.Time{}}
 	for _, id := range slow {
 		a.slow[id] = make(chan struct{})
 	}
@@ -67,84 +81,100 @@ func laneClient(t *testing.T, mainSlots, slowSlots int, slow ...string) (*snapsh
 	return c, a
 }
 
-func TestFetchSlowLane(t *testing.T) {
+// A slow request leaves the main lane at the threshold: it moves to the
+// slow lane and frees its main slot for prompt requests; still running at
+// MovedThresholds times the threshold, it is cut with ErrSlow.
+func TestFetchSlowLaneMovesThenCuts(t *testing.T) {
 	t.Parallel()
 
-	const mainSlots, slowSlots = 2, 2
-	c, a := laneClient(t, mainSlots, slowSlots, "slow-1", "slow-2", "slow-3", "slow-4")
+	c, a := laneClient(t, 1, 2, "slow-1")
+	c.MaxElapsedTime = time.Millisecond // one attempt
 	ctx := context.Background()
 
-	// Two slow requests take both main slots, then move to the slow lane.
-	slows := []<-chan error{fetchAsync(ctx, c, "slow-1")}
-	require.Eventually(t, func() bool { return c.Lanes().Slow == 1 }, wait, time.Millisecond)
-	slows = append(slows, fetchAsync(ctx, c, "slow-2"))
-	require.Eventually(t, func() bool { s := c.Lanes(); return s.Slow == 2 && s.Main == 0 }, wait, time.Millisecond)
-
-	// Prompt requests go through while both are still in flight.
-	for i := range 5 {
-		require.NoError(t, receive(t, fetchAsync(ctx, c, fmt.Sprintf("prompt-%d", i)), "prompt answer beside slow ones"))
+	slow := fetchAsync(ctx, c, "slow-1")
+	require.Eventually(t, func() bool { s := c.Lanes(); return s.Slow == 1 && s.Main == 0 }, wait, time.Millisecond)
+	// The only main slot serves prompt requests while the slow one runs.
+	for i := range 3 {
+		require.NoError(t, receive(t, fetchAsync(ctx, c, fmt.Sprintf("prompt-%d", i)), "prompt answer beside a slow one"))
 	}
-
-	// With the slow lane full, two more slow requests keep their main
-	// slots: in flight stays bounded, and a prompt request waits.
-	slows = append(slows, fetchAsync(ctx, c, "slow-3"), fetchAsync(ctx, c, "slow-4"))
-	require.Eventually(t, func() bool {
-		s := c.Lanes()
-		// A prompt request delayed past the threshold on a busy machine
-		// counts in Kept too.
-		return s.Main == mainSlots && s.Slow == slowSlots && s.Kept >= 2
-	}, wait, time.Millisecond)
-	blocked := fetchAsync(ctx, c, "prompt-waits")
-	select {
-	case err := <-blocked:
-		t.Fatalf("a request ran while every slot of both lanes was held (err %v)", err)
-	case <-time.After(200 * time.Millisecond):
-	}
-	require.EqualValues(t, mainSlots+slowSlots, a.inFlight.Load())
-
-	// A slow answer frees a slow slot: the longest overdue request moves
-	// to it, and its main slot goes to the waiting prompt request.
-	close(a.slow["slow-1"])
-	require.NoError(t, receive(t, slows[0], "slow-1's answer"))
-	require.NoError(t, receive(t, blocked, "the waiting prompt request's answer"))
-	require.Eventually(t, func() bool { s := c.Lanes(); return s.Slow == slowSlots && s.Main == 1 }, wait, time.Millisecond)
-
-	// The next slow answer moves the other overdue request.
-	close(a.slow["slow-2"])
-	require.NoError(t, receive(t, slows[1], "slow-2's answer"))
-	require.Eventually(t, func() bool { s := c.Lanes(); return s.Slow == slowSlots && s.Main == 0 }, wait, time.Millisecond)
-	require.GreaterOrEqual(t, c.Lanes().Moved, int64(4))
-
-	// Every slow request is still answered: a move changes which limit a
-	// request counts against, nothing else.
-	close(a.slow["slow-3"])
-	close(a.slow["slow-4"])
-	require.NoError(t, receive(t, slows[2], "slow-3's answer"))
-	require.NoError(t, receive(t, slows[3], "slow-4's answer"))
+	err := receive(t, slow, "the moved request's end")
+	require.ErrorIs(t, err, snapshot.ErrSlow)
+	require.ErrorContains(t, err, "moved to the slow lane")
 	s := c.Lanes()
 	require.Zero(t, s.Main)
 	require.Zero(t, s.Slow)
-	require.GreaterOrEqual(t, s.Moved, int64(4))
-	require.GreaterOrEqual(t, s.Kept, int64(2))
+	require.GreaterOrEqual(t, s.Moved, int64(1))
+	require.GreaterOrEqual(t, s.Cut, int64(1))
+	require.Len(t, a.asked("slow-1"), 1, "a cut request is not asked again by Fetch: it would start in the main lane")
+	require.LessOrEqual(t, a.maxInFlight.Load(), int32(1+2))
+}
+
+// A job known to be slow starts in the slow lane: it takes no main slot,
+// waits for a slow one, and only half the slow lane takes such requests,
+// the rest staying free for requests that move over. A request past the
+// threshold while the slow lane is full is cut at once with
+// ErrSlowLaneFull.
+func TestFetchSlowLaneStarts(t *testing.T) {
+	t.Parallel()
+
+	const mainSlots, slowSlots = 1, 2
+	c, a := laneClient(t, mainSlots, slowSlots, "slow-1", "slow-2", "slow-3", "slow-4")
+	ctx := context.Background()
+	slowCtx := snapshot.InSlowLane(ctx)
+
+	// Started in the slow lane: no main slot taken.
+	slow1 := fetchAsync(slowCtx, c, "slow-1")
+	require.Eventually(t, func() bool { s := c.Lanes(); return s.Slow == 1 && s.Started == 1 }, wait, time.Millisecond)
+	require.Zero(t, c.Lanes().Main)
+	require.NoError(t, receive(t, fetchAsync(ctx, c, "prompt-0"), "a prompt answer beside a started slow request"))
+
+	// Half the slow lane (one slot) takes started requests: the next
+	// waits, though a slow slot is free.
+	slow2 := fetchAsync(slowCtx, c, "slow-2")
+	require.Never(t, func() bool { return c.Lanes().Started > 1 || len(a.asked("slow-2")) > 0 }, 200*time.Millisecond, 5*time.Millisecond)
+
+	// A main request past the threshold moves into the free slot; with
+	// the slow lane then full, the next one past the threshold is cut at
+	// once, long before its answer or the Timeout.
+	slow3 := fetchAsync(ctx, c, "slow-3")
+	require.Eventually(t, func() bool { s := c.Lanes(); return s.Slow == 2 && s.Moved == 1 }, wait, time.Millisecond)
+	slow4 := fetchAsync(ctx, c, "slow-4")
+	err := receive(t, slow4, "the cut request's end")
+	require.ErrorIs(t, err, snapshot.ErrSlowLaneFull)
+	require.NotErrorIs(t, err, snapshot.ErrSlow, "a cut with the slow lane full says nothing certain about the job")
+	require.ErrorContains(t, err, "while the slow lane was full")
+	require.GreaterOrEqual(t, c.Lanes().Full, int64(1))
+	require.Len(t, a.asked("slow-4"), 1, "a cut request is not asked again by Fetch")
+
+	// The started request's answer frees its slots: the waiting one starts.
+	close(a.slow["slow-1"])
+	require.NoError(t, receive(t, slow1, "slow-1's answer"))
+	require.Eventually(t, func() bool { return c.Lanes().Started == 2 }, wait, time.Millisecond)
+	close(a.slow["slow-2"])
+	require.NoError(t, receive(t, slow2, "slow-2's answer"))
+	close(a.slow["slow-3"])
+	_ = receive(t, slow3, "slow-3's end") // answered, or cut if it ran long
 	require.LessOrEqual(t, a.maxInFlight.Load(), int32(mainSlots+slowSlots))
 }
 
-// A request in the slow lane still ends at Timeout.
+// A request started in the slow lane runs to Timeout: it is not cut.
 func TestFetchSlowLaneKeepsTimeout(t *testing.T) {
 	t.Parallel()
 
 	c, _ := laneClient(t, 1, 1, "slow")
 	c.Timeout = 300 * time.Millisecond
 	c.MaxElapsedTime = time.Millisecond // one attempt
+	require.Less(t, snapshot.MovedThresholds*c.Lanes().SlowAfter, c.Timeout, "the test needs a cut to come before the timeout")
 	start := time.Now()
-	done := fetchAsync(context.Background(), c, "slow")
+	done := fetchAsync(snapshot.InSlowLane(context.Background()), c, "slow")
 	require.Eventually(t, func() bool { return c.Lanes().Slow == 1 }, wait, time.Millisecond)
 	err := receive(t, done, "the slow request's end")
 	took := time.Since(start)
 	require.ErrorContains(t, err, "no answer within 300ms")
+	require.ErrorIs(t, err, snapshot.ErrSlow, "a timeout is a slow outcome too")
 	require.GreaterOrEqual(t, took, 300*time.Millisecond)
-	require.Less(t, took, 3*time.Second)
 	require.Zero(t, c.Lanes().Slow)
+	require.Zero(t, c.Lanes().Cut)
 
 	// Its slot is free again.
 	_, err = c.Fetch(context.Background(), "prompt-after")

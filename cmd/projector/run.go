@@ -132,7 +132,7 @@ func (g *gapFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&g.rereadMaxBytes, "reread-max-bytes", d.RereadMaxBytes, "most bytes one log re-read reads")
 	fs.StringVar(&g.snapshotURL, "snapshot-url", "", "trusted snapshot authority: GET {url}/jobs/{job_id} returns the job's snapshot;\nempty turns the snapshot step off")
 	fs.DurationVar(&g.snapshotTimeout, "snapshot-timeout", d.SnapshotTimeout, "timeout of one request to the authority")
-	fs.IntVar(&g.snapshotConc, "snapshot-concurrency", d.SnapshotConcurrency, "most requests to the authority in flight, not counting slow ones:\na request running past 3 x the median answer time (at least 50ms) moves to\na slow lane of as many more, freeing its slot; it still ends at --snapshot-timeout")
+	fs.IntVar(&g.snapshotConc, "snapshot-concurrency", d.SnapshotConcurrency, "most requests to the authority in flight, not counting slow ones:\na request running past 3 x the median answer time (at least 50ms) leaves\nfor a slow lane of as many more, freeing its slot, and is cut at 3 x that\n(at once if the slow lane is full); a job found slow starts its next\nrequest in the slow lane, which runs to --snapshot-timeout")
 	fs.DurationVar(&g.retryMax, "gap-retry-max", d.GapRetryMax, "longest backoff between attempts that leave a gap held")
 	fs.DurationVar(&g.logRetention, "gap-log-retention", d.GapLogRetention, "how long closed gaps stay in the gap log (projector explain shows them)")
 	fs.IntVar(&g.logMaxRows, "gap-log-max-rows", d.GapLogMaxRows, "most rows the gap log keeps; the oldest beyond are pruned")
