@@ -77,24 +77,31 @@ func parseOps(raw json.RawMessage, valid bool) ([]Op, error) {
 	if !valid && !json.Valid(raw) {
 		return nil, &OpError{Index: -1, Field: "ops", Reason: "must be an array of op objects"}
 	}
-	var wire [][]byte
-	elements(raw, func(v []byte) bool {
-		wire = append(wire, v)
+	// Counted first, then parsed into an array of that size: collecting
+	// the elements in a growing slice was a tenth of parsing a delta.
+	n := 0
+	elements(raw, func([]byte) bool {
+		n++
 		return true
 	})
-	if len(wire) == 0 {
+	if n == 0 {
 		return nil, &OpError{Index: -1, Field: "ops", Reason: "must hold at least 1 op"}
 	}
-	if len(wire) > MaxOps {
-		return nil, &OpError{Index: -1, Field: "ops", Reason: fmt.Sprintf("holds %d ops, at most %d allowed", len(wire), MaxOps)}
+	if n > MaxOps {
+		return nil, &OpError{Index: -1, Field: "ops", Reason: fmt.Sprintf("holds %d ops, at most %d allowed", n, MaxOps)}
 	}
-	ops := make([]Op, len(wire))
-	for i, w := range wire {
-		op, err := parseOp(i, w)
-		if err != nil {
-			return nil, err
+	ops := make([]Op, 0, n)
+	var err error
+	elements(raw, func(w []byte) bool {
+		var op Op
+		if op, err = parseOp(len(ops), w); err != nil {
+			return false
 		}
-		ops[i] = op
+		ops = append(ops, op)
+		return true
+	})
+	if err != nil {
+		return nil, err
 	}
 	return ops, nil
 }
@@ -108,8 +115,15 @@ func parseOp(i int, raw json.RawMessage) (Op, error) {
 	// names regardless of case, which would let an unknown member such as
 	// "PATH" override "path". For a repeated name the last one counts.
 	var w opMembers
-	members(raw, func(key string, v []byte) {
-		switch key {
+	rawMembers(raw, func(key, v []byte) {
+		// Names are compared without making a string of each (a member
+		// name with an escape is unquoted first).
+		if bytes.IndexByte(key, '\\') >= 0 {
+			key = []byte(unquote(key))
+		} else {
+			key = key[1 : len(key)-1]
+		}
+		switch string(key) {
 		case "op":
 			w.op = v
 		case "path":
@@ -120,7 +134,7 @@ func parseOp(i int, raw json.RawMessage) (Op, error) {
 			w.by = v
 		}
 	})
-	kind, ok, err := stringMember(w.op)
+	kind, ok, err := opKind(w.op)
 	if err != nil {
 		return Op{}, &OpError{Index: i, Field: "op", Reason: "must be the string set, remove or increment"}
 	}
@@ -172,6 +186,10 @@ func ParsePointer(p string) ([]string, error) {
 	if p[0] != '/' {
 		return nil, fmt.Errorf("%q is not a JSON Pointer: it must start with \"/\"", p)
 	}
+	if strings.IndexByte(p[1:], '/') < 0 && strings.IndexByte(p, '~') < 0 {
+		// One member name with no escape, the most common path.
+		return []string{p[1:]}, nil
+	}
 	parts := strings.Split(p[1:], "/")
 	if len(parts) > MaxPathDepth {
 		return nil, fmt.Errorf("the path is %d levels deep, at most %d allowed", len(parts), MaxPathDepth)
@@ -185,6 +203,20 @@ func ParsePointer(p string) ([]string, error) {
 		parts[i] = strings.ReplaceAll(strings.ReplaceAll(part, "~1", "/"), "~0", "~")
 	}
 	return parts, nil
+}
+
+// opKind reads the op member: the three kinds as producers write them
+// without a new string each, anything else as [stringMember] does.
+func opKind(raw []byte) (string, bool, error) {
+	switch string(raw) {
+	case `"set"`:
+		return string(Set), true, nil
+	case `"remove"`:
+		return string(Remove), true, nil
+	case `"increment"`:
+		return string(Increment), true, nil
+	}
+	return stringMember(raw)
 }
 
 // opMembers are the raw values of the members of an op object the format

@@ -102,6 +102,28 @@ func members(b []byte, fn func(key string, v []byte)) {
 	}
 }
 
+// rawMembers is [members] with each name as its string literal, quotes
+// and escapes included.
+func rawMembers(b []byte, fn func(key, v []byte)) {
+	i := ws(b, 0) + 1 // past '{'
+	for {
+		i = ws(b, i)
+		if i >= len(b) || b[i] == '}' {
+			return
+		}
+		kend := skip(b, i)
+		key := b[i:kend]
+		i = ws(b, kend) + 1 // past ':'
+		i = ws(b, i)
+		vend := skip(b, i)
+		fn(key, b[i:vend])
+		i = ws(b, vend)
+		if i < len(b) && b[i] == ',' {
+			i++
+		}
+	}
+}
+
 // unquote returns the text of a valid JSON string literal.
 func unquote(raw []byte) string {
 	if s, ok := plainString(raw); ok {
