@@ -52,6 +52,10 @@ type worker struct {
 
 	// swapLogged is when the worker last said it waits for a swap.
 	swapLogged time.Time
+
+	// decoded is [worker.plan]'s array of decoded records, reused from
+	// batch to batch; empty between them.
+	decoded []gapfill.Input
 }
 
 // workerDeps is what a partition worker uses besides its own state: the
