@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -27,6 +29,20 @@ type rebuildOpts struct {
 
 // driftSample is how many job ids --dry-run shows per kind of drift.
 const driftSample = 10
+
+// rebuildBatchSize is the rebuild's default --batch-size. A replay reads
+// far behind the log's end, so every batch is full, and twice the records
+// of the default of 'projector run' fold more of each job's events into
+// one row write: in a 2,000,000-event deltas rebuild, PostgreSQL used
+// about a fifth less CPU, for the same peak RSS of the process.
+const rebuildBatchSize = 10000
+
+// rebuildGCPercent is the rebuild's garbage collector target (GOGC), unless
+// the environment sets GOGC. A rebuild is a batch job whose CPU goes to
+// decoding and folding records, and with the default of 100 the collector
+// took a tenth of it; at 200 the process used 8-12% less CPU, and its peak
+// RSS grew by up to 15%.
+const rebuildGCPercent = 200
 
 var rebuildCommand = &command{
 	name:    "rebuild",
@@ -70,6 +86,10 @@ Example:
 		group.Usage = "the rebuild's Kafka consumer group (default projector-rebuild-<schema>-<table>,\nso rebuilds of different tables never share one)"
 		group.Value = setTracker{Value: group.Value, set: &o.groupSet}
 		o.start = "earliest"
+		batch := fs.Lookup("batch-size")
+		batch.DefValue = fmt.Sprint(rebuildBatchSize)
+		_ = batch.Value.Set(batch.DefValue)
+		batch.Usage = "most records per batch transaction (twice the default of 'projector run': a replay\nfolds more of each job's events into one write)"
 		fs.BoolVar(&o.keepOld, "keep-old", false, "keep a copy of the previous read model as projector_old_<table>_<n>")
 		fs.BoolVar(&o.restart, "restart", false, "discard what an earlier, unfinished rebuild stored and start over from the start of the log")
 		fs.BoolVar(&o.dryRun, "dry-run", false, "build the shadow and report how the live model differs from it, without swapping")
@@ -121,6 +141,9 @@ Example:
 				pr := newProgress(env.stderr, logger, "rebuild", total)
 				return pr.update, pr.finish
 			},
+		}
+		if _, set := os.LookupEnv("GOGC"); !set {
+			defer debug.SetGCPercent(debug.SetGCPercent(rebuildGCPercent))
 		}
 		res, err := rb.Run(ctx)
 		var setup *projection.RebuildSetupError

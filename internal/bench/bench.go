@@ -650,12 +650,14 @@ func check(ctx context.Context, pool *pgxpool.Pool, table string, truth map[stri
 }
 
 // rebuild times `projector rebuild` of the stream into the table the
-// projector wrote, from process start to exit, and checks the result.
+// projector wrote, from process start to exit, and checks the result. The
+// rebuild runs with its own defaults (its batches are larger than the
+// projector's), as an operator would run it.
 func (r *run) rebuild(ctx context.Context, topic string, st *store.Store, truth map[string]jobgen.Truth) error {
 	g := func(d time.Duration) string { return d.String() }
 	cmd := exec.CommandContext(ctx, r.cfg.Executable, "rebuild",
 		"--database-url", r.cfg.DatabaseURL, "--brokers", r.broker.addrs[0], "--topic", topic,
-		"--schema", r.schema, "--table", "jobs", "--batch-size", fmt.Sprint(r.cfg.BatchSize),
+		"--schema", r.schema, "--table", "jobs",
 		"--group-heartbeat-interval", g(broker.GroupHeartbeatInterval), "--group-session-timeout", g(broker.GroupSessionTimeout),
 		"--group-rebalance-timeout", g(broker.GroupRebalanceTimeout), "--group-join-backoff", g(broker.GroupJoinBackoff),
 		"--log-level", "warn")
