@@ -216,7 +216,7 @@ func (f *flight) overstay(total time.Duration) {
 		return
 	}
 	l.cut.Add(1)
-	f.cancel(&slowError{msg: fmt.Sprintf("no answer within %s, moved to the slow lane at the slow threshold: cut, its next request starts in the slow lane", total.Round(time.Millisecond)), is: ErrSlow})
+	f.cancel(&slowError{msg: fmt.Sprintf("no answer within %s, moved to the slow lane at the slow threshold: cut, the job is found slow", total.Round(time.Millisecond)), is: ErrSlow})
 }
 
 // release frees the request's slot.
