@@ -2,6 +2,7 @@ package projection
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"sync"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
 )
 
@@ -98,7 +100,8 @@ func TestAttemptsDropWorkStartedBeforeAReset(t *testing.T) {
 // TestAttemptsRouteJobsFoundSlow: a job never found slow waits for a main
 // fetcher; one found slow twice in a row for a slow fetcher, whose request
 // starts in the slow lane; one found slow once for either a slow fetcher
-// or a main one, but a main one only when no other attempt waits for it.
+// or a main one, but a main one only when no first attempt waits for it,
+// and then behind any first attempt.
 func TestAttemptsRouteJobsFoundSlow(t *testing.T) {
 	t.Parallel()
 	w := &worker{
@@ -114,7 +117,7 @@ func TestAttemptsRouteJobsFoundSlow(t *testing.T) {
 	}
 	require.Len(t, w.detector.Take(time.Now(), 10), 3)
 	// A pool with no fetchers running: one place in each queue.
-	pool := &fetchPool{in: make(chan fetchJob, 1), slowIn: make(chan fetchJob, 1), main: 0, slowed: 1}
+	pool := &fetchPool{in: make(chan fetchJob, 1), retryIn: make(chan fetchJob, 1), slowIn: make(chan fetchJob, 1), main: 0, slowed: 1}
 	a := &attempts{resolver: &gapfill.Resolver{}, snapshot: true, pool: pool, fetchers: 10,
 		ctx: context.Background(), out: make(chan finished, 10)}
 	for _, id := range []string{"never", "once", "twice"} {
@@ -125,6 +128,7 @@ func TestAttemptsRouteJobsFoundSlow(t *testing.T) {
 	main := <-pool.in
 	require.Equal(t, "never", main.att.Job.ID)
 	require.False(t, main.slow)
+	require.False(t, main.retry)
 	slow := <-pool.slowIn
 	require.Equal(t, "twice", slow.att.Job.ID)
 	require.True(t, slow.slow, "a job found slow twice did not start in the slow lane")
@@ -133,10 +137,55 @@ func TestAttemptsRouteJobsFoundSlow(t *testing.T) {
 	// With no attempt waiting for a main fetcher, the job found slow once
 	// takes one.
 	a.schedule(w)
-	require.Len(t, pool.in, 1)
-	job := <-pool.in
+	require.Empty(t, pool.in)
+	require.Len(t, pool.retryIn, 1)
+	job := <-pool.retryIn
 	require.Equal(t, "once", job.att.Job.ID)
 	require.False(t, job.slow)
+	require.True(t, job.retry)
 	require.Empty(t, a.pendingLow)
 	require.Equal(t, 3, a.fetching)
+}
+
+// orderedSource records the jobs it is asked for, in order; "gate" waits
+// to be let through.
+type orderedSource struct {
+	mu    sync.Mutex
+	asked []string
+	gate  chan struct{}
+}
+
+func (s *orderedSource) Fetch(ctx context.Context, jobID string) (event.Event, error) {
+	s.mu.Lock()
+	s.asked = append(s.asked, jobID)
+	s.mu.Unlock()
+	if jobID == "gate" {
+		<-s.gate
+	}
+	return event.Event{}, errors.New("no snapshot (test)")
+}
+
+// TestFetchPoolTakesFirstAttemptsBeforeRetries: a main fetcher that frees
+// up takes a job never asked before one asked already, whichever was
+// queued first.
+func TestFetchPoolTakesFirstAttemptsBeforeRetries(t *testing.T) {
+	t.Parallel()
+	src := &orderedSource{gate: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	pool := startFetchPool(ctx, &wg, &gapfill.Resolver{Snapshots: src}, 1, 0)
+	out := make(chan finished, 4)
+	job := func(id string, retry bool) fetchJob {
+		return fetchJob{ctx: ctx, att: gapfill.Attempt{Job: gapfill.Job{ID: id}, Res: gapfill.Resolution{JobID: id}}, out: out, retry: retry}
+	}
+	require.True(t, pool.offer(job("gate", false)))
+	require.Eventually(t, func() bool { src.mu.Lock(); defer src.mu.Unlock(); return len(src.asked) == 1 }, 10*time.Second, time.Millisecond)
+	require.True(t, pool.offer(job("retry", true)))
+	require.True(t, pool.offer(job("first", false)))
+	close(src.gate)
+	for range 3 {
+		<-out
+	}
+	require.Equal(t, []string{"gate", "first", "retry"}, src.asked)
 }
