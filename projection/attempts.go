@@ -34,9 +34,10 @@ const rereadRound = 1000
 // attempts runs a partition's gap attempts in the background, each job on
 // its own: the jobs due in a round are re-read together (the store once,
 // the log in one pass), then each one left open goes to the instance's
-// fixed pool of fetchers that ask the authority, oldest due first; a job
-// the authority was repeatedly too slow to answer goes to the pool's slow
-// fetchers instead, whose requests start in the slow lane. Every result is
+// fixed pool of fetchers that ask the authority, oldest due first (the
+// pool takes a job never asked ahead of a retry); a job the authority was
+// too slow to answer goes to the pool's slow fetchers instead, whose
+// requests start in the slow lane. Every result is
 // handed back to the worker as soon as it is ready, to join its next
 // batch, so a slow or failing answer for one job holds up no other beyond
 // the concurrency limit. The goroutines are fixed (one re-reader per
@@ -241,8 +242,9 @@ func (a *attempts) schedule(w *worker) {
 func (a *attempts) offer(w *worker, queue []gapfill.Attempt, slow bool) []gapfill.Attempt {
 	for len(queue) > 0 && a.fetching < a.fetchers {
 		att := queue[0]
-		if _, held := w.detector.Gap(att.Job.ID); held {
-			if !a.pool.offer(fetchJob{ctx: a.ctx, att: att, out: a.out, slow: slow, gen: a.gen}) {
+		if g, held := w.detector.Gap(att.Job.ID); held {
+			retry := g.Attempts > 0 || g.Slow > 0
+			if !a.pool.offer(fetchJob{ctx: a.ctx, att: att, out: a.out, slow: slow, retry: retry, gen: a.gen}) {
 				break // every fetcher is busy: the rest wait, in order
 			}
 			a.fetching++
@@ -271,9 +273,12 @@ func (a *attempts) reset() {
 // offer attempts without blocking; each answer goes back to the worker
 // that offered it, unless that worker has stopped.
 type fetchPool struct {
-	resolver     *gapfill.Resolver
-	in, slowIn   chan fetchJob
-	main, slowed int
+	resolver *gapfill.Resolver
+	// in, retryIn and slowIn queue attempts for the fetchers: first
+	// attempts and retries for the main fetchers, which take a first
+	// attempt whenever one waits; the rest for the slow fetchers.
+	in, retryIn, slowIn chan fetchJob
+	main, slowed        int
 }
 
 // fetchPoolSizes are the sizes of the instance's fetch pool for a given
@@ -291,7 +296,7 @@ func (p *fetchPool) size() int {
 	if p == nil {
 		return 0
 	}
-	return p.main + p.slowed + cap(p.in) + cap(p.slowIn)
+	return p.main + p.slowed + cap(p.in) + cap(p.retryIn) + cap(p.slowIn)
 }
 
 // mainIdle reports whether no attempt waits for a main fetcher.
@@ -311,10 +316,10 @@ type fetchJob struct {
 	ctx context.Context
 	att gapfill.Attempt
 	out chan<- finished
-	// slow sends the request to the slow lane; gen is the offering
-	// worker's attempts generation.
-	slow bool
-	gen  int
+	// slow sends the request to the slow lane; retry marks a job asked
+	// before; gen is the offering worker's attempts generation.
+	slow, retry bool
+	gen         int
 }
 
 // startFetchPool starts main + slow fetchers that run until ctx ends; wg
@@ -323,31 +328,56 @@ func startFetchPool(ctx context.Context, wg *sync.WaitGroup, r *gapfill.Resolver
 	// A short queue in front of each kind of fetcher: a fetcher that
 	// finishes takes the next attempt at once, rather than waiting for a
 	// worker's next turn to offer one.
-	p := &fetchPool{resolver: r, in: make(chan fetchJob, main), slowIn: make(chan fetchJob, slow), main: main, slowed: slow}
-	fetcher := func(in <-chan fetchJob) {
+	p := &fetchPool{resolver: r, in: make(chan fetchJob, main), retryIn: make(chan fetchJob, main),
+		slowIn: make(chan fetchJob, slow), main: main, slowed: slow}
+	// A main fetcher takes a first attempt whenever one waits, so jobs
+	// never asked are not held up by retries of jobs that failed.
+	nextMain := func() (fetchJob, bool) {
+		select {
+		case job := <-p.in:
+			return job, true
+		default:
+		}
+		select {
+		case <-ctx.Done():
+			return fetchJob{}, false
+		case job := <-p.in:
+			return job, true
+		case job := <-p.retryIn:
+			return job, true
+		}
+	}
+	nextSlow := func() (fetchJob, bool) {
+		select {
+		case <-ctx.Done():
+			return fetchJob{}, false
+		case job := <-p.slowIn:
+			return job, true
+		}
+	}
+	fetcher := func(next func() (fetchJob, bool)) {
 		for {
-			select {
-			case <-ctx.Done():
+			job, ok := next()
+			if !ok {
 				return
-			case job := <-in:
-				failpoint.Hit(failpoint.GapAttempt)
-				fctx := job.ctx
-				if job.slow {
-					fctx = snapshot.InSlowLane(fctx)
-				}
-				p.resolver.Authority(fctx, &job.att, time.Now())
-				select {
-				case job.out <- finished{fetched: true, atts: []gapfill.Attempt{job.att}, gen: job.gen}:
-				case <-job.ctx.Done():
-				}
+			}
+			failpoint.Hit(failpoint.GapAttempt)
+			fctx := job.ctx
+			if job.slow {
+				fctx = snapshot.InSlowLane(fctx)
+			}
+			p.resolver.Authority(fctx, &job.att, time.Now())
+			select {
+			case job.out <- finished{fetched: true, atts: []gapfill.Attempt{job.att}, gen: job.gen}:
+			case <-job.ctx.Done():
 			}
 		}
 	}
 	for range main {
-		wg.Go(func() { fetcher(p.in) })
+		wg.Go(func() { fetcher(nextMain) })
 	}
 	for range slow {
-		wg.Go(func() { fetcher(p.slowIn) })
+		wg.Go(func() { fetcher(nextSlow) })
 	}
 	return p
 }
@@ -359,8 +389,11 @@ func (p *fetchPool) offer(job fetchJob) bool {
 		return false
 	}
 	in := p.in
-	if job.slow {
+	switch {
+	case job.slow:
 		in = p.slowIn
+	case job.retry:
+		in = p.retryIn
 	}
 	select {
 	case in <- job:

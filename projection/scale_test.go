@@ -373,7 +373,7 @@ func TestScaleTenThousandHeldJobs(t *testing.T) {
 	// The time requests were in flight during phase 1, by the kind of
 	// job asked for.
 	busy := map[string]time.Duration{}
-	var inPhase1 int
+	var inPhase1, slowRequests int
 	for _, s := range auth.spans {
 		end := s.start.Add(s.d)
 		if end.After(lastPromptHeal) {
@@ -382,6 +382,9 @@ func TestScaleTenThousandHeldJobs(t *testing.T) {
 		if end.After(s.start) {
 			busy[s.kind] += end.Sub(s.start)
 			inPhase1++
+			if s.kind == "slow" {
+				slowRequests++
+			}
 		}
 	}
 	requests := auth.requests
@@ -480,8 +483,14 @@ func TestScaleTenThousandHeldJobs(t *testing.T) {
 	// lane, not in the main one at every attempt. The main lane stays
 	// busy while jobs wait, and the heals come at 80% of what the main
 	// lane allows for the work it had.
-	require.LessOrEqual(t, leftMain, int64(2*slowJobs),
-		"slow jobs left the main lane %d times: their later requests started there again", leftMain)
+	// The slow jobs' requests that started in the main lane: all of
+	// theirs but those started in the slow lane (a prompt answer found
+	// slow by a busy moment may be among those, which only makes this
+	// count larger).
+	slowFromMain := int64(slowRequests) - lanes.Started
+	t.Logf("slow jobs: %d requests in phase 1, %d of them started in the main lane", slowRequests, max(slowFromMain, 0))
+	require.LessOrEqual(t, slowFromMain, int64(2*slowJobs),
+		"slow jobs' requests started in the main lane %d times: their later requests started there again", slowFromMain)
 	require.GreaterOrEqual(t, mainOccupancy, 0.8*concurrency, "main slots idle while jobs waited")
 	require.GreaterOrEqual(t, throughput, 0.8*mainBound,
 		"promptly answered jobs healed at under 80%% of what the main lane allows for its work")

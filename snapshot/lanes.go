@@ -201,6 +201,7 @@ func (f *flight) overdue(after time.Duration) {
 	default:
 		l.full.Add(1)
 		l.cut.Add(1)
+		l.observeLocked(after)
 		f.cancel(&slowError{msg: fmt.Sprintf("no answer within %s, the slow threshold, while the slow lane was full: cut", after.Round(time.Millisecond)), is: ErrSlowLaneFull})
 	}
 }
@@ -215,7 +216,7 @@ func (f *flight) overstay(total time.Duration) {
 		return
 	}
 	l.cut.Add(1)
-	f.cancel(&slowError{msg: fmt.Sprintf("no answer within %s, moved to the slow lane at the slow threshold: cut, its next request starts in the slow lane", total.Round(time.Millisecond)), is: ErrSlow})
+	f.cancel(&slowError{msg: fmt.Sprintf("no answer within %s, moved to the slow lane at the slow threshold: cut, the job is found slow", total.Round(time.Millisecond)), is: ErrSlow})
 }
 
 // release frees the request's slot.
@@ -245,6 +246,17 @@ func (l *lanes) observe(d time.Duration) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.observeLocked(d)
+}
+
+// observeLocked records an answer time. A request cut with the slow lane
+// full counts too, at the threshold: its answer would have taken at least
+// that long. So when the authority slows down as a whole, fills the slow
+// lane and has most requests cut, the median rises with it and they stop
+// being cut; counting answers alone, a median no answer came in under
+// would stay put. (Moved requests cut later are jobs found slow: their
+// next requests run to Timeout in the slow lane, and their answers count.)
+func (l *lanes) observeLocked(d time.Duration) {
 	if len(l.recent) < slowSamples {
 		l.recent = append(l.recent, d)
 	} else {

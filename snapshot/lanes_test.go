@@ -200,3 +200,32 @@ func TestFetchNoSlowLane(t *testing.T) {
 	require.NoError(t, receive(t, done, "the slow answer"))
 	require.NoError(t, receive(t, blocked, "the prompt answer"))
 }
+
+// Requests cut with the slow lane full count towards the median at the
+// threshold they ran: when the authority slows down as a whole and fills
+// the slow lane, the threshold rises with it, rather than every request
+// being cut at a median no answer comes in under any more.
+func TestFetchSlowLaneCutsRaiseTheThreshold(t *testing.T) {
+	t.Parallel()
+
+	var slow []string
+	for i := range 12 {
+		slow = append(slow, fmt.Sprintf("slow-%d", i))
+	}
+	c, a := laneClient(t, 1, 1, append(slow, "holds-the-slow-lane")...)
+	c.MaxElapsedTime = time.Millisecond // one attempt
+	ctx := context.Background()
+	held := fetchAsync(snapshot.InSlowLane(ctx), c, "holds-the-slow-lane")
+	require.Eventually(t, func() bool { return c.Lanes().Slow == 1 }, wait, time.Millisecond)
+	before := c.Lanes().SlowAfter
+
+	for _, id := range slow {
+		_, err := c.Fetch(ctx, id)
+		require.ErrorIs(t, err, snapshot.ErrSlowLaneFull)
+	}
+	// 8 prompt answers and 12 cuts: the median is a cut's threshold.
+	require.Greater(t, c.Lanes().SlowAfter, before)
+	require.GreaterOrEqual(t, c.Lanes().SlowAfter, snapshot.SlowMedians*snapshot.SlowFloor)
+	close(a.slow["holds-the-slow-lane"])
+	require.NoError(t, receive(t, held, "the started request's answer"))
+}
