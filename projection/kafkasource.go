@@ -123,8 +123,8 @@ func (s *kafkaSource) Fetch(ctx context.Context, wait time.Duration) ([]Record, 
 	}
 	s.readSincePosition = true
 	// Sized by the last batch: growing a slice of records to a full batch
-	// copied each record about twice and was the largest allocation of a
-	// replay (the rebuild's profile).
+	// copied each record about twice, and was the largest allocation in
+	// the process in the allocation profile of a deltas run.
 	recs := make([]Record, 0, min(max(s.lastLen, 64), s.batchSize))
 	recs = append(recs, s.record(m))
 	s.hwm = max(s.hwm, m.HighWaterMark)
