@@ -77,6 +77,11 @@ again and it continues from the shadow's stored positions (--restart starts
 over). --dry-run builds the shadow and reports how the live model differs
 from it (missing, behind, ahead, differs, extra) without swapping.
 
+A rebuild runs the Go garbage collector at GOGC=200 unless the environment
+sets GOGC (even to "" or off): less CPU, but its heap may grow to three times
+its live data instead of twice. Its batches are larger than run's too. Where
+memory is tight, set GOGC=100 or GOMEMLIMIT, or lower --batch-size.
+
 Example:
   DATABASE_URL=postgres://app@db:5432/app projector rebuild --brokers kafka-1:9092 --snapshot-url http://authority:8080`,
 	flags: func(fs *flag.FlagSet) any {
