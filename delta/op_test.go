@@ -104,6 +104,14 @@ func TestParseOpsAccepts(t *testing.T) {
 			want: []delta.Op{{Kind: delta.Remove, Path: "/a", Tokens: []string{"a"}}},
 		},
 		{
+			name: "escaped member names and kinds are read as their text",
+			raw:  `[{"o\u0070":"s\u0065t","p\u0061th":"/a","\u0076alue":1,"\u0050ATH":"/b"},{"op":"increment","path":"/n","\u0062y":2,"by":3}]`,
+			want: []delta.Op{
+				{Kind: delta.Set, Path: "/a", Tokens: []string{"a"}, Value: json.RawMessage(`1`)},
+				{Kind: delta.Increment, Path: "/n", Tokens: []string{"n"}, By: "3"},
+			},
+		},
+		{
 			name: "exactly the limit",
 			raw:  "[" + strings.TrimSuffix(strings.Repeat(`{"op":"remove","path":"/a"},`, delta.MaxOps), ",") + "]",
 			want: func() []delta.Op {
