@@ -238,25 +238,42 @@ func (a *attempts) schedule(w *worker) {
 }
 
 // offer hands queued attempts to idle fetchers, in order, and returns
-// those left waiting.
+// those left waiting. A full queue in front of the fetchers stops only the
+// attempts bound for it: a first attempt behind retries still takes a free
+// place among the first attempts (the pool takes those first), and each
+// kind keeps its order.
 func (a *attempts) offer(w *worker, queue []gapfill.Attempt, slow bool) []gapfill.Attempt {
-	for len(queue) > 0 && a.fetching < a.fetchers {
-		att := queue[0]
-		if g, held := w.detector.Gap(att.Job.ID); held {
-			retry := g.Attempts > 0 || g.Slow > 0
-			if !a.pool.offer(fetchJob{ctx: a.ctx, att: att, out: a.out, slow: slow, retry: retry, gen: a.gen}) {
-				break // every fetcher is busy: the rest wait, in order
-			}
-			a.fetching++
+	var full [2]bool // by retry: that queue of the pool had no room
+	kept, i := 0, 0
+	for ; i < len(queue) && a.fetching < a.fetchers && !(full[0] && full[1]); i++ {
+		att := queue[i]
+		g, held := w.detector.Gap(att.Job.ID)
+		if !held {
+			continue // it closed while it waited
 		}
-		// else: it closed while it waited.
-		queue[0] = gapfill.Attempt{}
-		queue = queue[1:]
+		retry := g.Attempts > 0 || g.Slow > 0
+		kind := 0
+		if retry && !slow {
+			kind = 1
+		}
+		if !full[kind] && a.pool.offer(fetchJob{ctx: a.ctx, att: att, out: a.out, slow: slow, retry: retry, gen: a.gen}) {
+			a.fetching++
+			continue
+		}
+		// Its queue is full: it and the rest of its kind wait, in order.
+		full[kind] = true
+		if slow {
+			full[1] = true // the slow fetchers have one queue
+		}
+		queue[kept] = att
+		kept++
 	}
-	if len(queue) == 0 {
+	kept += copy(queue[kept:], queue[i:])
+	clear(queue[kept:])
+	if kept == 0 {
 		return nil
 	}
-	return queue
+	return queue[:kept]
 }
 
 // reset forgets queued attempts: the detector they were taken from was

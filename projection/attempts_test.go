@@ -189,3 +189,51 @@ func TestFetchPoolTakesFirstAttemptsBeforeRetries(t *testing.T) {
 	}
 	require.Equal(t, []string{"gate", "first", "retry"}, src.asked)
 }
+
+// TestAttemptsFirstAttemptsPassRetriesWaitingForRoom: a job never asked
+// goes to the authority ahead of the retries of jobs already asked, in the
+// worker's queue as in the pool's: with the pool's queue of retries full,
+// a first attempt behind retries in the worker's queue still takes the
+// free place in the queue of first attempts, and the retries keep their
+// order.
+func TestAttemptsFirstAttemptsPassRetriesWaitingForRoom(t *testing.T) {
+	t.Parallel()
+	w := &worker{
+		detector: gapfill.NewDetector(gapfill.Policy{Snapshot: true, RetryMin: time.Millisecond, RetryMax: time.Millisecond}),
+		log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	// The retries were held, asked once and failed long before the first
+	// attempt was held: they are due first.
+	long := time.Now().Add(-time.Hour)
+	for _, id := range []string{"retry-1", "retry-2"} {
+		w.detector.Hold(id, long)
+	}
+	require.Len(t, w.detector.Take(long, 2), 2)
+	for _, id := range []string{"retry-1", "retry-2"} {
+		w.detector.Failed(id, long, gapfill.StepSnapshot, "503 (test)")
+	}
+	w.detector.Hold("first", time.Now().Add(-time.Minute))
+	ids := w.detector.Take(time.Now(), 10)
+	require.Equal(t, []string{"retry-1", "retry-2", "first"}, ids, "the retries are due first")
+
+	// A pool with no fetchers running: one place in each queue.
+	pool := &fetchPool{in: make(chan fetchJob, 1), retryIn: make(chan fetchJob, 1), slowIn: make(chan fetchJob, 1), main: 0, slowed: 1}
+	a := &attempts{resolver: &gapfill.Resolver{}, snapshot: true, pool: pool, fetchers: 10,
+		ctx: context.Background(), out: make(chan finished, 10)}
+	for _, id := range ids {
+		a.queue(w, gapfill.Attempt{Job: gapfill.Job{ID: id}, Res: gapfill.Resolution{JobID: id}})
+	}
+	a.schedule(w)
+	require.Len(t, pool.retryIn, 1)
+	require.Equal(t, "retry-1", (<-pool.retryIn).att.Job.ID)
+	require.Len(t, pool.in, 1, "the first attempt waited behind a retry with no room")
+	require.Equal(t, "first", (<-pool.in).att.Job.ID)
+	require.Len(t, a.pending, 1)
+	require.Equal(t, "retry-2", a.pending[0].Job.ID)
+	require.Equal(t, 2, a.fetching)
+
+	// Room for a retry again: the one left goes next.
+	a.schedule(w)
+	require.Equal(t, "retry-2", (<-pool.retryIn).att.Job.ID)
+	require.Empty(t, a.pending)
+}

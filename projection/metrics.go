@@ -103,9 +103,9 @@ var (
 	descAuthoritySlowFull = prometheus.NewDesc("projector_authority_slow_lane_full_total",
 		"Requests to the authority that ran past the slow threshold while the slow lane was full, and so were cut (counted in projector_authority_slow_cut_total too).", nil, nil)
 	descAuthoritySlowCut = prometheus.NewDesc("projector_authority_slow_cut_total",
-		"Requests to the authority cut for slowness: past the slow threshold with the slow lane full, or moved to it and still running at 3 x the threshold. The job's next request starts in the slow lane.", nil, nil)
+		"Requests to the authority cut for slowness: past the slow threshold with the slow lane full (the job is asked in the main lane again), or moved to it and still running at 3 x the threshold (the job is found slow: its next requests start in the slow lane).", nil, nil)
 	descAuthoritySlowStarts = prometheus.NewDesc("projector_authority_slow_lane_starts_total",
-		"Requests to the authority started in the slow lane, for jobs whose last request was cut or timed out; they run to --snapshot-timeout.", nil, nil)
+		"Requests to the authority started in the slow lane, for jobs found slow (their last request was cut at 3 x the slow threshold after a move, or timed out); they run to --snapshot-timeout.", nil, nil)
 	descAuthoritySlowAfter = prometheus.NewDesc("projector_authority_slow_after_seconds",
 		"How long a request to the authority runs before it leaves the main lane: 3 x the median of the last 64 answers, at least 0.05; 0 until 8 answers have been seen.", nil, nil)
 	descDBErrors = prometheus.NewDesc("projector_database_errors_total",

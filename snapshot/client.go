@@ -240,8 +240,12 @@ func (c *Client) attempt(ctx context.Context, target, jobID string) (event.Event
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 		_ = resp.Body.Close()
 		// Whatever it said, the authority answered: its time counts
-		// towards the median that tells slow requests apart.
-		ln.observe(time.Since(start))
+		// towards the median that tells slow requests apart. A request
+		// cut for slowness did not answer, though its status line came:
+		// the lanes count it themselves, or not at all.
+		if !cutForSlowness(cutCtx) {
+			ln.observe(time.Since(start))
+		}
 	}()
 
 	switch resp.StatusCode {
@@ -319,13 +323,19 @@ func (c *Client) transportError(ctx, reqCtx context.Context, timeout time.Durati
 	if ctx.Err() != nil {
 		return backoff.Permanent(ctx.Err())
 	}
-	if cause := context.Cause(reqCtx); errors.Is(cause, ErrSlow) || errors.Is(cause, ErrSlowLaneFull) {
-		return backoff.Permanent(cause)
+	if cutForSlowness(reqCtx) {
+		return backoff.Permanent(context.Cause(reqCtx))
 	}
 	if errors.Is(reqCtx.Err(), context.DeadlineExceeded) {
 		return &slowError{msg: fmt.Sprintf("no answer within %s: %v", timeout, err), err: err, is: ErrSlow}
 	}
 	return err
+}
+
+// cutForSlowness reports whether ctx was ended by the lanes' cut.
+func cutForSlowness(ctx context.Context) bool {
+	cause := context.Cause(ctx)
+	return errors.Is(cause, ErrSlow) || errors.Is(cause, ErrSlowLaneFull)
 }
 
 func (c *Client) lanes() *lanes {

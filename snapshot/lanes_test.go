@@ -229,3 +229,51 @@ func TestFetchSlowLaneCutsRaiseTheThreshold(t *testing.T) {
 	close(a.slow["holds-the-slow-lane"])
 	require.NoError(t, receive(t, held, "the started request's answer"))
 }
+
+// A request cut with the slow lane full counts towards the median once, at
+// the threshold it ran, even when the authority had sent its status line
+// and the cut came while the body was on its way: a cut is no answer, and
+// counted twice, cuts would raise the threshold with half as many of them.
+func TestFetchSlowLaneCutAfterHeadersCountsOnce(t *testing.T) {
+	t.Parallel()
+
+	a := &laneAuthority{slow: map[string]chan struct{}{"holds-the-slow-lane": make(chan struct{})}, stop: make(chan struct{}), asks: map[string][]time.Time{}}
+	srv, _ := serve(t, func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/jobs/headers-") {
+			// The status line now, the body never.
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			select {
+			case <-a.stop:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		a.serve(w, r)
+	})
+	t.Cleanup(func() { close(a.stop) })
+	c := client(t, srv)
+	c.MaxConcurrent, c.SlowConcurrent = 1, 1
+	c.Timeout = 10 * time.Second
+	c.MaxElapsedTime = time.Millisecond // one attempt
+	ctx := context.Background()
+	for i := range 8 {
+		_, err := c.Fetch(ctx, fmt.Sprintf("prompt-warm-%d", i))
+		require.NoError(t, err)
+	}
+	before := c.Lanes().SlowAfter
+	require.Equal(t, snapshot.SlowFloor, before, "the test needs prompt answers well under the floor")
+	held := fetchAsync(snapshot.InSlowLane(ctx), c, "holds-the-slow-lane")
+	require.Eventually(t, func() bool { return c.Lanes().Slow == 1 }, wait, time.Millisecond)
+
+	// 8 answers and 5 cuts: the median is an answer's, the threshold
+	// stays at the floor. Each cut counted twice would make it a cut's.
+	for i := range 5 {
+		_, err := c.Fetch(ctx, fmt.Sprintf("headers-%d", i))
+		require.ErrorIs(t, err, snapshot.ErrSlowLaneFull)
+	}
+	require.EqualValues(t, 5, c.Lanes().Full)
+	require.Equal(t, before, c.Lanes().SlowAfter, "a cut counted towards the median more than once")
+	close(a.slow["holds-the-slow-lane"])
+	require.NoError(t, receive(t, held, "the started request's answer"))
+}
