@@ -78,7 +78,11 @@ const rebuildCatchUpBound = 30 * time.Second
 // to this long, and stopping the partition's reader waits for the fetch in
 // flight: with the one second of `projector run`, stopping the shadow
 // before the swap took 0.5 to 0.7 s of a 7 s rebuild (its phase log).
-const rebuildMaxWait = 200 * time.Millisecond
+// Not lower: kafka-go asks the broker to hold a fetch for three quarters
+// of the wait and gives up on the answer at the whole wait, so the
+// quarter left must cover the round trip to a remote broker, or every
+// idle fetch times out and dials again.
+const rebuildMaxWait = 500 * time.Millisecond
 
 // Run rebuilds, checking every precondition before anything is reset: one
 // rebuild of the table at a time (*store.ErrRebuildRunning), the topic, and
