@@ -67,6 +67,9 @@ type entry struct {
 	// progressed is set when the job moved forward since it was taken:
 	// the attempt's end then leaves the fresh wait alone.
 	progressed bool
+	// laneFull counts the attempts in a row cut only because the slow lane
+	// was full (see [Detector.SlowLaneFull]).
+	laneFull int
 }
 
 // Detector is the clock of the policy chain for one partition's held jobs.
@@ -240,10 +243,34 @@ func (d *Detector) Slow(job string, slow bool) {
 	if !ok {
 		return
 	}
+	e.laneFull = 0
 	if slow {
 		e.Slow++
 	} else {
 		e.Slow = 0
+	}
+}
+
+// LaneFullCuts is how many attempts in a row cut with the slow lane full
+// make a job count as found slow.
+const LaneFullCuts = 3
+
+// SlowLaneFull records that the attempt that just ended for job was cut at
+// the slow threshold only because the slow lane was full. One such cut says
+// nothing of the job, but a job cut so LaneFullCuts times in a row counts
+// as found slow once, so that its next request starts in the slow lane and
+// runs to the timeout: with a narrow slow lane kept busy by other slow
+// jobs, an answer that always comes a little after the threshold would
+// otherwise be cut on every attempt, and its job never heal.
+func (d *Detector) SlowLaneFull(job string) {
+	e, ok := d.gaps[job]
+	if !ok {
+		return
+	}
+	e.laneFull++
+	if e.laneFull >= LaneFullCuts {
+		e.laneFull = 0
+		e.Slow++
 	}
 }
 

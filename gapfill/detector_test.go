@@ -142,3 +142,32 @@ func TestDetectorBackoff(t *testing.T) {
 		require.Equal(t, time.Hour, g.NextAttempt.Sub(t0))
 	})
 }
+
+// TestDetectorSlowLaneFullCutsInARowFindTheJobSlow: a cut with the slow
+// lane full says nothing of the job once, but LaneFullCuts of them in a
+// row count as found slow, so the job's next request can start in the
+// slow lane instead of being cut at the threshold for ever; any other end
+// of an attempt starts the count again.
+func TestDetectorSlowLaneFullCutsInARowFindTheJobSlow(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	d := gapfill.NewDetector(gapfill.Policy{Snapshot: true})
+	d.Hold("a", t0)
+	slow := func() int {
+		g, ok := d.Gap("a")
+		require.True(t, ok)
+		return g.Slow
+	}
+	for range gapfill.LaneFullCuts - 1 {
+		d.SlowLaneFull("a")
+	}
+	require.Zero(t, slow(), "fewer cuts than LaneFullCuts found the job slow")
+	d.Slow("a", false) // an attempt that ended otherwise
+	for range gapfill.LaneFullCuts - 1 {
+		d.SlowLaneFull("a")
+	}
+	require.Zero(t, slow(), "the count of cuts in a row did not start again after another end")
+	d.SlowLaneFull("a")
+	require.Equal(t, 1, slow(), "LaneFullCuts cuts in a row did not find the job slow")
+	d.SlowLaneFull("b") // not held: nothing happens
+}

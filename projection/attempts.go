@@ -29,7 +29,11 @@ const rereadRound = 1000
 // asked. Found slow twice in a row, its requests start in the slow lane
 // only. A request cut only because the slow lane was full
 // (snapshot.ErrSlowLaneFull) says nothing of the job: its count stays, and
-// a job never found slow is asked in the main lane again.
+// a job never found slow is asked in the main lane again; but
+// gapfill.LaneFullCuts such cuts in a row count as found slow once, so an
+// answer that always comes a little after the threshold, while other slow
+// jobs keep a narrow slow lane full, still gets a request that runs to the
+// timeout.
 
 // attempts runs a partition's gap attempts in the background, each job on
 // its own: the jobs due in a round are re-read together (the store once,

@@ -108,8 +108,13 @@ func (w *worker) reschedule(res []gapfill.Resolution) {
 		if reason == "" {
 			reason = "still held after " + string(r.Last)
 		}
-		// A cut with the slow lane full says nothing of the job.
-		if r.Last == gapfill.StepSnapshot && !errors.Is(r.Err, snapshot.ErrSlowLaneFull) {
+		// A cut with the slow lane full says nothing of the job, unless
+		// it happens every time.
+		switch {
+		case r.Last != gapfill.StepSnapshot:
+		case errors.Is(r.Err, snapshot.ErrSlowLaneFull):
+			w.detector.SlowLaneFull(r.JobID)
+		default:
 			w.detector.Slow(r.JobID, errors.Is(r.Err, snapshot.ErrSlow))
 		}
 		w.detector.Failed(r.JobID, now, r.Last, reason)
