@@ -231,7 +231,11 @@ func TestFaultBackendsTerminatedMidBatch(t *testing.T) {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			t.Parallel()
 			f := newFaultRig(t, faultOpts{seed: seed})
-			wait := f.flow(100, 20*time.Millisecond)
+			// A slow flow (about 4 s of records), so batches keep running
+			// while the terminations look for busy backends: a stream
+			// produced at once was projected in a second or two, and the
+			// rest of the window found only idle ones.
+			wait := f.flow(20, 50*time.Millisecond)
 			run := f.start(f.config())
 			var killed, inTx int
 			f.eventually(30*time.Second, "backends terminated mid-batch", func() (bool, string) {
