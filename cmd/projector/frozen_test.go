@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -41,6 +42,27 @@ func (p *proc) logged(msg string, attrs map[string]string) bool {
 	return false
 }
 
+// allThreadsStopped reports whether every thread of p is stopped (state T
+// in /proc/<pid>/task/<tid>/stat).
+func allThreadsStopped(p *proc) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", p.cmd.Process.Pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", p.cmd.Process.Pid, task.Name()))
+		if err != nil {
+			return false
+		}
+		// pid (comm) state ...: the state follows the last parenthesis.
+		i := strings.LastIndexByte(string(b), ')')
+		if i <= 0 || len(b) <= i+2 || b[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
+}
+
 // TestRunFrozenOwnerIsTakenOver: an instance frozen (SIGSTOP) inside an
 // open batch transaction, after its fence locked the partition's row. The
 // group moves the partition to another instance after the session
@@ -61,6 +83,11 @@ func TestRunFrozenOwnerIsTakenOver(t *testing.T) {
 	defer release()
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGSTOP))
 	t.Cleanup(func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) }) // so the cleanup's kill ends it
+	// The signal is sent, not yet taken: released before every thread of a
+	// has stopped, a could still finish its batch (a CI run saw it commit).
+	eventually(t, 10*time.Second, "every thread of a stopped", func() (bool, string) {
+		return allThreadsStopped(a), "running"
+	})
 	release()
 	frozenAt := time.Now()
 
