@@ -10,6 +10,7 @@ import (
 	"math/big"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // ApplyError says which op of a delta could not be applied to a state and
@@ -118,9 +119,14 @@ func Apply(state map[string]any, ops []Op) (map[string]any, error) {
 // was: what the ops before the failing one changed is undone. The values
 // ops set share nothing with the ops.
 func Patch(state map[string]any, ops []Op) error {
-	undo := make(undoLog, 0, 4) // most deltas change a few members
+	undo := undoLogs.Get().(*undoLog)
+	defer func() {
+		clear(*undo) // no state kept alive from the pool
+		*undo = (*undo)[:0]
+		undoLogs.Put(undo)
+	}()
 	for i, op := range ops {
-		if err := patchOp(state, op, &undo); err != nil {
+		if err := patchOp(state, op, undo); err != nil {
 			undo.rollback()
 			err.Index = i
 			return err
@@ -128,6 +134,13 @@ func Patch(state map[string]any, ops []Op) error {
 	}
 	return nil
 }
+
+// undoLogs are Patch's undo logs, reused: a new one for every delta was
+// one allocation per record folded.
+var undoLogs = sync.Pool{New: func() any {
+	u := make(undoLog, 0, 4) // most deltas change a few members
+	return &u
+}}
 
 // undoLog records, for each member an op changed, what it was before, so
 // that a failed [Patch] can put it back, newest first.

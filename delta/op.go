@@ -142,18 +142,24 @@ func parseOp(i int, raw json.RawMessage) (Op, error) {
 	if !ok {
 		return Op{}, &OpError{Index: i, Field: "op", Reason: "required (set, remove or increment)"}
 	}
-	path, ok, err := stringMember(w.path)
-	if err != nil {
-		return Op{}, &OpError{Index: i, Field: "path", Reason: "must be a JSON Pointer string"}
+	var op Op
+	if p, ok := internedPathOf(w.path); ok {
+		op = Op{Kind: Kind(kind), Path: p.path, Tokens: p.tokens}
+	} else {
+		path, ok, err := stringMember(w.path)
+		if err != nil {
+			return Op{}, &OpError{Index: i, Field: "path", Reason: "must be a JSON Pointer string"}
+		}
+		if !ok {
+			return Op{}, &OpError{Index: i, Field: "path", Reason: "required"}
+		}
+		tokens, err := ParsePointer(path)
+		if err != nil {
+			return Op{}, &OpError{Index: i, Field: "path", Reason: err.Error()}
+		}
+		internPath(w.path, path, tokens)
+		op = Op{Kind: Kind(kind), Path: path, Tokens: tokens}
 	}
-	if !ok {
-		return Op{}, &OpError{Index: i, Field: "path", Reason: "required"}
-	}
-	tokens, err := ParsePointer(path)
-	if err != nil {
-		return Op{}, &OpError{Index: i, Field: "path", Reason: err.Error()}
-	}
-	op := Op{Kind: Kind(kind), Path: path, Tokens: tokens}
 	switch op.Kind {
 	case Set:
 		value := bytes.TrimSpace(w.value)
@@ -170,7 +176,7 @@ func parseOp(i int, raw json.RawMessage) (Op, error) {
 		if !isJSONNumber(by) {
 			return Op{}, &OpError{Index: i, Field: "by", Reason: fmt.Sprintf("must be a number, got %s", clip(by))}
 		}
-		op.By = json.Number(by)
+		op.By = json.Number(amountOf(by))
 	default:
 		return Op{}, &OpError{Index: i, Field: "op", Reason: fmt.Sprintf("unknown op %q (want set, remove or increment)", clip([]byte(kind)))}
 	}

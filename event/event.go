@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/projector/projector/delta"
 )
@@ -154,12 +156,8 @@ func DecodeValue(value []byte) (Event, error) {
 		}
 	}
 	if raw := w.occurredAt; len(raw) > 0 && !isNull(raw) {
-		s, err := stringOf(raw)
-		if err != nil {
-			return Event{}, &FieldError{Field: "occurred_at", Reason: "must be an RFC 3339 time string"}
-		}
-		if ev.OccurredAt, err = time.Parse(time.RFC3339Nano, s); err != nil {
-			return Event{}, &FieldError{Field: "occurred_at", Reason: fmt.Sprintf("%q is not an RFC 3339 time", clip(s))}
+		if ev.OccurredAt, err = occurredAt(raw); err != nil {
+			return Event{}, err
 		}
 	}
 	return ev, nil
@@ -242,6 +240,27 @@ func stringOf(raw json.RawMessage) (string, error) {
 	var s string
 	err := json.Unmarshal(raw, &s)
 	return s, err
+}
+
+// occurredAt parses the occurred_at member. A string with nothing to
+// unescape is parsed where it lies in the record, without a copy: it is
+// only read.
+func occurredAt(raw json.RawMessage) (time.Time, error) {
+	var s string
+	if len(raw) > 2 && raw[0] == '"' && raw[len(raw)-1] == '"' && bytes.IndexByte(raw[1:len(raw)-1], '\\') < 0 && utf8.Valid(raw[1:len(raw)-1]) {
+		s = unsafe.String(&raw[1], len(raw)-2)
+	} else {
+		var err error
+		if s, err = stringOf(raw); err != nil {
+			return time.Time{}, &FieldError{Field: "occurred_at", Reason: "must be an RFC 3339 time string"}
+		}
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		// A copy: the message must not alias the record.
+		return time.Time{}, &FieldError{Field: "occurred_at", Reason: fmt.Sprintf("%q is not an RFC 3339 time", clip(strings.Clone(s)))}
+	}
+	return t, nil
 }
 
 func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }

@@ -1,0 +1,94 @@
+package delta
+
+import (
+	"strconv"
+	"sync"
+	"sync/atomic"
+)
+
+// A stream repeats a handful of paths (/processed_articles, /status) and
+// small increments millions of times. Decoding each op made a new path
+// string, a new token slice and a new amount string: three of the nine
+// allocations of decoding a delta record, and the garbage collector's work
+// that goes with them. What is interned here is shared by every op that
+// names it, so an [Op]'s Path, Tokens and By are read-only.
+
+// maxInternedPaths bounds the path table: a stream whose paths are all
+// different (ids in paths) fills it once and then parses as before.
+const maxInternedPaths = 512
+
+// maxInternedPathBytes is the longest path literal kept.
+const maxInternedPathBytes = 64
+
+// internedPath is a valid path and its tokens.
+type internedPath struct {
+	path   string
+	tokens []string
+}
+
+// paths maps a path member's raw JSON literal, quotes included, to the
+// parsed path. Readers load the map without a lock; a writer copies it
+// (at most maxInternedPaths times in a process's life).
+var (
+	paths   atomic.Pointer[map[string]internedPath]
+	pathsMu sync.Mutex
+)
+
+// internedPathOf returns the path a raw path literal parsed to before.
+func internedPathOf(raw []byte) (internedPath, bool) {
+	m := paths.Load()
+	if m == nil {
+		return internedPath{}, false
+	}
+	p, ok := (*m)[string(raw)] // no allocation for a lookup
+	return p, ok
+}
+
+// internPath remembers what raw parsed to, while the table has room.
+func internPath(raw []byte, path string, tokens []string) {
+	if len(raw) > maxInternedPathBytes {
+		return
+	}
+	pathsMu.Lock()
+	defer pathsMu.Unlock()
+	old := paths.Load()
+	n := 0
+	if old != nil {
+		n = len(*old)
+	}
+	if n >= maxInternedPaths {
+		return
+	}
+	next := make(map[string]internedPath, n+1)
+	if old != nil {
+		for k, v := range *old {
+			next[k] = v
+		}
+	}
+	next[string(raw)] = internedPath{path: path, tokens: tokens}
+	paths.Store(&next)
+}
+
+// smallAmounts are the amounts 0 to 999 as an increment writes them.
+var smallAmounts = func() (a [1000]string) {
+	for i := range a {
+		a[i] = strconv.Itoa(i)
+	}
+	return a
+}()
+
+// amountOf returns a number literal as a string, without allocating for
+// the small non-negative integers most increments add.
+func amountOf(b []byte) string {
+	if len(b) > 0 && len(b) <= 3 && (b[0] != '0' || len(b) == 1) {
+		n := 0
+		for _, c := range b {
+			if c < '0' || c > '9' {
+				return string(b)
+			}
+			n = n*10 + int(c-'0')
+		}
+		return smallAmounts[n]
+	}
+	return string(b)
+}
