@@ -67,7 +67,11 @@ func ParseValidOps(raw json.RawMessage) ([]Op, error) {
 }
 
 func parseOps(raw json.RawMessage, valid bool) ([]Op, error) {
-	raw = bytes.TrimSpace(raw)
+	if valid {
+		raw = TrimJSONSpace(raw)
+	} else {
+		raw = bytes.TrimSpace(raw)
+	}
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return nil, &OpError{Index: -1, Field: "ops", Reason: "required for a delta"}
 	}
@@ -77,12 +81,35 @@ func parseOps(raw json.RawMessage, valid bool) ([]Op, error) {
 	if !valid && !json.Valid(raw) {
 		return nil, &OpError{Index: -1, Field: "ops", Reason: "must be an array of op objects"}
 	}
-	// Counted first, then parsed into an array of that size: collecting
-	// the elements in a growing slice allocated up to three times more
-	// per delta.
-	n := 0
-	elements(raw, func([]byte) bool {
+	// Parsed in one pass into a small array on the stack, then copied to
+	// one of the exact size: a growing slice allocated up to three times
+	// more per delta, and counting first walked the ops twice.
+	var (
+		local [4]Op
+		grown []Op // past len(local) ops, on the heap
+		k     int
+		n     int
+		err   error
+	)
+	elements(raw, func(w []byte) bool {
 		n++
+		if err != nil || n > MaxOps {
+			return true // only counting, to say how many
+		}
+		var op Op
+		if op, err = parseOp(k, w); err != nil {
+			return true
+		}
+		switch {
+		case k < len(local):
+			local[k] = op
+		case grown == nil:
+			grown = append(make([]Op, 0, 2*len(local)), local[:]...)
+			fallthrough
+		default:
+			grown = append(grown, op)
+		}
+		k++
 		return true
 	})
 	if n == 0 {
@@ -91,24 +118,19 @@ func parseOps(raw json.RawMessage, valid bool) ([]Op, error) {
 	if n > MaxOps {
 		return nil, &OpError{Index: -1, Field: "ops", Reason: fmt.Sprintf("holds %d ops, at most %d allowed", n, MaxOps)}
 	}
-	ops := make([]Op, 0, n)
-	var err error
-	elements(raw, func(w []byte) bool {
-		var op Op
-		if op, err = parseOp(len(ops), w); err != nil {
-			return false
-		}
-		ops = append(ops, op)
-		return true
-	})
 	if err != nil {
 		return nil, err
 	}
+	if grown != nil {
+		return grown, nil
+	}
+	ops := make([]Op, k)
+	copy(ops, local[:k])
 	return ops, nil
 }
 
 func parseOp(i int, raw json.RawMessage) (Op, error) {
-	raw = bytes.TrimSpace(raw)
+	raw = TrimJSONSpace(raw) // an element of a validated array
 	if len(raw) == 0 || raw[0] != '{' {
 		return Op{}, &OpError{Index: i, Field: "op", Reason: "each op must be a JSON object"}
 	}
@@ -162,14 +184,14 @@ func parseOp(i int, raw json.RawMessage) (Op, error) {
 	}
 	switch op.Kind {
 	case Set:
-		value := bytes.TrimSpace(w.value)
+		value := TrimJSONSpace(w.value)
 		if len(value) == 0 {
 			return Op{}, &OpError{Index: i, Field: "value", Reason: "required for set (use null to store null)"}
 		}
 		op.Value = value
 	case Remove:
 	case Increment:
-		by := bytes.TrimSpace(w.by)
+		by := TrimJSONSpace(w.by)
 		if len(by) == 0 {
 			return Op{}, &OpError{Index: i, Field: "by", Reason: "required for increment"}
 		}
@@ -235,7 +257,7 @@ type opMembers struct {
 // stringMember reads a member of an op object as a string; ok is false
 // when the member is absent or null.
 func stringMember(raw []byte) (s string, ok bool, err error) {
-	if raw == nil || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+	if raw == nil || bytes.Equal(TrimJSONSpace(raw), []byte("null")) {
 		return "", false, nil
 	}
 	if s, ok := plainString(raw); ok {

@@ -55,6 +55,21 @@ func skip(b []byte, i int) int {
 	}
 }
 
+// TrimJSONSpace trims the whitespace JSON allows around a value, for text
+// a JSON validator has accepted, where no other whitespace can be: cheaper
+// than bytes.TrimSpace, which also looks for Unicode spaces.
+func TrimJSONSpace(b []byte) []byte {
+	for len(b) > 0 && isJSONSpace(b[0]) {
+		b = b[1:]
+	}
+	for len(b) > 0 && isJSONSpace(b[len(b)-1]) {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+func isJSONSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
 func ws(b []byte, i int) int {
 	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
 		i++

@@ -123,7 +123,7 @@ func DecodeValue(value []byte) (Event, error) {
 	}
 	switch ev.Kind {
 	case Snapshot:
-		st := bytes.TrimSpace(w.state)
+		st := delta.TrimJSONSpace(w.state)
 		if len(st) == 0 || bytes.Equal(st, []byte("null")) {
 			return Event{}, &FieldError{Field: "state", Reason: "required for a snapshot"}
 		}
@@ -133,7 +133,7 @@ func DecodeValue(value []byte) (Event, error) {
 		ev.State = bytes.Clone(st) // never alias the record's buffer
 	case Delta:
 		// Parsed from a copy: the ops' values must not alias the record.
-		ev.RawOps = bytes.Clone(bytes.TrimSpace(w.ops))
+		ev.RawOps = bytes.Clone(delta.TrimJSONSpace(w.ops))
 		// The scanner has validated the whole value, ops included.
 		ops, err := delta.ParseValidOps(ev.RawOps)
 		if err != nil {
@@ -263,7 +263,7 @@ func occurredAt(raw json.RawMessage) (time.Time, error) {
 	return t, nil
 }
 
-func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
+func isNull(raw json.RawMessage) bool { return bytes.Equal(delta.TrimJSONSpace(raw), []byte("null")) }
 
 func clip(s string) string {
 	if len(s) > 64 {

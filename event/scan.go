@@ -252,13 +252,31 @@ func (s *scanner) literal(lit string) bool {
 	return true
 }
 
+// plainByte marks the bytes a string holds as they are: printable ASCII
+// other than the quote and the backslash.
+var plainByte = func() (t [256]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
 // str scans a string, checking escapes and UTF-8.
 func (s *scanner) str() bool {
 	if !s.expect('"') {
 		return false
 	}
 	for s.i < len(s.b) {
-		c := s.b[s.i]
+		// Runs of plain bytes, most of every record, in a tight loop.
+		b, i := s.b, s.i
+		for i < len(b) && plainByte[b[i]] {
+			i++
+		}
+		s.i = i
+		if i >= len(b) {
+			break
+		}
+		c := b[i]
 		switch {
 		case c == '"':
 			s.i++
