@@ -73,6 +73,12 @@ func (e *causedError) Unwrap() error { return e.err }
 // waits for the shadow to read as far as they say.
 const rebuildCatchUpBound = 30 * time.Second
 
+// rebuildPoll is how often the rebuild reads the shadow's positions while
+// it waits for them to reach a target: one small query each time, and a
+// finished rebuild waits half an interval on average before it moves on
+// (at a tenth of a second, 50 ms of a 4 s rebuild of 2,000,000 events).
+const rebuildPoll = 25 * time.Millisecond
+
 // rebuildMaxWait is the shadow's fetch wait, unless the config sets one.
 // Once a partition is read to its end, the broker holds each fetch for up
 // to this long, and stopping the partition's reader waits for the fetch in
@@ -288,7 +294,7 @@ func (r *Rebuild) copyChecks(ctx context.Context, shadow *store.Store) error {
 func (r *Rebuild) waitRebuilt(ctx context.Context, shadow *store.Store, target map[int]int64, stopped <-chan struct{}, update func(read int64)) error {
 	start := time.Now()
 	var caughtUp time.Time
-	tick := time.NewTicker(100 * time.Millisecond)
+	tick := time.NewTicker(rebuildPoll)
 	defer tick.Stop()
 	for {
 		select {
@@ -354,7 +360,7 @@ func shadowReaches(ctx context.Context, shadow *store.Store, topic string, live 
 			return ctx.Err()
 		case <-stopped:
 			return nil
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(rebuildPoll):
 		}
 	}
 }
