@@ -47,6 +47,7 @@ stream of job events reaches PostgreSQL through:
 
   raw COPY        binary COPY of every event into a table with no key and no
                   version check: the ceiling every other line is a ratio of
+                  (run three times; the median counts, and every run is shown)
   naive           a kafka-go group Reader, one conditional upsert per event and
                   CommitMessages after each (a bounded sample: it is slow)
   pgx.Batch       pipelined single upserts, 1000 per transaction (--mix snapshots)
