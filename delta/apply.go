@@ -104,8 +104,8 @@ func Apply(state map[string]any, ops []Op) (map[string]any, error) {
 	if out == nil {
 		out = map[string]any{}
 	}
-	for i, op := range ops {
-		if err := applyOp(out, op); err != nil {
+	for i := range ops {
+		if err := applyOp(out, &ops[i]); err != nil {
 			err.Index = i
 			return nil, err
 		}
@@ -125,8 +125,8 @@ func Patch(state map[string]any, ops []Op) error {
 		*undo = (*undo)[:0]
 		undoLogs.Put(undo)
 	}()
-	for i, op := range ops {
-		if err := patchOp(state, op, undo); err != nil {
+	for i := range ops {
+		if err := patchOp(state, &ops[i], undo); err != nil {
 			undo.rollback()
 			err.Index = i
 			return err
@@ -169,13 +169,13 @@ func (u undoLog) rollback() {
 	}
 }
 
-func applyOp(state map[string]any, op Op) *ApplyError {
+func applyOp(state map[string]any, op *Op) *ApplyError {
 	return patchOp(state, op, nil)
 }
 
 // patchOp applies one op to state, recording in undo (when not nil) each
 // member it changes before changing it.
-func patchOp(state map[string]any, op Op, undo *undoLog) *ApplyError {
+func patchOp(state map[string]any, op *Op, undo *undoLog) *ApplyError {
 	fail := func(format string, args ...any) *ApplyError {
 		return &ApplyError{Path: op.Path, Reason: fmt.Sprintf(format, args...)}
 	}
