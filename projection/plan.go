@@ -101,8 +101,16 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 		w.decoded = make([]gapfill.Input, 0, len(msgs))
 	}
 	decoded := w.decoded[:0]
-	count := map[string]int{}
-	var order []string
+	// Each job gets an index in order at its first record; a record then
+	// costs one map lookup (four did: the count, its increment, the delta
+	// flag and the grouping, each hashing the job id).
+	slot := map[string]int{}
+	var (
+		order     []string
+		counts    []int
+		deltaSeen []bool
+	)
+	jobOf := w.jobOf[:0]
 	hasDelta := map[string]bool{}
 	for _, m := range msgs {
 		ev, err := event.Decode(m.Key, m.Value)
@@ -110,13 +118,19 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 			p.quarantine(store.Bad{Partition: -1, Offset: m.Coord.Offset, Key: m.Key, Value: m.Value, Err: err.Error(), Coordinate: m.Coord.sqs()})
 			continue
 		}
-		if ev.Kind == event.Delta {
+		i, seen := slot[ev.JobID]
+		if !seen {
+			i = len(order)
+			slot[ev.JobID] = i
+			order = append(order, ev.JobID)
+			counts = append(counts, 0)
+			deltaSeen = append(deltaSeen, false)
+		}
+		counts[i]++
+		if ev.Kind == event.Delta && !deltaSeen[i] {
+			deltaSeen[i] = true
 			hasDelta[ev.JobID] = true
 		}
-		if count[ev.JobID] == 0 {
-			order = append(order, ev.JobID)
-		}
-		count[ev.JobID]++
 		if m.Coord.MessageID != "" {
 			if p.messages == nil {
 				p.messages = map[messageKey]store.Coordinate{}
@@ -124,16 +138,21 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 			p.messages[messageKey{m.Coord.Offset, ev.JobID, ev.Version}] = m.Coord.sqs()
 		}
 		decoded = append(decoded, gapfill.Input{Event: ev, Partition: w.partition, Offset: m.Coord.Offset, Source: gapfill.FromLog, At: now, LogTime: m.Time})
+		jobOf = append(jobOf, i)
+	}
+	groups := make([][]gapfill.Input, len(order))
+	all := make([]gapfill.Input, len(decoded))
+	for i, n := range counts {
+		groups[i], all = all[:0:n], all[n:]
+	}
+	for k, in := range decoded {
+		groups[jobOf[k]] = append(groups[jobOf[k]], in)
 	}
 	inputs := make(map[string][]gapfill.Input, len(order))
-	all := make([]gapfill.Input, len(decoded))
-	for _, id := range order {
-		n := count[id]
-		inputs[id], all = all[:0:n], all[n:]
+	for i, id := range order {
+		inputs[id] = groups[i]
 	}
-	for _, in := range decoded {
-		inputs[in.Event.JobID] = append(inputs[in.Event.JobID], in)
-	}
+	w.jobOf = jobOf[:0]
 	clear(decoded) // keeps nothing of this batch alive
 	w.decoded = decoded[:0]
 	// Gap resolutions go first: they are older news than this batch.

@@ -56,6 +56,9 @@ type worker struct {
 	// decoded is [worker.plan]'s array of decoded records, reused from
 	// batch to batch; empty between them.
 	decoded []gapfill.Input
+	// jobOf is [worker.plan]'s index of each decoded record's job, reused
+	// like decoded.
+	jobOf []int
 }
 
 // workerDeps is what a partition worker uses besides its own state: the
