@@ -36,8 +36,8 @@ type Config struct {
 	BatchSize int
 	// BatchLinger is how long a batch waits for more records after its first.
 	BatchLinger time.Duration
-	// MaxWait is kafka-go's fetch wait, which is also its client-side
-	// fetch deadline: keep it short.
+	// MaxWait is how long the broker holds a fetch with nothing new to
+	// return: how soon an idle partition's fetcher asks again.
 	MaxWait time.Duration
 	// Owner names this instance in the partitions table.
 	Owner string

@@ -13,17 +13,24 @@ import (
 
 var _ Source = (*kafkaSource)(nil)
 
-// kafkaSource is one Kafka partition as a [Source]: a reader positioned
-// at the partition's stored position, acknowledged batches handed to the
-// group's committer.
+// kafkaSource is one Kafka partition as a [Source]: a [partitionFetcher]
+// reading the partition from the stored position in the background,
+// acknowledged batches handed to the group's committer.
 type kafkaSource struct {
 	topic     string
 	partition int
-	r         *kafka.Reader
 	log       *slog.Logger
 	// batchSize and linger bound one Fetch.
 	batchSize int
 	linger    time.Duration
+	// fetcher reads ahead of the batches; newFetcher starts one at an
+	// offset (again after [kafkaSource.outOfRange] moved the position).
+	fetcher    *partitionFetcher
+	newFetcher func(offset int64) *partitionFetcher
+	// held is what the fetcher handed over that the last Fetch could not
+	// return: a chunk that did not fit in its batch, or an error that came
+	// after its records. The next Fetch starts with it.
+	held *fetched
 	// bounds reads the partition's first and last offsets from its leader.
 	bounds func(ctx context.Context) (first, last int64, err error)
 	// committed hands an acknowledged position to the group's committer.
@@ -35,18 +42,15 @@ type kafkaSource struct {
 	moved func(next int64)
 
 	// position is the next offset to read as stored, -1 for none;
-	// readSincePosition is set once a record was read after the reader
+	// readSincePosition is set once a record was read after the fetcher
 	// was (re)positioned there.
 	position          int64
 	readSincePosition bool
 	// hwm is the partition's end as last seen by a fetch.
 	hwm int64
-	// lastLen is how many records the last fetch returned.
-	lastLen int
 }
 
-// kafkaSourceConfig is what [openKafkaSource] needs besides the reader's
-// settings.
+// kafkaSourceConfig is what [openKafkaSource] needs.
 type kafkaSourceConfig struct {
 	Brokers   []string
 	Topic     string
@@ -62,88 +66,109 @@ type kafkaSourceConfig struct {
 	Moved     func(next int64)
 }
 
-// openKafkaSource opens a reader on the partition at position, the
-// position the claim returned (-1 for none: start at start, which is
-// kafka.FirstOffset or kafka.LastOffset).
+// openKafkaSource starts reading the partition at position, the position
+// the claim returned (-1 for none: start at start, which is
+// kafka.FirstOffset or kafka.LastOffset). It does not wait for the
+// brokers: a partition that cannot be read shows as errors from Fetch.
 func openKafkaSource(c kafkaSourceConfig, position, start int64) (*kafkaSource, error) {
-	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers:   c.Brokers,
-		Topic:     c.Topic,
-		Partition: c.Partition,
-		MinBytes:  1,
-		MaxBytes:  16 << 20,
-		MaxWait:   c.MaxWait,
-		// The reader fetches in the background while a batch is written:
-		// a queue of a whole batch lets the next one be ready when the
-		// write ends (kafka-go's default of 100 made batches of ~100
-		// records once the log was behind).
-		QueueCapacity: c.BatchSize,
-		Dialer:        c.Dialer,
-		ErrorLogger:   kafka.LoggerFunc(func(msg string, args ...any) { c.Log.Debug("kafka: " + fmt.Sprintf(msg, args...)) }),
-		// Return an out-of-range position instead of retrying it for ever
-		// in silence: see [kafkaSource.outOfRange].
-		OffsetOutOfRangeError: true,
-	})
-	if err := r.SetOffset(start); err != nil {
-		r.Close()
-		return nil, fmt.Errorf("projection: %s/%d: set offset %d: %w", c.Topic, c.Partition, start, err)
+	if c.BatchSize < 1 {
+		return nil, fmt.Errorf("projection: %s/%d: batch size %d: want at least 1", c.Topic, c.Partition, c.BatchSize)
 	}
-	return &kafkaSource{
-		topic: c.Topic, partition: c.Partition, r: r, log: c.Log,
+	s := &kafkaSource{
+		topic: c.Topic, partition: c.Partition, log: c.Log,
 		batchSize: c.BatchSize, linger: c.Linger,
+		newFetcher: func(offset int64) *partitionFetcher {
+			return startPartitionFetcher(fetcherConfig{
+				dialer: c.Dialer, brokers: c.Brokers, topic: c.Topic, partition: c.Partition,
+				maxWait: c.MaxWait, chunk: c.BatchSize, log: c.Log,
+			}, offset)
+		},
 		bounds: c.Bounds, committed: c.Committed, lost: c.Lost, moved: c.Moved,
 		position: position,
-	}, nil
+	}
+	s.fetcher = s.newFetcher(start)
+	return s, nil
 }
 
 // Fetch implements [Source]. An out-of-range position is handled here
 // ([kafkaSource.outOfRange]) and returns no records and no error.
+//
+// The fetcher hands records over a chunk at a time, whole batches while
+// the partition is behind: such a chunk is returned at once, without the
+// linger. A chunk is never split: one that does not fit in the batch
+// gathered so far waits for the next Fetch, so that batches keep the
+// fetcher's whole chunks rather than copying every record to realign them.
 func (s *kafkaSource) Fetch(ctx context.Context, wait time.Duration) ([]Record, error) {
-	fctx, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
-	m, err := s.r.FetchMessage(fctx)
-	if err != nil {
-		switch {
-		case ctx.Err() != nil || fctx.Err() != nil:
-			return nil, nil
-		case errors.Is(err, kafka.OffsetOutOfRange):
+	if ctx.Err() != nil {
+		return nil, nil
+	}
+	c, ok := s.receive(ctx, wait)
+	if !ok {
+		return nil, nil
+	}
+	if c.err != nil {
+		if errors.Is(c.err, kafka.OffsetOutOfRange) {
 			s.outOfRange(ctx)
 			return nil, nil
-		default:
-			return nil, fmt.Errorf("fetch %s/%d: %w", s.topic, s.partition, err)
 		}
+		return nil, fmt.Errorf("fetch %s/%d: %w", s.topic, s.partition, c.err)
 	}
-	if s.position >= 0 && m.Offset > s.position && !s.readSincePosition {
-		// kafka-go moves a reader whose offset is below the log start to
-		// the log start without a word: records were deleted (retention,
-		// compaction) before this projection read them. Say so.
+	recs := c.recs
+	if first := recs[0].Coord.Offset; s.position >= 0 && first > s.position && !s.readSincePosition {
+		// The first record after the stored position is further on: the
+		// records between were compacted away before this projection read
+		// them (a position below the log start comes back as out of range
+		// instead: see [kafkaSource.outOfRange]). Say so.
 		s.log.Error("records between the stored position and the first record read were never delivered: deleted from the log (retention or compaction) before they were read",
-			"position", s.position, "first_read", m.Offset, "lost_records", m.Offset-s.position)
-		s.lost.Add(m.Offset - s.position)
+			"position", s.position, "first_read", first, "lost_records", first-s.position)
+		s.lost.Add(first - s.position)
 	}
 	s.readSincePosition = true
-	// Sized by the last batch: growing a slice of records to a full batch
-	// copied each record about twice, and was the largest allocation in
-	// the process in the allocation profile of a deltas run.
-	recs := make([]Record, 0, min(max(s.lastLen, 64), s.batchSize))
-	recs = append(recs, s.record(m))
-	s.hwm = max(s.hwm, m.HighWaterMark)
-	lctx, cancel := context.WithTimeout(ctx, s.linger)
-	defer cancel()
-	for len(recs) < s.batchSize {
-		m, err := s.r.FetchMessage(lctx)
-		if err != nil {
-			break
+	if len(recs) < s.batchSize {
+		until := time.Now().Add(s.linger)
+		for len(recs) < s.batchSize {
+			c, ok := s.receive(ctx, time.Until(until))
+			if !ok {
+				break
+			}
+			if c.err != nil || len(recs)+len(c.recs) > s.batchSize {
+				s.held = &c
+				break
+			}
+			// recs is the fetcher's chunk, ours now: appending to it
+			// reuses its spare room before growing.
+			recs = append(recs, c.recs...)
 		}
-		recs = append(recs, s.record(m))
-		s.hwm = max(s.hwm, m.HighWaterMark)
 	}
-	s.lastLen = len(recs)
 	return recs, nil
 }
 
-func (s *kafkaSource) record(m kafka.Message) Record {
-	return Record{Key: m.Key, Value: m.Value, Time: m.Time, Coord: Coord{Partition: s.partition, Offset: m.Offset}}
+// receive returns what the fetcher handed over: what the last Fetch held
+// back, else the next chunk or error, waiting up to d for it; false when
+// d passed or ctx ended first.
+func (s *kafkaSource) receive(ctx context.Context, d time.Duration) (fetched, bool) {
+	if c := s.held; c != nil {
+		s.held = nil
+		return *c, true
+	}
+	// A chunk already waiting is taken without a timer.
+	select {
+	case c := <-s.fetcher.out:
+		return c, true
+	default:
+	}
+	if d <= 0 {
+		return fetched{}, false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case c := <-s.fetcher.out:
+		return c, true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return fetched{}, false
 }
 
 // Ack implements [Source]: the position after recs is offered to the
@@ -164,17 +189,26 @@ func (s *kafkaSource) Ordered() bool { return true }
 
 // Lag implements [Source], from the partition's end as last fetched.
 func (s *kafkaSource) Lag(context.Context) (int64, error) {
+	hwm := s.end()
 	if s.position < 0 {
-		return s.hwm, nil
+		return hwm, nil
 	}
-	return max(s.hwm-s.position, 0), nil
+	return max(hwm-s.position, 0), nil
 }
 
-// end is the partition's end as last seen by a fetch, for the status.
-func (s *kafkaSource) end() int64 { return s.hwm }
+// end is the partition's end as last seen by a fetch, for the status. It
+// never goes back, not even across a restart of the fetcher.
+func (s *kafkaSource) end() int64 {
+	s.hwm = max(s.hwm, s.fetcher.hwm.Load())
+	return s.hwm
+}
 
-// Close implements [Source].
-func (s *kafkaSource) Close() error { return s.r.Close() }
+// Close implements [Source]: it stops the fetcher, a fetch in flight
+// included, and waits for it.
+func (s *kafkaSource) Close() error {
+	s.fetcher.stop()
+	return nil
+}
 
 // outOfRange handles a position the partition no longer holds. Below the
 // log start, records were deleted (retention, compaction, DeleteRecords)
@@ -207,7 +241,9 @@ func (s *kafkaSource) outOfRange(ctx context.Context) {
 	if next < 0 {
 		next = kafka.FirstOffset
 	}
-	if err := s.r.SetOffset(next); err != nil {
-		s.log.Warn("set offset", "offset", next, "err", err)
-	}
+	// The fetcher stopped when it handed the error over; a new one reads
+	// from the position as it is now.
+	s.fetcher.stop()
+	s.held = nil
+	s.fetcher = s.newFetcher(next)
 }

@@ -81,13 +81,12 @@ const rebuildPoll = 25 * time.Millisecond
 
 // rebuildMaxWait is the shadow's fetch wait, unless the config sets one.
 // Once a partition is read to its end, the broker holds each fetch for up
-// to this long, and stopping the partition's reader waits for the fetch in
-// flight: with the one second of `projector run`, stopping the shadow
-// before the swap took 0.5 to 0.7 s of a 7 s rebuild (its phase log).
-// Not lower: kafka-go asks the broker to hold a fetch for three quarters
-// of the wait and gives up on the answer at the whole wait, so the
-// quarter left must cover the round trip to a remote broker, or every
-// idle fetch times out and dials again.
+// to this long. It was chosen for kafka-go's Reader, whose stop waited for
+// the fetch in flight (with the one second of `projector run`, stopping
+// the shadow before the swap took 0.5 to 0.7 s of a 7 s rebuild) and which
+// gave up on an answer a quarter of the wait after the broker could send
+// it. The partition fetcher that replaced it closes its connection to stop
+// and gives an answer the wait plus fetchReadTimeout; the value stayed.
 const rebuildMaxWait = 500 * time.Millisecond
 
 // Run rebuilds, checking every precondition before anything is reset: one

@@ -1,0 +1,323 @@
+package projection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// The fetcher's limits.
+const (
+	// fetchMaxBytes bounds one fetch response.
+	fetchMaxBytes = 16 << 20
+	// fetchReadTimeout is how long a fetch's answer may take beyond the
+	// broker's wait, and how long reading the offsets of a new connection
+	// may take; a broker silent for longer is dialled again.
+	fetchReadTimeout = 10 * time.Second
+	// fetchAttempts is how many connection attempts in a row fail in
+	// silence before each failure is reported to the source (kafka-go's
+	// reader default): a leader moving or a broker restarting is not an
+	// outage.
+	fetchAttempts = 3
+	// fetchBackoffMin and fetchBackoffMax bound the wait before a retry.
+	fetchBackoffMin = 100 * time.Millisecond
+	fetchBackoffMax = time.Second
+)
+
+// fetched is what a [partitionFetcher] hands over: records in offset
+// order, or an error.
+type fetched struct {
+	recs []Record
+	err  error
+}
+
+// fetcherConfig is what a [partitionFetcher] reads and how.
+type fetcherConfig struct {
+	dialer    *kafka.Dialer
+	brokers   []string
+	topic     string
+	partition int
+	// maxWait is how long the broker holds a fetch with nothing to return.
+	maxWait time.Duration
+	// chunk is the most records handed over at once: the batch size.
+	chunk int
+	log   *slog.Logger
+}
+
+// partitionFetcher reads one partition from its leader in the background,
+// whole fetch responses over a [kafka.Conn], and hands the records over a
+// chunk at a time on out. It replaces kafka-go's Reader, which hands each
+// message over on a channel and sets a read deadline per message: about a
+// fifth of the CPU of a rebuild went there. Here a channel operation moves
+// a chunk, and the read deadline is set once per fetch.
+//
+// While the partition is behind, a chunk is a whole batch; at the
+// partition's end it is what was read. A full chunk waits for the source
+// to take it, so at most about one batch is read ahead: the next batch is
+// fetched while the current one is written, and no more.
+//
+// The error handling is kafka-go's reader's: a new leader or a broken
+// connection dials again, with a backoff; a failure to connect is reported
+// from the fetchAttempts-th attempt in a row on; a Kafka error code other
+// than those is reported and the fetch retried. An offset out of range is
+// reported and ends the fetcher: the source decides where to go on from
+// ([kafkaSource.outOfRange]) and starts another.
+type partitionFetcher struct {
+	cfg fetcherConfig
+	out chan fetched
+	// hwm is the partition's end as last answered by a fetch.
+	hwm    atomic.Int64
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	// pending is the chunk being filled, and lastLen the length of the
+	// last one handed over, which sizes the next: growing a chunk to a
+	// whole batch copied each record about twice (run goroutine only).
+	pending []Record
+	lastLen int
+}
+
+// startPartitionFetcher starts reading at offset, an offset or
+// kafka.FirstOffset or kafka.LastOffset.
+func startPartitionFetcher(cfg fetcherConfig, offset int64) *partitionFetcher {
+	ctx, cancel := context.WithCancel(context.Background())
+	f := &partitionFetcher{cfg: cfg, out: make(chan fetched), cancel: cancel, done: make(chan struct{})}
+	go f.run(ctx, offset)
+	return f
+}
+
+// stop ends the fetcher, closing its connection so that a fetch in flight
+// returns at once, and waits for it.
+func (f *partitionFetcher) stop() {
+	f.cancel()
+	<-f.done
+}
+
+func (f *partitionFetcher) run(ctx context.Context, offset int64) {
+	defer close(f.done)
+	for attempt := 0; ; attempt++ {
+		// What was read is handed over before waiting to connect again.
+		if attempt > 0 && (!f.handOver(ctx) || !f.pause(ctx, attempt)) {
+			return
+		}
+		conn, release, start, err := f.connect(ctx, offset)
+		switch {
+		case ctx.Err() != nil:
+			if conn != nil {
+				release()
+			}
+			return
+		case errors.Is(err, kafka.OffsetOutOfRange):
+			f.fail(ctx, err)
+			return
+		case err != nil:
+			if attempt >= fetchAttempts {
+				if !f.fail(ctx, err) {
+					return
+				}
+			} else {
+				f.debug("connecting failed", "offset", offset, "attempt", attempt+1, "err", err)
+			}
+			continue
+		}
+		// Connected: a failure from now on starts the backoff again.
+		attempt = 0
+		offset, err = f.read(ctx, conn, start)
+		release()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, kafka.OffsetOutOfRange):
+			f.fail(ctx, err)
+			return
+		}
+		f.debug("reading failed; connecting again", "offset", offset, "err", err)
+	}
+}
+
+// connect dials the partition's leader, through the projector's dialer
+// (its TLS and SASL), and resolves offset against the partition's bounds.
+// release closes the connection; it is also closed when ctx ends, so that
+// a read in progress returns.
+func (f *partitionFetcher) connect(ctx context.Context, offset int64) (conn *kafka.Conn, release func(), start int64, err error) {
+	cfg := f.cfg
+	conn, err = dialLeader(ctx, cfg.dialer, cfg.brokers, cfg.topic, cfg.partition)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	release = func() {
+		stop()
+		conn.Close()
+	}
+	_ = conn.SetDeadline(time.Now().Add(fetchReadTimeout))
+	first, last, err := conn.ReadOffsets()
+	if err != nil {
+		release()
+		return nil, nil, 0, fmt.Errorf("offsets of %s/%d: %w", cfg.topic, cfg.partition, err)
+	}
+	switch {
+	case offset == kafka.FirstOffset:
+		offset = first
+	case offset == kafka.LastOffset:
+		offset = last
+	case offset < first || offset > last:
+		// kafka-go's reader moves to the log start without a word; the
+		// source must know, to count what was lost.
+		release()
+		return nil, nil, 0, fmt.Errorf("offset %d is outside %s/%d's log (%d to %d): %w", offset, cfg.topic, cfg.partition, first, last, kafka.OffsetOutOfRange)
+	}
+	_ = conn.SetDeadline(time.Time{})
+	return conn, release, offset, nil
+}
+
+// read fetches from conn from offset on until the connection must be
+// replaced (the error says why) or ctx ends; it returns the offset to go
+// on from.
+func (f *partitionFetcher) read(ctx context.Context, conn *kafka.Conn, offset int64) (int64, error) {
+	errs := 0
+	for {
+		if errs > 0 {
+			// What was read is handed over before waiting.
+			if !f.handOver(ctx) || !f.pause(ctx, errs) {
+				return offset, ctx.Err()
+			}
+		}
+		next, hwm, read, err := f.fetch(ctx, conn, offset)
+		offset = next
+		if (err == nil || errors.Is(err, kafka.RequestTimedOut)) && hwm > f.hwm.Load() {
+			f.hwm.Store(hwm)
+		}
+		switch {
+		case err == nil:
+			errs = 0
+			// At the partition's end, what was read goes at once rather
+			// than wait for a whole batch; so it does after a response
+			// without records (transaction markers before the end), lest
+			// it wait for records that are not coming.
+			if (offset >= hwm || read == 0) && !f.handOver(ctx) {
+				return offset, ctx.Err()
+			}
+			continue
+		case ctx.Err() != nil:
+			return offset, ctx.Err()
+		case errors.Is(err, kafka.RequestTimedOut):
+			// Nothing new within maxWait (kafka-go's word for an empty
+			// response), or the broker's own timeout: ask again.
+			errs = 0
+			if !f.handOver(ctx) {
+				return offset, ctx.Err()
+			}
+			continue
+		case errors.Is(err, kafka.NotLeaderForPartition), errors.Is(err, kafka.UnknownTopicOrPartition),
+			errors.Is(err, kafka.LeaderNotAvailable), errors.Is(err, kafka.OffsetOutOfRange),
+			errors.Is(err, io.ErrNoProgress):
+			// A new leader, a topic going away, or an offset the source
+			// decides about; io.ErrNoProgress is a connection kafka-go
+			// found corrupted.
+			return offset, err
+		}
+		var kerr kafka.Error
+		if !errors.As(err, &kerr) {
+			// The connection is broken (kafka-go closed it): dial again.
+			return offset, err
+		}
+		// Any other error code is reported, and asked again after a while.
+		if !f.fail(ctx, err) {
+			return offset, ctx.Err()
+		}
+		errs++
+	}
+}
+
+// fetch reads one fetch response from offset into the pending chunk,
+// handing each full chunk over as it fills. It returns the offset to
+// fetch next, the partition's end as the response gave it, and how many
+// records it read.
+func (f *partitionFetcher) fetch(ctx context.Context, conn *kafka.Conn, offset int64) (next, hwm int64, read int, err error) {
+	// One deadline for the whole fetch: the broker holds it up to maxWait,
+	// then the response has fetchReadTimeout to arrive and be read.
+	_ = conn.SetReadDeadline(time.Now().Add(f.cfg.maxWait + fetchReadTimeout))
+	if _, err := conn.Seek(offset, kafka.SeekAbsolute|kafka.SeekDontCheck); err != nil {
+		return offset, 0, 0, err
+	}
+	batch := conn.ReadBatchWith(kafka.ReadBatchConfig{MinBytes: 1, MaxBytes: fetchMaxBytes, MaxWait: f.cfg.maxWait})
+	hwm = batch.HighWaterMark()
+	for {
+		// ReadMessage allocates each key and value: a record never aliases
+		// a buffer the connection reuses.
+		m, err := batch.ReadMessage()
+		if err != nil {
+			// io.EOF ends the response (Close returns nil for it).
+			break
+		}
+		if m.Offset < offset {
+			// A compressed record batch starts before the offset asked
+			// for; kafka-go skips those records already, this is a guard.
+			continue
+		}
+		offset = m.Offset + 1
+		read++
+		if f.pending == nil {
+			f.pending = make([]Record, 0, min(max(f.lastLen, 64), f.cfg.chunk))
+		}
+		f.pending = append(f.pending, Record{Key: m.Key, Value: m.Value, Time: m.Time, Coord: Coord{Partition: f.cfg.partition, Offset: m.Offset}})
+		if len(f.pending) >= f.cfg.chunk {
+			if !f.handOver(ctx) {
+				break
+			}
+			// The source took its time (a whole batch's write): the rest
+			// of the response gets a deadline of its own.
+			_ = conn.SetReadDeadline(time.Now().Add(fetchReadTimeout))
+		}
+	}
+	err = batch.Close()
+	// The batch's offset is past the records read, and past records
+	// compacted away at the end of the response.
+	return max(offset, batch.Offset()), hwm, read, err
+}
+
+// handOver hands the pending chunk to the source, waiting for it to take
+// it; false when ctx ended first.
+func (f *partitionFetcher) handOver(ctx context.Context) bool {
+	if len(f.pending) == 0 {
+		return true
+	}
+	select {
+	case f.out <- fetched{recs: f.pending}:
+		f.lastLen, f.pending = len(f.pending), nil
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// fail hands what was read over, then err; false when ctx ended first.
+func (f *partitionFetcher) fail(ctx context.Context, err error) bool {
+	if !f.handOver(ctx) {
+		return false
+	}
+	select {
+	case f.out <- fetched{err: err}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// pause waits before a retry, longer after each failure in a row (as
+// kafka-go's reader does); false when ctx ended first.
+func (f *partitionFetcher) pause(ctx context.Context, failures int) bool {
+	sleep(ctx, min(time.Duration(failures*failures)*fetchBackoffMin, fetchBackoffMax))
+	return ctx.Err() == nil
+}
+
+func (f *partitionFetcher) debug(msg string, args ...any) {
+	f.cfg.log.Debug("kafka: "+msg, append([]any{"topic", f.cfg.topic, "partition", f.cfg.partition}, args...)...)
+}
