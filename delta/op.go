@@ -137,27 +137,90 @@ func parseOp(i int, raw json.RawMessage) (Op, error) {
 	// Members by exact name: encoding/json's struct decoding matches
 	// names regardless of case, which would let an unknown member such as
 	// "PATH" override "path". For a repeated name the last one counts.
-	var w opMembers
-	rawMembers(raw, func(key, v []byte) {
-		// Names are compared without making a string of each (a member
-		// name with an escape is unquoted first).
-		if bytes.IndexByte(key, '\\') >= 0 {
-			key = []byte(unquote(key))
-		} else {
-			key = key[1 : len(key)-1]
+	var w OpMembers
+	rawMembers(raw, w.set)
+	return parseOpMembers(i, w)
+}
+
+// OpMembers are the raw values of the members of an op object the format
+// names, nil when absent, for a reader that has walked the op object
+// already (see [OpMemberIndex]).
+type OpMembers struct {
+	Op, Path, Value, By []byte
+}
+
+// The members of an op object, as [OpMemberIndex] numbers them.
+const (
+	OpMemberOp = iota
+	OpMemberPath
+	OpMemberValue
+	OpMemberBy
+)
+
+// OpMemberIndex numbers an op object's member by its name, given as a JSON
+// string literal (quotes and escapes included): OpMemberOp to OpMemberBy,
+// or -1 for a name the format does not know. Names are exact: "PATH" is
+// not "path".
+func OpMemberIndex(key []byte) int {
+	// Compared without making a string of each name (a name with an
+	// escape is unquoted first).
+	if bytes.IndexByte(key, '\\') >= 0 {
+		key = []byte(unquote(key))
+	} else {
+		key = key[1 : len(key)-1]
+	}
+	switch string(key) {
+	case "op":
+		return OpMemberOp
+	case "path":
+		return OpMemberPath
+	case "value":
+		return OpMemberValue
+	case "by":
+		return OpMemberBy
+	}
+	return -1
+}
+
+// set takes one member of an op object; for a repeated name the last one
+// counts.
+func (w *OpMembers) set(key, v []byte) {
+	switch OpMemberIndex(key) {
+	case OpMemberOp:
+		w.Op = v
+	case OpMemberPath:
+		w.Path = v
+	case OpMemberValue:
+		w.Value = v
+	case OpMemberBy:
+		w.By = v
+	}
+}
+
+// ParseOpMembers is [ParseValidOps] for a reader that has validated the
+// ops array and collected each element's members already (every element
+// an object): it gives the same ops, and the same error, without walking
+// the array again.
+func ParseOpMembers(elems []OpMembers) ([]Op, error) {
+	if len(elems) == 0 {
+		return nil, &OpError{Index: -1, Field: "ops", Reason: "must hold at least 1 op"}
+	}
+	if len(elems) > MaxOps {
+		return nil, &OpError{Index: -1, Field: "ops", Reason: fmt.Sprintf("holds %d ops, at most %d allowed", len(elems), MaxOps)}
+	}
+	ops := make([]Op, len(elems))
+	for i, w := range elems {
+		op, err := parseOpMembers(i, w)
+		if err != nil {
+			return nil, err
 		}
-		switch string(key) {
-		case "op":
-			w.op = v
-		case "path":
-			w.path = v
-		case "value":
-			w.value = v
-		case "by":
-			w.by = v
-		}
-	})
-	kind, ok, err := opKind(w.op)
+		ops[i] = op
+	}
+	return ops, nil
+}
+
+func parseOpMembers(i int, w OpMembers) (Op, error) {
+	kind, ok, err := opKind(w.Op)
 	if err != nil {
 		return Op{}, &OpError{Index: i, Field: "op", Reason: "must be the string set, remove or increment"}
 	}
@@ -165,10 +228,10 @@ func parseOp(i int, raw json.RawMessage) (Op, error) {
 		return Op{}, &OpError{Index: i, Field: "op", Reason: "required (set, remove or increment)"}
 	}
 	var op Op
-	if p, ok := internedPathOf(w.path); ok {
+	if p, ok := internedPathOf(w.Path); ok {
 		op = Op{Kind: Kind(kind), Path: p.path, Tokens: p.tokens}
 	} else {
-		path, ok, err := stringMember(w.path)
+		path, ok, err := stringMember(w.Path)
 		if err != nil {
 			return Op{}, &OpError{Index: i, Field: "path", Reason: "must be a JSON Pointer string"}
 		}
@@ -179,19 +242,19 @@ func parseOp(i int, raw json.RawMessage) (Op, error) {
 		if err != nil {
 			return Op{}, &OpError{Index: i, Field: "path", Reason: err.Error()}
 		}
-		internPath(w.path, path, tokens)
+		internPath(w.Path, path, tokens)
 		op = Op{Kind: Kind(kind), Path: path, Tokens: tokens}
 	}
 	switch op.Kind {
 	case Set:
-		value := TrimJSONSpace(w.value)
+		value := TrimJSONSpace(w.Value)
 		if len(value) == 0 {
 			return Op{}, &OpError{Index: i, Field: "value", Reason: "required for set (use null to store null)"}
 		}
 		op.Value = value
 	case Remove:
 	case Increment:
-		by := TrimJSONSpace(w.by)
+		by := TrimJSONSpace(w.By)
 		if len(by) == 0 {
 			return Op{}, &OpError{Index: i, Field: "by", Reason: "required for increment"}
 		}
@@ -246,12 +309,6 @@ func opKind(raw []byte) (string, bool, error) {
 		return string(Increment), true, nil
 	}
 	return stringMember(raw)
-}
-
-// opMembers are the raw values of the members of an op object the format
-// names, nil when absent.
-type opMembers struct {
-	op, path, value, by []byte
 }
 
 // stringMember reads a member of an op object as a string; ok is false

@@ -133,9 +133,16 @@ func DecodeValue(value []byte) (Event, error) {
 		ev.State = bytes.Clone(st) // never alias the record's buffer
 	case Delta:
 		// Parsed from a copy: the ops' values must not alias the record.
-		ev.RawOps = bytes.Clone(delta.TrimJSONSpace(w.ops))
-		// The scanner has validated the whole value, ops included.
-		ops, err := delta.ParseValidOps(ev.RawOps)
+		ev.RawOps = bytes.Clone(w.ops)
+		// The scanner has validated the whole value, ops included, and
+		// noted where each op's members lie when every op is an object.
+		var ops []delta.Op
+		var err error
+		if w.opsObjects {
+			ops, err = opsOf(&w, ev.RawOps)
+		} else {
+			ops, err = delta.ParseValidOps(ev.RawOps)
+		}
 		if err != nil {
 			return Event{}, &FieldError{Field: "ops", Reason: err.Error()}
 		}
@@ -240,6 +247,28 @@ func stringOf(raw json.RawMessage) (string, error) {
 	var s string
 	err := json.Unmarshal(raw, &s)
 	return s, err
+}
+
+// opsOf parses the ops from the members the scanner noted, each taken
+// from raw, the copy of the ops array.
+func opsOf(w *members, raw []byte) ([]delta.Op, error) {
+	spans := w.opsElems()
+	var local [4]delta.OpMembers
+	elems := local[:0]
+	if len(spans) > len(local) {
+		elems = make([]delta.OpMembers, 0, len(spans))
+	}
+	at := func(sp [2]int32) []byte {
+		if sp[1] == 0 {
+			return nil
+		}
+		a, b := int(sp[0])-w.opsStart, int(sp[1])-w.opsStart
+		return raw[a:b:b]
+	}
+	for _, sp := range spans {
+		elems = append(elems, delta.OpMembers{Op: at(sp[delta.OpMemberOp]), Path: at(sp[delta.OpMemberPath]), Value: at(sp[delta.OpMemberValue]), By: at(sp[delta.OpMemberBy])})
+	}
+	return delta.ParseOpMembers(elems)
 }
 
 // occurredAt parses the occurred_at member. A string with nothing to

@@ -2,6 +2,8 @@ package event_test
 
 import (
 	"bytes"
+	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -23,6 +25,10 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte("job-1"), []byte(nil))
 	f.Add([]byte("job-1"), []byte("null"))
 	f.Add([]byte("job-1"), []byte(`{"job_id":"job-1","version":9,"kind":"delete","event_id":"evt-91"}`))
+	f.Add([]byte(""), []byte(`{"job_id":"j","version":2,"kind":"delta","ops":[{"op":"set","path":"/a","value":{"x":[1,"y"]},"PATH":"/b"},{"o\u0070":"remove","path":"/c~1d"},{"op":"increment","path":"/n","by":-1.5e3,"by":2}]}`))
+	f.Add([]byte(""), []byte(`{"job_id":"j","version":2,"kind":"delta","ops":[{"op":"set","path":"/a","value":1}],"ops":[1,{"op":"remove","path":"/b"}]}`))
+	f.Add([]byte(""), []byte(`{"job_id":"j","version":2,"kind":"delta","ops":[{"op":"set","path":"/a"}, {"op":"remove"}]}`))
+	f.Add([]byte(""), []byte(`{"job_id":"j","version":2,"kind":"delta","ops":[{"op":"set","path":"/a","value":1}],"ops":5}`))
 
 	f.Fuzz(func(t *testing.T, key, value []byte) {
 		ev, err := event.Decode(key, value)
@@ -31,6 +37,18 @@ func FuzzDecode(f *testing.F) {
 			require.ErrorAs(t, err, &fieldErr)
 			require.NotEmpty(t, fieldErr.Field)
 			require.NotEmpty(t, fieldErr.Reason)
+			if fieldErr.Field == "ops" && strings.HasPrefix(fieldErr.Reason, "ops") && json.Valid(value) {
+				// The ops the scanner noted are parsed as delta.ParseOps
+				// parses the array on its own: the same refusal (the
+				// scanner's own, such as bad UTF-8, say no "ops").
+				var top map[string]json.RawMessage
+				if json.Unmarshal(value, &top) == nil && top["ops"] != nil {
+					_, perr := delta.ParseOps(top["ops"])
+					if perr != nil {
+						require.Equal(t, perr.Error(), fieldErr.Reason)
+					}
+				}
+			}
 			return
 		}
 		require.GreaterOrEqual(t, ev.Version, int64(1))
@@ -50,6 +68,10 @@ func FuzzDecode(f *testing.F) {
 			require.LessOrEqual(t, len(ev.Ops), delta.MaxOps)
 			require.True(t, bytes.HasPrefix(ev.RawOps, []byte("[")))
 			require.Nil(t, ev.State)
+			// The same ops as delta.ParseOps makes of the array alone.
+			want, err := delta.ParseOps(ev.RawOps)
+			require.NoError(t, err)
+			require.Equal(t, want, ev.Ops)
 		case event.Delete:
 			require.Nil(t, ev.State, "a delete carries no state")
 			require.Empty(t, ev.Ops, "a delete carries no ops")

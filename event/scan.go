@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"unicode/utf8"
+	"unsafe"
+
+	"github.com/projector/projector/delta"
 )
 
 // maxDepth bounds nesting: deeper values are bad input rather than a risk
@@ -15,6 +18,27 @@ const maxDepth = 1000
 // names; for a repeated name the last one counts, as encoding/json does.
 type members struct {
 	jobID, version, kind, state, ops, eventID, occurredAt []byte
+	// opsObjects reports that every element of the ops array (the last
+	// one, for a repeated name) is an object; opsElems (opsLocal[:opsN]
+	// while it fits) then holds where each one's members lie in the value,
+	// so the ops are parsed without walking them again.
+	opsObjects bool
+	opsStart   int
+	opsN       int
+	opsLocal   [4]opSpans
+	opsMore    []opSpans
+}
+
+// opSpans is where the values of an op object's members lie in the record
+// value, by [delta.OpMemberIndex]: start and end, both 0 when absent.
+type opSpans [4][2]int32
+
+// opsElems returns the spans of the ops array's elements.
+func (m *members) opsElems() []opSpans {
+	if m.opsMore != nil {
+		return m.opsMore
+	}
+	return m.opsLocal[:m.opsN]
 }
 
 // scanError is malformed JSON, or JSON that PostgreSQL would refuse.
@@ -62,7 +86,15 @@ func scanObject(b []byte) (members, *scanError) {
 			s.ws()
 			vstart := s.i
 			s.key = key
-			if !s.value(1) {
+			isOps := memberName(key) == "ops"
+			if isOps {
+				m.opsObjects = false // the last ops member counts
+			}
+			if isOps && s.peek() == '[' {
+				if !s.opsArray(&m) {
+					break
+				}
+			} else if !s.value(1) {
 				break
 			}
 			s.key = nil
@@ -103,6 +135,100 @@ func unquote(raw []byte) string {
 		}
 	}
 	return string(raw[1 : len(raw)-1])
+}
+
+// memberName is a member name's text, without allocating for a name
+// with no escape (the result is only compared).
+func memberName(rawKey []byte) string {
+	if bytes.IndexByte(rawKey, '\\') >= 0 {
+		return unquote(rawKey)
+	}
+	return unsafe.String(unsafe.SliceData(rawKey[1:]), len(rawKey)-2)
+}
+
+// opsArray scans the ops member's array as value(1) does, and records
+// where the members of each element lie when every element is an object.
+func (s *scanner) opsArray(m *members) bool {
+	m.opsObjects, m.opsN, m.opsMore, m.opsStart = true, 0, nil, s.i
+	s.i++ // '['
+	s.ws()
+	if s.peek() == ']' {
+		s.i++
+		return true
+	}
+	for {
+		s.ws()
+		if s.peek() == '{' {
+			if !s.opObject(m) {
+				return false
+			}
+		} else {
+			m.opsObjects = false
+			if !s.value(2) {
+				return false
+			}
+		}
+		s.ws()
+		if s.peek() == ',' {
+			s.i++
+			continue
+		}
+		return s.expect(']')
+	}
+}
+
+// opObject scans one op object as value(2) does, noting its members.
+func (s *scanner) opObject(m *members) bool {
+	var sp opSpans
+	s.i++ // '{'
+	s.ws()
+	if s.peek() == '}' {
+		s.i++
+		m.addOp(sp)
+		return true
+	}
+	for {
+		s.ws()
+		kstart := s.i
+		if !s.str() {
+			return false
+		}
+		key := s.b[kstart:s.i]
+		s.ws()
+		if !s.expect(':') {
+			return false
+		}
+		s.ws()
+		vstart := s.i
+		if !s.value(3) {
+			return false
+		}
+		if k := delta.OpMemberIndex(key); k >= 0 {
+			sp[k] = [2]int32{int32(vstart), int32(s.i)}
+		}
+		s.ws()
+		if s.peek() == ',' {
+			s.i++
+			continue
+		}
+		if !s.expect('}') {
+			return false
+		}
+		m.addOp(sp)
+		return true
+	}
+}
+
+func (m *members) addOp(sp opSpans) {
+	switch {
+	case m.opsMore != nil:
+		m.opsMore = append(m.opsMore, sp)
+	case m.opsN < len(m.opsLocal):
+		m.opsLocal[m.opsN] = sp
+		m.opsN++
+	default:
+		m.opsMore = append(append(make([]opSpans, 0, 2*len(m.opsLocal)), m.opsLocal[:]...), sp)
+	}
 }
 
 func (m *members) set(rawKey, v []byte) {

@@ -214,6 +214,8 @@ type run struct {
 	schema string
 	broker *brokerProc
 	rep    *Report
+	// noCheckpoint is set once CHECKPOINT was refused.
+	noCheckpoint bool
 }
 
 // Run measures every line and returns the report; a read model that is not
@@ -293,7 +295,7 @@ func (r *run) measure(ctx context.Context) error {
 		return err
 	}
 
-	w, err := rawCopyMedian(ctx, r.pool, r.schema, stream)
+	w, err := rawCopyMedian(ctx, r.pool, r.schema, stream, r.checkpoint)
 	if err != nil {
 		return fmt.Errorf("bench: raw COPY: %w", err)
 	}
@@ -305,6 +307,7 @@ func (r *run) measure(ctx context.Context) error {
 	r.add(w)
 	naiveRate := r.rep.Writers[len(r.rep.Writers)-1].EventsPerSecond
 	if cfg.Mix == MixSnapshots {
+		r.checkpoint(ctx)
 		w, err := batchedSingles(ctx, r.pool, r.schema, stream)
 		if err != nil {
 			return fmt.Errorf("bench: pgx.Batch: %w", err)
@@ -370,9 +373,10 @@ const rawCopyRuns = 3
 
 // rawCopyMedian measures the ceiling rawCopyRuns times and keeps the
 // median run, noting every run's rate.
-func rawCopyMedian(ctx context.Context, pool *pgxpool.Pool, schema string, stream *jobgen.Stream) (Writer, error) {
+func rawCopyMedian(ctx context.Context, pool *pgxpool.Pool, schema string, stream *jobgen.Stream, settle func(context.Context)) (Writer, error) {
 	runs := make([]Writer, 0, rawCopyRuns)
 	for range rawCopyRuns {
+		settle(ctx)
 		w, err := rawCopy(ctx, pool, schema, stream)
 		if err != nil {
 			return w, err
@@ -496,6 +500,7 @@ func (r *run) projector(ctx context.Context, topic string, hwm map[int]int64, tr
 	if err != nil {
 		return projected{}, err
 	}
+	r.checkpoint(ctx)
 	var mem *memSampler
 	if measureMemory {
 		mem = startMemSampler()
@@ -648,6 +653,23 @@ func (r *run) preload(ctx context.Context, table string, n int) error {
 	return nil
 }
 
+// checkpoint puts the server in the same state before each timed writer:
+// its own checkpoints come every 1 GB of WAL (max_wal_size), so one bench
+// run wrote enough for one or two, and whichever writer one fell in
+// (writing back the pages before it, then logging full-page images) ran
+// slower: raw COPY of one deltas stream ran at 640,000 to 1,150,000
+// events/s from one run to the next. A checkpoint needs a superuser or pg_checkpoint:
+// without one, the bench says so once and goes on.
+func (r *run) checkpoint(ctx context.Context) {
+	if r.noCheckpoint {
+		return
+	}
+	if _, err := r.pool.Exec(ctx, `CHECKPOINT`); err != nil {
+		r.noCheckpoint = true
+		fmt.Fprintf(r.cfg.Progress, "  (no CHECKPOINT before each timed writer: %v; the server's own checkpoints may fall in one and slow it)\n", err)
+	}
+}
+
 // check compares table with the reference: every job at its version with
 // its state, and no row but theirs and the preloaded ones.
 func check(ctx context.Context, pool *pgxpool.Pool, table string, truth map[string]jobgen.Truth, preload int64) error {
@@ -691,6 +713,7 @@ func (r *run) rebuild(ctx context.Context, topic string, st *store.Store, truth 
 		"--group-rebalance-timeout", g(broker.GroupRebalanceTimeout), "--group-join-backoff", g(broker.GroupJoinBackoff),
 		"--log-level", "warn")
 	cmd.Stderr = os.Stderr
+	r.checkpoint(ctx)
 	start := time.Now()
 	out, err := cmd.Output()
 	elapsed := time.Since(start)
