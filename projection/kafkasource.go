@@ -79,7 +79,7 @@ func openKafkaSource(c kafkaSourceConfig, position, start int64) (*kafkaSource, 
 		batchSize: c.BatchSize, linger: c.Linger,
 		newFetcher: func(offset int64) *partitionFetcher {
 			return startPartitionFetcher(fetcherConfig{
-				dialer: c.Dialer, brokers: c.Brokers, topic: c.Topic, partition: c.Partition,
+				dialer: bufferedDialer(c.Dialer), brokers: c.Brokers, topic: c.Topic, partition: c.Partition,
 				maxWait: c.MaxWait, chunk: c.BatchSize, log: c.Log,
 			}, offset)
 		},
