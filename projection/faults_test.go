@@ -231,17 +231,19 @@ func TestFaultBackendsTerminatedMidBatch(t *testing.T) {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			t.Parallel()
 			f := newFaultRig(t, faultOpts{seed: seed})
-			// A slow flow (about 4 s of records), so batches keep running
+			// A slow flow of small chunks (about 11 s of records, a batch
+			// every few tens of milliseconds), so batches keep running
 			// while the terminations look for busy backends: a stream
-			// produced at once was projected in a second or two, and the
-			// rest of the window found only idle ones.
-			wait := f.flow(20, 50*time.Millisecond)
+			// produced at once was projected in a second or two, and once
+			// batches got faster, chunks of 20 every 50 ms (about 4 s)
+			// left one seed with 2 busy backends of 43 terminated.
+			wait := f.flow(4, 25*time.Millisecond)
 			run := f.start(f.config())
 			var killed, inTx int
 			f.eventually(30*time.Second, "backends terminated mid-batch", func() (bool, string) {
 				a, b := f.terminateBackends()
 				killed, inTx = killed+a, inTx+b
-				time.Sleep(100 * time.Millisecond) // pacing the fault: batches run between terminations
+				time.Sleep(50 * time.Millisecond) // pacing the fault: batches (a few ms each) run between terminations
 				return inTx >= 3, fmt.Sprintf("%d terminated, %d of them busy", killed, inTx)
 			})
 			// Then the terminations stop: the batches that failed are retried
