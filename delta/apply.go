@@ -121,6 +121,9 @@ func Apply(state map[string]any, ops []Op) (map[string]any, error) {
 func Patch(state map[string]any, ops []Op) error {
 	undo := undoLogs.Get().(*undoLog)
 	defer func() {
+		if cap(*undo) > maxPooledUndo {
+			return // a delta of many ops: its log is left to the collector
+		}
 		clear(*undo) // no state kept alive from the pool
 		*undo = (*undo)[:0]
 		undoLogs.Put(undo)
@@ -134,6 +137,9 @@ func Patch(state map[string]any, ops []Op) error {
 	}
 	return nil
 }
+
+// maxPooledUndo is the largest undo log kept for reuse, in entries.
+const maxPooledUndo = 64
 
 // undoLogs are Patch's undo logs, reused: a new one for every delta was
 // one allocation per record folded.

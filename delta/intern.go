@@ -49,6 +49,9 @@ func internPath(raw []byte, path string, tokens []string) {
 	if len(raw) > maxInternedPathBytes {
 		return
 	}
+	if m := paths.Load(); m != nil && len(*m) >= maxInternedPaths {
+		return // full: no lock taken for the paths that miss from now on
+	}
 	pathsMu.Lock()
 	defer pathsMu.Unlock()
 	old := paths.Load()

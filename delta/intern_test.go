@@ -19,6 +19,7 @@ func TestAmountOfIsTheLiteral(t *testing.T) {
 // paths plain and escaped, and checks every decode equals the first: the
 // table hands out what the parser would have made.
 func TestInternedPathsParseAsBefore(t *testing.T) {
+	emptyInternTable(t)
 	raw := json.RawMessage(`[{"op":"increment","path":"/processed_articles","by":5},{"op":"set","path":"/a~1b/c~0d","value":1},{"op":"remove","path":"/x\/y"}]`)
 	first, err := ParseOps(raw)
 	if err != nil {
@@ -56,6 +57,7 @@ func TestInternedPathsParseAsBefore(t *testing.T) {
 }
 
 func TestInternTableIsBounded(t *testing.T) {
+	emptyInternTable(t)
 	for i := range maxInternedPaths + 100 {
 		raw := fmt.Sprintf(`[{"op":"remove","path":"/bounded-%d"}]`, i)
 		ops, err := ParseOps(json.RawMessage(raw))
@@ -69,4 +71,13 @@ func TestInternTableIsBounded(t *testing.T) {
 	if n := len(*paths.Load()); n > maxInternedPaths {
 		t.Fatalf("the table holds %d paths, bound %d", n, maxInternedPaths)
 	}
+}
+
+// emptyInternTable empties the process's path table for a test and puts
+// it back after: what other tests interned must not decide what this one
+// finds, nor the other way round.
+func emptyInternTable(t *testing.T) {
+	saved := paths.Load()
+	paths.Store(nil)
+	t.Cleanup(func() { paths.Store(saved) })
 }

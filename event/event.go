@@ -132,10 +132,14 @@ func DecodeValue(value []byte) (Event, error) {
 		}
 		ev.State = bytes.Clone(st) // never alias the record's buffer
 	case Delta:
-		// Parsed from a copy: the ops' values must not alias the record.
-		ev.RawOps = bytes.Clone(w.ops)
 		// The scanner has validated the whole value, ops included, and
 		// noted where each op's members lie when every op is an object.
+		if w.opsObjects && w.opsCount > delta.MaxOps {
+			// Refused for its length before anything is copied.
+			return Event{}, &FieldError{Field: "ops", Reason: (&delta.OpError{Index: -1, Field: "ops", Reason: fmt.Sprintf("holds %d ops, at most %d allowed", w.opsCount, delta.MaxOps)}).Error()}
+		}
+		// Parsed from a copy: the ops' values must not alias the record.
+		ev.RawOps = bytes.Clone(w.ops)
 		var ops []delta.Op
 		var err error
 		if w.opsObjects {

@@ -3,6 +3,7 @@ package event_test
 import (
 	"encoding/json"
 	"math"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -294,5 +295,33 @@ func TestDecodeRefusesWhatPostgreSQLJSONBRefuses(t *testing.T) {
 	for _, v := range good {
 		_, err := event.Decode(nil, []byte(v))
 		require.NoError(t, err, v)
+	}
+}
+
+// TestManyOpsAreRefusedWithoutNotingEach decodes records of about 1 MiB
+// whose ops array holds 350,000 empty objects: the delta is refused for
+// its length and the snapshot (whose ops are ignored) accepted, and
+// neither allocates more than a small part of the record's size for them.
+func TestManyOpsAreRefusedWithoutNotingEach(t *testing.T) {
+	elems := strings.Repeat(`{},`, (event.MaxValueBytes-200)/3)
+	elems = elems[:len(elems)-1]
+	for _, tc := range []struct{ kind, extra, wantErr string }{
+		{"delta", "", "holds 349"},
+		{"snapshot", `,"state":{}`, ""},
+	} {
+		value := []byte(`{"job_id":"j","version":1,"kind":"` + tc.kind + `"` + tc.extra + `,"ops":[` + elems + `]}`)
+		require.LessOrEqual(t, len(value), event.MaxValueBytes)
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		_, err := event.Decode(nil, value)
+		runtime.ReadMemStats(&after)
+		if tc.wantErr != "" {
+			require.ErrorContains(t, err, tc.wantErr, tc.kind)
+		} else {
+			require.NoError(t, err, tc.kind)
+		}
+		allocated := after.TotalAlloc - before.TotalAlloc
+		require.Less(t, allocated, uint64(256<<10), "%s: %d bytes allocated to decode a %d-byte record", tc.kind, allocated, len(value))
 	}
 }

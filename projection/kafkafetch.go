@@ -103,6 +103,7 @@ func (f *partitionFetcher) stop() {
 
 func (f *partitionFetcher) run(ctx context.Context, offset int64) {
 	defer close(f.done)
+	stalled := 0 // connections in a row that read nothing before failing
 	for attempt := 0; ; attempt++ {
 		// What was read is handed over before waiting to connect again.
 		if attempt > 0 && (!f.handOver(ctx) || !f.pause(ctx, attempt)) {
@@ -139,6 +140,21 @@ func (f *partitionFetcher) run(ctx context.Context, offset int64) {
 			f.fail(ctx, err)
 			return
 		}
+		// A connection that fails before reading anything, again and
+		// again (a codec kafka-go does not know, a broker that breaks
+		// every connection), is reported as a failure to connect is,
+		// rather than dialled again in silence for ever.
+		if offset > start {
+			stalled = 0
+		} else {
+			stalled++
+		}
+		if stalled >= fetchAttempts {
+			if !f.fail(ctx, fmt.Errorf("reading %s/%d at offset %d failed %d times in a row: %w", f.cfg.topic, f.cfg.partition, offset, stalled, err)) {
+				return
+			}
+			continue
+		}
 		f.debug("reading failed; connecting again", "offset", offset, "err", err)
 	}
 }
@@ -149,7 +165,12 @@ func (f *partitionFetcher) run(ctx context.Context, offset int64) {
 // a read in progress returns.
 func (f *partitionFetcher) connect(ctx context.Context, offset int64) (conn *kafka.Conn, release func(), start int64, err error) {
 	cfg := f.cfg
-	conn, err = dialLeader(ctx, cfg.dialer, cfg.brokers, cfg.topic, cfg.partition)
+	// Bounded: kafka-go looks the leader up on a connection without a
+	// deadline, and a broker that accepts it and then says nothing would
+	// hold the partition for ever.
+	dctx, cancel := context.WithTimeout(ctx, 2*fetchReadTimeout)
+	conn, err = dialLeader(dctx, cfg.dialer, cfg.brokers, cfg.topic, cfg.partition)
+	cancel()
 	if err != nil {
 		return nil, nil, 0, err
 	}
