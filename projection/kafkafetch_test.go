@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,14 +20,21 @@ import (
 // testKafkaSource opens a source on partition 0 of topic at position.
 func testKafkaSource(t *testing.T, brokers []string, topic string, position int64, batchSize int, maxWait time.Duration) (*kafkaSource, *atomic.Int64) {
 	t.Helper()
+	return testKafkaSourceWith(t, brokers, topic, position, batchSize, maxWait, 20*time.Millisecond, &kafka.Dialer{Timeout: 10 * time.Second})
+}
+
+// testKafkaSourceWith is testKafkaSource with the source's linger and the
+// dialer its fetcher connects through.
+func testKafkaSourceWith(t *testing.T, brokers []string, topic string, position int64, batchSize int, maxWait, linger time.Duration, dialer *kafka.Dialer) (*kafkaSource, *atomic.Int64) {
+	t.Helper()
 	lost := &atomic.Int64{}
 	start := position
 	if start < 0 {
 		start = kafka.FirstOffset
 	}
 	s, err := openKafkaSource(kafkaSourceConfig{
-		Brokers: brokers, Topic: topic, Partition: 0, Dialer: &kafka.Dialer{Timeout: 10 * time.Second},
-		MaxWait: maxWait, BatchSize: batchSize, Linger: 20 * time.Millisecond,
+		Brokers: brokers, Topic: topic, Partition: 0, Dialer: dialer,
+		MaxWait: maxWait, BatchSize: batchSize, Linger: linger,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Bounds: func(ctx context.Context) (int64, int64, error) {
 			conn, err := dialLeader(ctx, &kafka.Dialer{Timeout: 10 * time.Second}, brokers, topic, 0)
@@ -145,4 +153,152 @@ func TestKafkaSourceUnreachable(t *testing.T) {
 	}
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "nowhere/0")
+}
+
+// fetchInOrder fetches from s until want records were returned, requiring
+// each to be the next offset from next on (with its own key and value) and
+// each batch to hold at most batchSize; it returns the batches' lengths.
+func fetchInOrder(t *testing.T, s *kafkaSource, next int64, want int, batchSize int, within time.Duration) []int {
+	t.Helper()
+	var lens []int
+	end := next + int64(want)
+	for deadline := time.Now().Add(within); next < end && time.Now().Before(deadline); {
+		recs, err := s.Fetch(t.Context(), 200*time.Millisecond)
+		require.NoError(t, err)
+		require.LessOrEqual(t, len(recs), batchSize, "a batch of at most the batch size")
+		for _, r := range recs {
+			require.Equal(t, next, r.Coord.Offset, "records in offset order, each once")
+			require.Equal(t, fmt.Sprint("k", next), string(r.Key))
+			require.Equal(t, fmt.Sprint("v", next), strings.TrimRight(string(r.Value), "\x00"))
+			next++
+		}
+		if len(recs) > 0 {
+			lens = append(lens, len(recs))
+			require.NoError(t, s.Ack(t.Context(), recs))
+		}
+	}
+	require.Equal(t, end, next, "every record delivered within %s", within)
+	return lens
+}
+
+// TestKafkaSourceHeldChunkIsReturnedNext: a chunk that arrives while a
+// Fetch lingers and does not fit in its batch (3 records so far, 9 more,
+// batch size 10) is held, and the next Fetch returns it first, then what
+// came after it: every record once, in offset order, no batch over the
+// batch size.
+func TestKafkaSourceHeldChunkIsReturnedNext(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.New(t)
+	topic := kafkatest.Topic(t, c, 1)
+	produceN(t, c, topic, 0, 3)
+	s, _ := testKafkaSourceWith(t, c.Addrs(), topic, -1, 10, 200*time.Millisecond, time.Second, &kafka.Dialer{Timeout: 10 * time.Second})
+	defer s.Close()
+	// The fetcher read the 3 records (it records the partition's end
+	// before it hands them over) and waits for the source to take them;
+	// the 9 produced now come in the fetch after that one, while the
+	// first Fetch lingers.
+	readUpTo := func(end int64) {
+		require.Eventually(t, func() bool { return s.fetcher.hwm.Load() == end }, 10*time.Second, 5*time.Millisecond)
+	}
+	readUpTo(3)
+	produceN(t, c, topic, 3, 9)
+
+	lens := fetchInOrder(t, s, 0, 3, 10, 5*time.Second)
+	require.Equal(t, []int{3}, lens, "the chunk of 9 does not fit after the 3")
+	require.NotNil(t, s.held, "the chunk of 9 arrived within the linger and is held")
+
+	// One more record, waiting in the fetcher while the held chunk is
+	// returned: the next batch is the held 9 and then it, 10 in all.
+	produceN(t, c, topic, 12, 1)
+	readUpTo(13)
+	lens = fetchInOrder(t, s, 3, 10, 10, 5*time.Second)
+	require.Equal(t, []int{10}, lens, "the held chunk whole, then the next record, in one batch")
+	require.Nil(t, s.held)
+
+	// Nothing more, nothing again.
+	recs, err := s.Fetch(t.Context(), 100*time.Millisecond)
+	require.NoError(t, err)
+	require.Empty(t, recs)
+}
+
+// cutConn is a connection that fails once limit bytes were read from it,
+// closing itself, as a connection reset mid-response does.
+type cutConn struct {
+	net.Conn
+	limit int
+	read  int
+	cut   func() // called once, at the cut
+	done  bool
+}
+
+func (c *cutConn) Read(p []byte) (int, error) {
+	if c.read >= c.limit {
+		if !c.done {
+			c.done = true
+			c.cut()
+		}
+		c.Conn.Close()
+		return 0, fmt.Errorf("test: connection cut after %d bytes", c.read)
+	}
+	n, err := c.Conn.Read(p[:min(len(p), c.limit-c.read)])
+	c.read += n
+	return n, err
+}
+
+// TestKafkaSourceReconnectMidResponse: the fetcher's connection breaks in
+// the middle of a fetch response, twice, while records flow; it connects
+// again from the record after the last one it read, and every record comes
+// back once, in offset order, in batches of at most the batch size, the
+// records read before each break included.
+func TestKafkaSourceReconnectMidResponse(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.New(t)
+	topic := kafkatest.Topic(t, c, 1)
+	// Records of about 2 KiB in record batches of 10: a fetch from the
+	// start is about 200 KiB, cut at 50 KiB in the middle of a record
+	// batch and of a chunk.
+	pad := string(make([]byte, 2000))
+	produce := func(from, n int) error {
+		for b := from; b < from+n; b += 10 {
+			recs := make([]kafkatest.Record, 10)
+			for i := range recs {
+				recs[i] = kafkatest.Record{Partition: 0, Key: []byte(fmt.Sprint("k", b+i)), Value: []byte(fmt.Sprint("v", b+i, pad))}
+			}
+			if _, err := c.Produce(context.Background(), topic, recs...); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	require.NoError(t, produce(0, 100))
+
+	// Connections dialled before two were cut are cut once 50 KiB were
+	// read from them: the leader's, in its first fetch response (a leader
+	// lookup's reads far less).
+	var cuts atomic.Int32
+	var dialer net.Dialer
+	d := &kafka.Dialer{Timeout: 10 * time.Second, DialFunc: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		if cuts.Load() >= 2 {
+			return conn, nil
+		}
+		return &cutConn{Conn: conn, limit: 50 << 10, cut: func() { cuts.Add(1) }}, nil
+	}}
+	s, _ := testKafkaSourceWith(t, c.Addrs(), topic, -1, 10, 200*time.Millisecond, 20*time.Millisecond, d)
+	defer s.Close()
+
+	// Records keep coming while the source reads and reconnects.
+	flowing := make(chan error, 1)
+	go func() { flowing <- produce(100, 50) }()
+	fetchInOrder(t, s, 0, 150, 10, 20*time.Second)
+	require.NoError(t, <-flowing)
+	require.Equal(t, int32(2), cuts.Load(), "two connections were cut mid-response")
+
+	// Nothing more, nothing again.
+	recs, err := s.Fetch(t.Context(), 100*time.Millisecond)
+	require.NoError(t, err)
+	require.Empty(t, recs)
 }
