@@ -72,6 +72,9 @@ type fetcherConfig struct {
 // ([kafkaSource.outOfRange]) and starts another.
 type partitionFetcher struct {
 	cfg fetcherConfig
+	// answered is set once a fetch on the current connection was
+	// answered; only the fetcher's goroutine uses it.
+	answered bool
 	out chan fetched
 	// hwm is the partition's end as last answered by a fetch.
 	hwm    atomic.Int64
@@ -131,6 +134,7 @@ func (f *partitionFetcher) run(ctx context.Context, offset int64) {
 		}
 		// Connected: a failure from now on starts the backoff again.
 		attempt = 0
+		f.answered = false
 		offset, err = f.read(ctx, conn, start)
 		release()
 		switch {
@@ -140,11 +144,13 @@ func (f *partitionFetcher) run(ctx context.Context, offset int64) {
 			f.fail(ctx, err)
 			return
 		}
-		// A connection that fails before reading anything, again and
+		// A connection that fails before any fetch is answered, again and
 		// again (a codec kafka-go does not know, a broker that breaks
 		// every connection), is reported as a failure to connect is,
-		// rather than dialled again in silence for ever.
-		if offset > start {
+		// rather than dialled again in silence for ever. One that was
+		// answered (records, or an empty answer on a quiet partition)
+		// and then dropped starts the count again.
+		if f.answered || offset > start {
 			stalled = 0
 		} else {
 			stalled++
@@ -214,6 +220,11 @@ func (f *partitionFetcher) read(ctx context.Context, conn *kafka.Conn, offset in
 		}
 		next, hwm, read, err := f.fetch(ctx, conn, offset)
 		offset = next
+		if err == nil || errors.Is(err, kafka.RequestTimedOut) {
+			// The connection works: a failure after this is not one in
+			// a row with those before it.
+			f.answered = true
+		}
 		if (err == nil || errors.Is(err, kafka.RequestTimedOut)) && hwm > f.hwm.Load() {
 			f.hwm.Store(hwm)
 		}

@@ -302,3 +302,68 @@ func TestKafkaSourceReconnectMidResponse(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, recs)
 }
+
+// TestKafkaSourceReportsAConnectionThatNeverAnswers: every connection to
+// the leader breaks inside the first record of its first fetch response,
+// so nothing is ever read; after a few in a row Fetch says so instead of
+// the fetcher dialling again in silence for ever.
+func TestKafkaSourceReportsAConnectionThatNeverAnswers(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.New(t)
+	topic := kafkatest.Topic(t, c, 1)
+	_, err := c.Produce(context.Background(), topic, kafkatest.Record{Partition: 0, Key: []byte("k"), Value: make([]byte, 200<<10)})
+	require.NoError(t, err)
+	var dialer net.Dialer
+	d := &kafka.Dialer{Timeout: 10 * time.Second, DialFunc: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &cutConn{Conn: conn, limit: 16 << 10, cut: func() {}}, nil
+	}}
+	s, _ := testKafkaSourceWith(t, c.Addrs(), topic, -1, 10, 200*time.Millisecond, 20*time.Millisecond, d)
+	defer s.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		recs, err := s.Fetch(t.Context(), 500*time.Millisecond)
+		require.Empty(t, recs)
+		if err != nil {
+			require.ErrorContains(t, err, "times in a row")
+			return
+		}
+		require.False(t, time.Now().After(deadline), "no error from Fetch while every connection broke before its first answer")
+	}
+}
+
+// TestKafkaSourceQuietConnectionsDroppedAreNoFailure: on a partition with
+// nothing new, connections that answered their fetches (empty) and were
+// then dropped, again and again, are dialled again without an error: the
+// partition is quiet, not failing.
+func TestKafkaSourceQuietConnectionsDroppedAreNoFailure(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.New(t)
+	topic := kafkatest.Topic(t, c, 1)
+	produceN(t, c, topic, 0, 3)
+	var dialer net.Dialer
+	var drops atomic.Int32
+	d := &kafka.Dialer{Timeout: 10 * time.Second, DialFunc: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		time.AfterFunc(300*time.Millisecond, func() { drops.Add(1); conn.Close() })
+		return conn, nil
+	}}
+	s, _ := testKafkaSourceWith(t, c.Addrs(), topic, -1, 10, 50*time.Millisecond, 20*time.Millisecond, d)
+	defer s.Close()
+	fetchInOrder(t, s, 0, 3, 10, 10*time.Second)
+	// About ten drops of connections that were answered, then more
+	// records, which still come.
+	for drops.Load() < 10 {
+		recs, err := s.Fetch(t.Context(), 200*time.Millisecond)
+		require.NoError(t, err, "a quiet partition whose answered connections drop is not failing")
+		require.Empty(t, recs)
+	}
+	produceN(t, c, topic, 3, 2)
+	fetchInOrder(t, s, 3, 2, 10, 10*time.Second)
+}
