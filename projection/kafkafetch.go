@@ -75,7 +75,7 @@ type partitionFetcher struct {
 	// answered is set once a fetch on the current connection was
 	// answered; only the fetcher's goroutine uses it.
 	answered bool
-	out chan fetched
+	out      chan fetched
 	// hwm is the partition's end as last answered by a fetch.
 	hwm    atomic.Int64
 	cancel context.CancelFunc
