@@ -15,7 +15,13 @@ import (
 	"github.com/projector/projector/projection"
 )
 
+// defaultBenchJobs is --jobs unless given, for streams of 200,000 events
+// or more.
+const defaultBenchJobs = 50000
+
 type benchOpts struct {
+	// jobsSet says --jobs (or PROJECTOR_JOBS) was given.
+	jobsSet bool
 	databaseURL string
 	mix         string
 	events      int
@@ -82,7 +88,10 @@ Examples:
 		fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL connection string (default: the local server on 127.0.0.1:5432)")
 		fs.StringVar(&o.mix, "mix", bench.MixSnapshots, "events of the stream: "+strings.Join(bench.Mixes, ", "))
 		fs.IntVar(&o.events, "events", 200000, "events in the stream, about (jobs get a varying number each)")
-		fs.IntVar(&o.jobs, "jobs", 50000, "distinct jobs the events are spread over")
+		fs.IntVar(&o.jobs, "jobs", defaultBenchJobs, "`number` of distinct jobs the events are spread over")
+		jobs := fs.Lookup("jobs")
+		jobs.Value = setTracker{Value: jobs.Value, set: &o.jobsSet}
+		jobs.DefValue = fmt.Sprintf("%d, or a quarter of --events when that is fewer", defaultBenchJobs)
 		fs.IntVar(&o.partitions, "partitions", 6, "partitions of the benchmark topic")
 		fs.IntVar(&o.stateBytes, "state-bytes", 0, "size of a job's state in bytes, about (padded with a field no delta touches;\n0 leaves the natural size, about 200 bytes)")
 		fs.IntVar(&o.naive, "naive-sample", 2000, "events the naive consumer handles (its rate is measured on them)")
@@ -124,6 +133,11 @@ Examples:
 			_, err := bench.Swap(ctx, bench.SwapConfig{DatabaseURL: url, Rows: o.swapRows, DifferPercent: o.swapDiffer,
 				KeepOld: o.swapKeepOld, Readers: 4, Out: env.stdout})
 			return err
+		}
+		if !o.jobsSet {
+			// A short stream spreads over fewer jobs, as the default
+			// 200,000 events do over 50,000 (4 each), rather than refuse.
+			o.jobs = min(defaultBenchJobs, o.events/4)
 		}
 		switch {
 		case !contains(bench.Mixes, o.mix):

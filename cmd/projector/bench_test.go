@@ -67,3 +67,19 @@ func TestBenchJSON(t *testing.T) {
 		"projector rebuild (its own process, start to swap)",
 	}, names)
 }
+
+// TestBenchShortStreamSpreadsOverFewerJobs: without --jobs, a stream
+// shorter than the default's 200,000 events spreads over a quarter as
+// many jobs instead of being refused; --jobs given too large still is.
+func TestBenchShortStreamSpreadsOverFewerJobs(t *testing.T) {
+	t.Parallel()
+	r := runBin(t, 3*time.Minute, dbEnv(), "bench", "--json", "--mix", "mixed", "--events", "2000", "--naive-sample", "20")
+	require.Equal(t, 0, r.code, "%s", r)
+	var got map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &got), "stdout is one JSON object: %s", r)
+	require.Equal(t, 500.0, got["jobs"], "a quarter of --events 2000")
+
+	r = runBin(t, time.Minute, dbEnv(), "bench", "--events", "2000", "--jobs", "1000")
+	require.Equal(t, 2, r.code, "%s", r)
+	require.Contains(t, r.stderr, "--jobs 1000: must be from 1 to a third of --events")
+}
