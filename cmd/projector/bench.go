@@ -21,7 +21,7 @@ const defaultBenchJobs = 50000
 
 type benchOpts struct {
 	// jobsSet says --jobs (or PROJECTOR_JOBS) was given.
-	jobsSet bool
+	jobsSet     bool
 	databaseURL string
 	mix         string
 	events      int
