@@ -13,6 +13,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/projector/projector/internal/kafkatest"
 )
@@ -364,6 +366,59 @@ func TestKafkaSourceQuietConnectionsDroppedAreNoFailure(t *testing.T) {
 		require.NoError(t, err, "a quiet partition whose answered connections drop is not failing")
 		require.Empty(t, recs)
 	}
+	produceN(t, c, topic, 3, 2)
+	fetchInOrder(t, s, 3, 2, 10, 10*time.Second)
+}
+
+// TestKafkaSourceErrorAfterRecordsComesNext: records are handed over, then
+// the broker answers fetches with an error code while the source lingers
+// for more. The records come back first, the error on the next Fetch, and
+// once the broker answers again the records after them, each once.
+func TestKafkaSourceErrorAfterRecordsComesNext(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.New(t)
+	topic := kafkatest.Topic(t, c, 1)
+	produceN(t, c, topic, 0, 3)
+	kf := c.Kfake()
+	var fetches, failed atomic.Int32
+	kf.ControlKey(kmsg.Fetch.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		kf.KeepControl()
+		switch n := fetches.Add(1); {
+		case n == 1:
+			return nil, nil, false // the first fetch is answered: the 3 records
+		case failed.Load() >= 1:
+			kf.DropControl()
+			return nil, nil, false
+		}
+		failed.Add(1)
+		r := req.(*kmsg.FetchRequest)
+		resp := r.ResponseKind().(*kmsg.FetchResponse)
+		for _, rt := range r.Topics {
+			st := kmsg.NewFetchResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewFetchResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.KafkaStorageError.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	s, _ := testKafkaSourceWith(t, c.Addrs(), topic, -1, 10, 100*time.Millisecond, 2*time.Second, &kafka.Dialer{Timeout: 10 * time.Second})
+	defer s.Close()
+
+	recs, err := s.Fetch(t.Context(), 10*time.Second)
+	require.NoError(t, err, "the records read before the error come first")
+	require.Len(t, recs, 3)
+	for i, r := range recs {
+		require.Equal(t, int64(i), r.Coord.Offset)
+	}
+	require.NotNil(t, s.held, "the error arrived while the source lingered, and is kept")
+	_, err = s.Fetch(t.Context(), 10*time.Second)
+	require.ErrorIs(t, err, kafka.KafkaStorageError, "then the error, on the next Fetch")
+
 	produceN(t, c, topic, 3, 2)
 	fetchInOrder(t, s, 3, 2, 10, 10*time.Second)
 }
