@@ -443,20 +443,7 @@ func TestFaultFetchAndCommitErrorsInjected(t *testing.T) {
 		case n%2 == 1:
 			return nil, errors.New("injected: connection dropped"), true
 		}
-		r := req.(*kmsg.FetchRequest)
-		resp := r.ResponseKind().(*kmsg.FetchResponse)
-		for _, rt := range r.Topics {
-			st := kmsg.NewFetchResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewFetchResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = kerr.NotLeaderForPartition.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return fetchErrorResponse(req, kerr.NotLeaderForPartition), nil, true
 	})
 	wait := f.flow(100, 20*time.Millisecond)
 	f.start(f.config())

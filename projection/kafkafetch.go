@@ -22,10 +22,10 @@ const (
 	// broker's wait, and how long reading the offsets of a new connection
 	// may take; a broker silent for longer is dialled again.
 	fetchReadTimeout = 10 * time.Second
-	// fetchAttempts is how many connection attempts in a row fail in
-	// silence before each failure is reported to the source (kafka-go's
-	// reader default): a leader moving or a broker restarting is not an
-	// outage.
+	// fetchAttempts is how many connection attempts in a row (or
+	// connections that fail before any fetch is answered) fail in silence
+	// before each failure is reported to the source (kafka-go's reader
+	// default): a leader moving or a broker restarting is not an outage.
 	fetchAttempts = 3
 	// fetchBackoffMin and fetchBackoffMax bound the wait before a retry.
 	fetchBackoffMin = 100 * time.Millisecond
@@ -61,8 +61,9 @@ type fetcherConfig struct {
 //
 // While the partition is behind, a chunk is a whole batch; at the
 // partition's end it is what was read. A full chunk waits for the source
-// to take it, so at most about one batch is read ahead: the next batch is
-// fetched while the current one is written, and no more.
+// to take it, so about one batch is read ahead: the next batch is fetched
+// while the current one is written. It is two when the source holds a
+// chunk that did not fit in the batch it returned ([kafkaSource.held]).
 //
 // The error handling is kafka-go's reader's: a new leader or a broken
 // connection dials again, with a backoff; a failure to connect is reported
@@ -72,10 +73,7 @@ type fetcherConfig struct {
 // ([kafkaSource.outOfRange]) and starts another.
 type partitionFetcher struct {
 	cfg fetcherConfig
-	// answered is set once a fetch on the current connection was
-	// answered; only the fetcher's goroutine uses it.
-	answered bool
-	out      chan fetched
+	out chan fetched
 	// hwm is the partition's end as last answered by a fetch.
 	hwm    atomic.Int64
 	cancel context.CancelFunc
@@ -134,8 +132,8 @@ func (f *partitionFetcher) run(ctx context.Context, offset int64) {
 		}
 		// Connected: a failure from now on starts the backoff again.
 		attempt = 0
-		f.answered = false
-		offset, err = f.read(ctx, conn, start)
+		var answered bool
+		offset, answered, err = f.read(ctx, conn, start)
 		release()
 		switch {
 		case ctx.Err() != nil:
@@ -150,7 +148,7 @@ func (f *partitionFetcher) run(ctx context.Context, offset int64) {
 		// rather than dialled again in silence for ever. One that was
 		// answered (records, or an empty answer on a quiet partition)
 		// and then dropped starts the count again.
-		if f.answered || offset > start {
+		if answered || offset > start {
 			stalled = 0
 		} else {
 			stalled++
@@ -208,14 +206,15 @@ func (f *partitionFetcher) connect(ctx context.Context, offset int64) (conn *kaf
 
 // read fetches from conn from offset on until the connection must be
 // replaced (the error says why) or ctx ends; it returns the offset to go
-// on from.
-func (f *partitionFetcher) read(ctx context.Context, conn *kafka.Conn, offset int64) (int64, error) {
+// on from, and whether any fetch on conn was answered.
+func (f *partitionFetcher) read(ctx context.Context, conn *kafka.Conn, offset int64) (int64, bool, error) {
 	errs := 0
+	answered := false // a fetch on conn was answered
 	for {
 		if errs > 0 {
 			// What was read is handed over before waiting.
 			if !f.handOver(ctx) || !f.pause(ctx, errs) {
-				return offset, ctx.Err()
+				return offset, answered, ctx.Err()
 			}
 		}
 		next, hwm, read, err := f.fetch(ctx, conn, offset)
@@ -223,7 +222,7 @@ func (f *partitionFetcher) read(ctx context.Context, conn *kafka.Conn, offset in
 		if err == nil || errors.Is(err, kafka.RequestTimedOut) {
 			// The connection works: a failure after this is not one in
 			// a row with those before it.
-			f.answered = true
+			answered = true
 		}
 		if (err == nil || errors.Is(err, kafka.RequestTimedOut)) && hwm > f.hwm.Load() {
 			f.hwm.Store(hwm)
@@ -236,17 +235,17 @@ func (f *partitionFetcher) read(ctx context.Context, conn *kafka.Conn, offset in
 			// without records (transaction markers before the end), lest
 			// it wait for records that are not coming.
 			if (offset >= hwm || read == 0) && !f.handOver(ctx) {
-				return offset, ctx.Err()
+				return offset, answered, ctx.Err()
 			}
 			continue
 		case ctx.Err() != nil:
-			return offset, ctx.Err()
+			return offset, answered, ctx.Err()
 		case errors.Is(err, kafka.RequestTimedOut):
 			// Nothing new within maxWait (kafka-go's word for an empty
 			// response), or the broker's own timeout: ask again.
 			errs = 0
 			if !f.handOver(ctx) {
-				return offset, ctx.Err()
+				return offset, answered, ctx.Err()
 			}
 			continue
 		case errors.Is(err, kafka.NotLeaderForPartition), errors.Is(err, kafka.UnknownTopicOrPartition),
@@ -255,16 +254,16 @@ func (f *partitionFetcher) read(ctx context.Context, conn *kafka.Conn, offset in
 			// A new leader, a topic going away, or an offset the source
 			// decides about; io.ErrNoProgress is a connection kafka-go
 			// found corrupted.
-			return offset, err
+			return offset, answered, err
 		}
 		var kerr kafka.Error
 		if !errors.As(err, &kerr) {
 			// The connection is broken (kafka-go closed it): dial again.
-			return offset, err
+			return offset, answered, err
 		}
 		// Any other error code is reported, and asked again after a while.
 		if !f.fail(ctx, err) {
-			return offset, ctx.Err()
+			return offset, answered, ctx.Err()
 		}
 		errs++
 	}

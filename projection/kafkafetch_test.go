@@ -391,20 +391,7 @@ func TestKafkaSourceErrorAfterRecordsComesNext(t *testing.T) {
 			return nil, nil, false
 		}
 		failed.Add(1)
-		r := req.(*kmsg.FetchRequest)
-		resp := r.ResponseKind().(*kmsg.FetchResponse)
-		for _, rt := range r.Topics {
-			st := kmsg.NewFetchResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewFetchResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = kerr.KafkaStorageError.Code
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return fetchErrorResponse(req, kerr.KafkaStorageError), nil, true
 	})
 	s, _ := testKafkaSourceWith(t, c.Addrs(), topic, -1, 10, 100*time.Millisecond, 2*time.Second, &kafka.Dialer{Timeout: 10 * time.Second})
 	defer s.Close()
@@ -421,4 +408,23 @@ func TestKafkaSourceErrorAfterRecordsComesNext(t *testing.T) {
 
 	produceN(t, c, topic, 3, 2)
 	fetchInOrder(t, s, 3, 2, 10, 10*time.Second)
+}
+
+// fetchErrorResponse answers a fetch request, for a kfake control
+// function, with err's code for every partition it asks for.
+func fetchErrorResponse(req kmsg.Request, err *kerr.Error) *kmsg.FetchResponse {
+	r := req.(*kmsg.FetchRequest)
+	resp := r.ResponseKind().(*kmsg.FetchResponse)
+	for _, rt := range r.Topics {
+		st := kmsg.NewFetchResponseTopic()
+		st.Topic, st.TopicID = rt.Topic, rt.TopicID
+		for _, rp := range rt.Partitions {
+			sp := kmsg.NewFetchResponseTopicPartition()
+			sp.Partition = rp.Partition
+			sp.ErrorCode = err.Code
+			st.Partitions = append(st.Partitions, sp)
+		}
+		resp.Topics = append(resp.Topics, st)
+	}
+	return resp
 }
