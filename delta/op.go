@@ -112,11 +112,8 @@ func parseOps(raw json.RawMessage, valid bool) ([]Op, error) {
 		k++
 		return true
 	})
-	if n == 0 {
-		return nil, &OpError{Index: -1, Field: "ops", Reason: "must hold at least 1 op"}
-	}
-	if n > MaxOps {
-		return nil, &OpError{Index: -1, Field: "ops", Reason: fmt.Sprintf("holds %d ops, at most %d allowed", n, MaxOps)}
+	if err := CheckOpCount(n); err != nil {
+		return nil, err
 	}
 	if err != nil {
 		return nil, err
@@ -197,16 +194,25 @@ func (w *OpMembers) set(key, v []byte) {
 	}
 }
 
+// CheckOpCount refuses an ops array of n elements that is empty or holds
+// more than [MaxOps], as [ParseOps] does (a *[OpError]); nil otherwise.
+func CheckOpCount(n int) error {
+	switch {
+	case n == 0:
+		return &OpError{Index: -1, Field: "ops", Reason: "must hold at least 1 op"}
+	case n > MaxOps:
+		return &OpError{Index: -1, Field: "ops", Reason: fmt.Sprintf("holds %d ops, at most %d allowed", n, MaxOps)}
+	}
+	return nil
+}
+
 // ParseOpMembers is [ParseValidOps] for a reader that has validated the
 // ops array and collected each element's members already (every element
 // an object): it gives the same ops, and the same error, without walking
 // the array again.
 func ParseOpMembers(elems []OpMembers) ([]Op, error) {
-	if len(elems) == 0 {
-		return nil, &OpError{Index: -1, Field: "ops", Reason: "must hold at least 1 op"}
-	}
-	if len(elems) > MaxOps {
-		return nil, &OpError{Index: -1, Field: "ops", Reason: fmt.Sprintf("holds %d ops, at most %d allowed", len(elems), MaxOps)}
+	if err := CheckOpCount(len(elems)); err != nil {
+		return nil, err
 	}
 	ops := make([]Op, len(elems))
 	for i, w := range elems {

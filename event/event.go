@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"strings"
 	"time"
 	"unicode/utf8"
 	"unsafe"
@@ -134,9 +133,11 @@ func DecodeValue(value []byte) (Event, error) {
 	case Delta:
 		// The scanner has validated the whole value, ops included, and
 		// noted where each op's members lie when every op is an object.
-		if w.opsObjects && w.opsCount > delta.MaxOps {
+		if w.opsObjects {
 			// Refused for its length before anything is copied.
-			return Event{}, &FieldError{Field: "ops", Reason: (&delta.OpError{Index: -1, Field: "ops", Reason: fmt.Sprintf("holds %d ops, at most %d allowed", w.opsCount, delta.MaxOps)}).Error()}
+			if err := delta.CheckOpCount(w.opsCount); err != nil {
+				return Event{}, &FieldError{Field: "ops", Reason: err.Error()}
+			}
 		}
 		// Parsed from a copy: the ops' values must not alias the record.
 		ev.RawOps = bytes.Clone(w.ops)
@@ -242,15 +243,25 @@ func kind(raw json.RawMessage) (Kind, error) {
 }
 
 // stringOf decodes a JSON string as encoding/json does; one with nothing
-// to unescape (the usual case) is taken as it is, without a decoder. The
-// scanner has already checked that it is valid UTF-8.
+// to unescape (the usual case) is taken as it is, without a decoder.
 func stringOf(raw json.RawMessage) (string, error) {
-	if len(raw) >= 2 && raw[0] == '"' && raw[len(raw)-1] == '"' && bytes.IndexByte(raw[1:len(raw)-1], '\\') < 0 && utf8.Valid(raw[1:len(raw)-1]) {
-		return string(raw[1 : len(raw)-1]), nil
+	if body, ok := plainBody(raw); ok {
+		return string(body), nil
 	}
 	var s string
 	err := json.Unmarshal(raw, &s)
 	return s, err
+}
+
+// plainBody returns the text of a JSON string literal with nothing to
+// unescape, as it lies in raw. The scanner has already checked that it is
+// valid UTF-8; checked again, for a caller other than the scanner.
+func plainBody(raw []byte) ([]byte, bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return nil, false
+	}
+	body := raw[1 : len(raw)-1]
+	return body, bytes.IndexByte(body, '\\') < 0 && utf8.Valid(body)
 }
 
 // opsOf parses the ops from the members the scanner noted, each taken
@@ -280,8 +291,8 @@ func opsOf(w *members, raw []byte) ([]delta.Op, error) {
 // only read.
 func occurredAt(raw json.RawMessage) (time.Time, error) {
 	var s string
-	if len(raw) > 2 && raw[0] == '"' && raw[len(raw)-1] == '"' && bytes.IndexByte(raw[1:len(raw)-1], '\\') < 0 && utf8.Valid(raw[1:len(raw)-1]) {
-		s = unsafe.String(&raw[1], len(raw)-2)
+	if body, ok := plainBody(raw); ok {
+		s = unsafe.String(unsafe.SliceData(body), len(body))
 	} else {
 		var err error
 		if s, err = stringOf(raw); err != nil {
@@ -290,8 +301,8 @@ func occurredAt(raw json.RawMessage) (time.Time, error) {
 	}
 	t, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil {
-		// A copy: the message must not alias the record.
-		return time.Time{}, &FieldError{Field: "occurred_at", Reason: fmt.Sprintf("%q is not an RFC 3339 time", clip(strings.Clone(s)))}
+		// %q writes a new string: the message does not alias the record.
+		return time.Time{}, &FieldError{Field: "occurred_at", Reason: fmt.Sprintf("%q is not an RFC 3339 time", clip(s))}
 	}
 	return t, nil
 }
