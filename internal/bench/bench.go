@@ -366,10 +366,9 @@ func body(ev event.Event) string {
 	return string(ev.RawOps)
 }
 
-// rawCopyRuns is how many times the ceiling is measured. One run of it
-// varied from 640,000 to 1,150,000 deltas a second on the same machine
-// (right after the stream's produce the broker is still busy, and
-// PostgreSQL's WAL files are new), and every ratio moved with it.
+// rawCopyRuns is how many times the ceiling is measured, each after a
+// checkpoint ([run.checkpoint]); the median keeps one disturbed run (a
+// busy moment of the machine) from moving every ratio.
 const rawCopyRuns = 3
 
 // rawCopyMedian measures the ceiling rawCopyRuns times and keeps the
@@ -659,8 +658,8 @@ func (r *run) preload(ctx context.Context, table string, n int) error {
 // run wrote enough for one or two, and whichever writer one fell in
 // (writing back the pages before it, then logging full-page images) ran
 // slower: raw COPY of one deltas stream ran at 640,000 to 1,150,000
-// events/s from one run to the next. A checkpoint needs a superuser or pg_checkpoint:
-// without one, the bench says so once and goes on.
+// events/s from one run to the next. A checkpoint needs a superuser or
+// pg_checkpoint: without one, the bench says so once and goes on.
 func (r *run) checkpoint(ctx context.Context) {
 	if r.noCheckpoint {
 		return
