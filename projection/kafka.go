@@ -241,6 +241,35 @@ func HighWatermarks(ctx context.Context, k Kafka, topic string) (map[int]int64, 
 	return c.highWatermarks(ctx, topic)
 }
 
+// LogStarts asks the brokers where the logs of partitions of topic begin
+// (their first offsets).
+func LogStarts(ctx context.Context, k Kafka, topic string, partitions []int) (map[int]int64, error) {
+	c, err := k.clients()
+	if err != nil {
+		return nil, err
+	}
+	defer c.close()
+	reqs := make([]kafka.OffsetRequest, len(partitions))
+	for i, id := range partitions {
+		reqs[i] = kafka.FirstOffsetOf(id)
+	}
+	res, err := c.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
+	if err != nil {
+		if ae := c.k.authError(err); ae != nil {
+			return nil, ae
+		}
+		return nil, fmt.Errorf("projection: list offsets of %s: %w", topic, err)
+	}
+	out := map[int]int64{}
+	for _, po := range res.Topics[topic] {
+		if po.Error != nil {
+			return nil, fmt.Errorf("projection: offsets of %s/%d: %w", topic, po.Partition, po.Error)
+		}
+		out[po.Partition] = po.FirstOffset
+	}
+	return out, nil
+}
+
 // errTopicMissing is a topic the brokers do not know.
 var errTopicMissing = errors.New("topic does not exist")
 

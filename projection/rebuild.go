@@ -202,7 +202,20 @@ func (r *Rebuild) Run(ctx context.Context) (RebuildResult, error) {
 		phase("shadow stopped at the live positions")
 		return reached
 	}
-	swap, err := live.SwapCaughtUp(ctx, shadow, r.KeepOld, catchUp)
+	// A live partition the shadow never read is read again from its log's
+	// start after the swap: where that is, asked while the swap holds the
+	// positions.
+	logStarts := func(ctx context.Context, topic string, partitions []int) (map[int]int64, error) {
+		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		starts, err := LogStarts(lctx, cfg.Kafka(), topic, partitions)
+		if err == nil && cfg.Logger != nil {
+			cfg.Logger.Warn("rebuild: partitions the rebuild did not read are read again from their log's start after the swap",
+				"topic", topic, "partitions", fmt.Sprint(partitions))
+		}
+		return starts, err
+	}
+	swap, err := live.SwapCaughtUp(ctx, shadow, r.KeepOld, catchUp, logStarts)
 	if err == nil {
 		phase("swapped")
 	}

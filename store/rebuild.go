@@ -332,7 +332,7 @@ type SwapResult struct {
 // previous rows are first copied into a table inside the reserved prefix.
 // The shadow is dropped.
 func (s *Store) Swap(ctx context.Context, shadow *Store, keepOld bool) (SwapResult, error) {
-	return s.SwapCaughtUp(ctx, shadow, keepOld, nil)
+	return s.SwapCaughtUp(ctx, shadow, keepOld, nil, nil)
 }
 
 // PartitionPosition is a partition's stored next offset.
@@ -348,6 +348,10 @@ type PartitionPosition struct {
 // or once it gave up waiting; an error abandons the swap.
 type CatchUp func(ctx context.Context, live []PartitionPosition) error
 
+// LogStarts returns where the logs of topic's partitions begin now: the
+// first offset a reader can fetch.
+type LogStarts func(ctx context.Context, topic string, partitions []int) (map[int]int64, error)
+
 // swapIdleBound bounds how long the swap's transaction may sit idle while
 // catchUp runs (a frozen rebuild must not hold the live partitions for
 // ever).
@@ -362,9 +366,18 @@ const swapIdleBound = "90s"
 // records in between are read again by the live instances after the swap
 // (SwapResult.Reread); until they are, those jobs read at the rebuilt
 // version.
-func (s *Store) SwapCaughtUp(ctx context.Context, shadow *Store, keepOld bool, catchUp CatchUp) (SwapResult, error) {
+//
+// A live partition the shadow never read (added while the rebuild ran, or
+// still unclaimed when the catch-up bound ended) has none of its jobs in
+// the rebuilt rows: the swap gives it the position where its log begins
+// now (logStarts; offset 0 when nil), so the live instances read it all
+// again after the swap, whatever their --start, and those records count
+// in SwapResult.Reread. Its position is never dropped: a dropped position
+// was resolved again by the next claim (under --start latest, to the
+// log's end, skipping every record of the partition).
+func (s *Store) SwapCaughtUp(ctx context.Context, shadow *Store, keepOld bool, catchUp CatchUp, logStarts LogStarts) (SwapResult, error) {
 	for attempt := 1; ; attempt++ {
-		res, err := s.swap(ctx, shadow, keepOld, catchUp)
+		res, err := s.swap(ctx, shadow, keepOld, catchUp, logStarts)
 		var pgErr *pgconn.PgError
 		// A writer outside the partitions' locks (a repair tool) can
 		// deadlock with the swap's multi-row statements; the swap is the
@@ -376,7 +389,7 @@ func (s *Store) SwapCaughtUp(ctx context.Context, shadow *Store, keepOld bool, c
 	}
 }
 
-func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool, catchUp CatchUp) (SwapResult, error) {
+func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool, catchUp CatchUp, logStarts LogStarts) (SwapResult, error) {
 	var res SwapResult
 	live, sh := s.projection, shadow.projection
 	err := pgx.BeginTxFunc(ctx, s.pool, readCommitted, func(tx pgx.Tx) error {
@@ -449,13 +462,32 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool, catchUp C
 		if _, err := exec(`SELECT pg_advisory_xact_lock($1, s) FROM generate_series(0, $2::int - 1) AS s`, s.lockClass, lockStripes); err != nil {
 			return err
 		}
+		unread, err := unreadStarts(ctx, livePos, shadowPos, logStarts)
+		if err != nil {
+			return fmt.Errorf("store: swap %s into %s: %w", sh, live, err)
+		}
 		rebuilt := map[[2]any]int64{}
 		for _, p := range shadowPos {
+			rebuilt[[2]any{p.Topic, p.Partition}] = p.Next
+		}
+		for _, p := range unread {
 			rebuilt[[2]any{p.Topic, p.Partition}] = p.Next
 		}
 		for _, p := range livePos {
 			if next := max(rebuilt[[2]any{p.Topic, p.Partition}], 0); p.Next > next {
 				res.Reread += p.Next - next
+			}
+		}
+		// The partitions the shadow never read start at their log's start
+		// in the rebuilt model; their rows get the shadow's name, so the
+		// statements below move their epochs past the live ones and make
+		// them live like the others.
+		for _, p := range unread {
+			if _, err := exec(`INSERT INTO `+s.partitions+` AS t (projection, topic, partition, next_offset, owner)
+				VALUES ($1, $2, $3, $4, 'rebuild')
+				ON CONFLICT (projection, topic, partition) DO UPDATE SET next_offset = excluded.next_offset
+				WHERE t.next_offset < 0`, sh, p.Topic, p.Partition, p.Next); err != nil {
+				return err
 			}
 		}
 		if keepOld {
@@ -563,6 +595,61 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool, catchUp C
 		return nil
 	})
 	return res, err
+}
+
+// unreadStarts returns, for each live partition that has a position and
+// that the shadow has none for (no row, or -1: it never read it), the
+// position the rebuilt model starts it at: where its log begins now. A
+// live partition without a position (-1) that the shadow has no row for
+// is returned at -1: it keeps no position, but its row, and so its epoch,
+// must outlive the swap.
+func unreadStarts(ctx context.Context, livePos, shadowPos []PartitionPosition, logStarts LogStarts) ([]PartitionPosition, error) {
+	read, rows := map[[2]any]bool{}, map[[2]any]bool{}
+	for _, p := range shadowPos {
+		rows[[2]any{p.Topic, p.Partition}] = true
+		if p.Next >= 0 {
+			read[[2]any{p.Topic, p.Partition}] = true
+		}
+	}
+	byTopic := map[string][]int{}
+	var topics []string
+	var out []PartitionPosition
+	for _, p := range livePos {
+		k := [2]any{p.Topic, p.Partition}
+		if p.Next < 0 {
+			// Never read by the live projection either: --start decides
+			// where it begins, as before.
+			if !rows[k] {
+				out = append(out, PartitionPosition{Topic: p.Topic, Partition: p.Partition, Next: -1})
+			}
+			continue
+		}
+		if read[k] {
+			continue
+		}
+		if byTopic[p.Topic] == nil {
+			topics = append(topics, p.Topic)
+		}
+		byTopic[p.Topic] = append(byTopic[p.Topic], p.Partition)
+	}
+	for _, topic := range topics {
+		parts := byTopic[topic]
+		starts := map[int]int64{}
+		if logStarts != nil {
+			var err error
+			if starts, err = logStarts(ctx, topic, parts); err != nil {
+				return nil, fmt.Errorf("where the logs of the partitions the rebuild did not read begin (%s %v): %w", topic, parts, err)
+			}
+		}
+		for _, p := range parts {
+			start, ok := starts[p]
+			if logStarts != nil && !ok {
+				return nil, fmt.Errorf("where the log of %s/%d begins: not answered", topic, p)
+			}
+			out = append(out, PartitionPosition{Topic: topic, Partition: p, Next: max(start, 0)})
+		}
+	}
+	return out, nil
 }
 
 // rebuildLockClass keys the session advisory lock a rebuild holds for as

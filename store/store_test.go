@@ -366,3 +366,104 @@ func TestUpdatesStayOnTheirRowsPage(t *testing.T) {
 	}
 	require.Zero(t, moved, "%d of %d updated rows moved to another page", moved, jobs/3)
 }
+
+// A live partition the shadow never read (added while the rebuild ran, or
+// unclaimed when the catch-up bound ended) has none of its jobs in the
+// rebuilt rows. The swap must neither drop its position (the next claim
+// resolved it again, under --start latest to the log's end, and the
+// partition's records were never read) nor its epoch (a new row started at
+// 1, and an owner frozen before the swap passed the fence a few claims
+// later): it starts at its log's start, with an epoch above every earlier
+// one.
+func TestSwapKeepsThePositionAndFenceOfPartitionsTheShadowDidNotRead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name      string
+		logStarts store.LogStarts
+		wantStart int64
+	}{
+		{"log start asked", func(_ context.Context, topic string, parts []int) (map[int]int64, error) {
+			require.Equal(t, "t", topic)
+			require.ElementsMatch(t, []int{1, 3}, parts, "asked only for the partitions the shadow did not read")
+			return map[int]int64{1: 7, 3: 7}, nil
+		}, 7},
+		{"no log start", nil, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			live := pgtest.Store(t)
+			// Partition 0: read by both. Partition 1: live at 50, never read
+			// by the shadow. Partition 2: claimed four times, never
+			// processed. Partition 3: live at 30, the shadow's row still at
+			// -1 (claimed, nothing read).
+			l0 := newBatcher(t, live, 0)
+			l0.must(store.Batch{Snapshots: []store.Write{snapshotW("a", 1, `{"p":0}`)}})
+			c1, err := live.Claim(ctx, "t", 1, "live")
+			require.NoError(t, err)
+			_, err = live.Apply(ctx, &store.Batch{Topic: "t", Partition: 1, Epoch: c1.Epoch, NextOffset: 50,
+				Snapshots: []store.Write{snapshotW("only1", 1, `{"p":1}`)}})
+			require.NoError(t, err)
+			var c2 store.Claim
+			for range 4 {
+				c2, err = live.Claim(ctx, "t", 2, "live")
+				require.NoError(t, err)
+			}
+			require.Equal(t, int64(-1), c2.NextOffset)
+			c3, err := live.Claim(ctx, "t", 3, "live")
+			require.NoError(t, err)
+			_, err = live.Apply(ctx, &store.Batch{Topic: "t", Partition: 3, Epoch: c3.Epoch, NextOffset: 30})
+			require.NoError(t, err)
+			before := map[int]int64{}
+			pos, err := live.Positions(ctx)
+			require.NoError(t, err)
+			for _, p := range pos {
+				before[p.Partition] = p.Epoch
+			}
+
+			shadow, err := live.Shadow()
+			require.NoError(t, err)
+			require.NoError(t, shadow.Reset(ctx))
+			require.NoError(t, shadow.Migrate(ctx))
+			s0 := newBatcher(t, shadow, 0)
+			s0.must(store.Batch{Snapshots: []store.Write{snapshotW("a", 1, `{"p":0}`)}})
+			_, err = shadow.Claim(ctx, "t", 3, "rebuild")
+			require.NoError(t, err)
+
+			res, err := live.SwapCaughtUp(ctx, shadow, false, nil, tc.logStarts)
+			require.NoError(t, err)
+			require.Equal(t, (50-tc.wantStart)+(30-tc.wantStart), res.Reread, "the records of the unread partitions are read again")
+
+			pos, err = live.Positions(ctx)
+			require.NoError(t, err)
+			after := map[int]store.Position{}
+			for _, p := range pos {
+				after[p.Partition] = p
+			}
+			require.Len(t, after, 4, "every live partition keeps a row")
+			require.Equal(t, int64(1), after[0].NextOffset, "the shadow's position")
+			require.Equal(t, tc.wantStart, after[1].NextOffset, "read again from the log's start, never dropped")
+			require.Equal(t, int64(-1), after[2].NextOffset, "never processed: --start still decides")
+			require.Equal(t, tc.wantStart, after[3].NextOffset, "the shadow's -1 does not replace a live position")
+			for p, e := range before {
+				require.Greater(t, after[p].Epoch, e, "partition %d's epoch moves past every epoch before the swap", p)
+			}
+
+			// A claim with --start latest after the swap keeps the stored
+			// start, never the log's end.
+			c, err := live.ClaimFrom(ctx, "t", 1, "live-2", 500)
+			require.NoError(t, err)
+			require.Equal(t, tc.wantStart, c.NextOffset)
+			// The owner of partition 2 frozen before the swap stays fenced
+			// however often the partition is claimed after it.
+			for range 4 {
+				_, err = live.Claim(ctx, "t", 2, "live-2")
+				require.NoError(t, err)
+			}
+			_, err = live.Apply(ctx, &store.Batch{Topic: "t", Partition: 2, Epoch: c2.Epoch, NextOffset: 3})
+			require.ErrorIs(t, err, store.ErrFenced)
+			_, err = live.Apply(ctx, &store.Batch{Topic: "t", Partition: 1, Epoch: c1.Epoch, NextOffset: 51})
+			require.ErrorIs(t, err, store.ErrFenced)
+		})
+	}
+}

@@ -138,7 +138,7 @@ func TestSwapLetsTheShadowCatchUp(t *testing.T) {
 				return write(shadow, sc.Epoch, 13, 3)
 			}
 			return nil
-		})
+		}, nil)
 		require.NoError(t, err, tc.name)
 		require.Equal(t, []store.PartitionPosition{{Topic: "t", Partition: 0, Next: 13}}, seen, tc.name)
 		require.Equal(t, tc.wantReread, res.Reread, tc.name)
