@@ -28,6 +28,10 @@ type Config struct {
 	TLS   *tls.Config
 	SASL  *SASL
 	Topic string
+	// Group is the Kafka consumer group. Empty: the group the projection
+	// recorded when it first ran, or [DefaultGroup] for a new projection
+	// ([LegacyGroup] for one that ran before groups were recorded). A group
+	// given here is recorded as the projection's.
 	Group string
 	// Start is where a partition never seen by this projection begins:
 	// "earliest" (default) or "latest".
@@ -134,9 +138,6 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Topic == "" {
 		c.Topic = "job-events"
-	}
-	if c.Group == "" {
-		c.Group = "projector"
 	}
 	if c.Start == "" {
 		c.Start = "earliest"
@@ -255,9 +256,6 @@ func (c Config) Validate() error {
 	}
 	if c.Topic == "" {
 		errs = append(errs, errors.New("topic: required"))
-	}
-	if c.Group == "" {
-		errs = append(errs, errors.New("group: required"))
 	}
 	if c.Start != "earliest" && c.Start != "latest" {
 		errs = append(errs, fmt.Errorf("start: %q is not earliest or latest", c.Start))

@@ -162,9 +162,9 @@ func (p *Projector) Readiness() Health {
 			parts = *ps
 		}
 		checks = append(checks, Check{Name: "group", OK: true,
-			Detail: fmt.Sprintf("member of group %q, generation %d, partitions %v", p.cfg.Group, p.generation.Load(), parts)})
+			Detail: fmt.Sprintf("member of group %q, generation %d, partitions %v", p.groupName(), p.generation.Load(), parts)})
 	default:
-		checks = append(checks, Check{Name: "group", Detail: fmt.Sprintf("not in a generation of group %q", p.cfg.Group)})
+		checks = append(checks, Check{Name: "group", Detail: fmt.Sprintf("not in a generation of group %q", p.groupName())})
 	}
 	db := Check{Name: "database"}
 	if at := h.dbAt.Load(); at == 0 {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/snapshot"
+	"github.com/projector/projector/store"
 )
 
 // Projector runs the projection of one topic into one store.
@@ -51,6 +52,12 @@ type Projector struct {
 	quarantineLog sampler
 
 	generation atomic.Int32
+	// identity is the projection's, and group the consumer group it
+	// joins, both resolved when Run starts (recordGroup); owns says this
+	// instance has been assigned partitions (told to the group's leader).
+	identity store.Identity
+	group    atomic.Pointer[string]
+	owns     atomic.Bool
 	// running counts the functions handed to generations: kafka-go does
 	// not track one started on a generation that has already ended, so Run
 	// waits on this too.
@@ -176,17 +183,21 @@ func (p *Projector) run(ctx context.Context) error {
 	if p.sqs != nil {
 		cfg.Logger.Info("projector started", "source", cfg.Source, "queue", cfg.SQS.QueueURL, "owner", cfg.Owner, "projection", cfg.Store.Projection())
 		defer p.sqs.client.close()
-		err = p.runSQS(ctx)
+		if err = p.claimQueue(ctx); err == nil {
+			err = p.runSQS(ctx)
+		}
 	} else {
-		cfg.Logger.Info("projector started", "topic", cfg.Topic, "group", cfg.Group, "owner", cfg.Owner,
-			"brokers", cfg.Brokers, "tls", cfg.TLS != nil, "sasl", cfg.SASL, "projection", cfg.Store.Projection())
+		if err = p.recordGroup(ctx); err == nil {
+			cfg.Logger.Info("projector started", "topic", cfg.Topic, "group", p.groupName(), "owner", cfg.Owner,
+				"brokers", cfg.Brokers, "tls", cfg.TLS != nil, "sasl", cfg.SASL, "projection", cfg.Store.Projection())
+		}
 	}
-	for p.sqs == nil && ctx.Err() == nil {
+	for p.sqs == nil && err == nil && ctx.Err() == nil {
 		if err = p.waitTopic(ctx); err != nil {
 			break
 		}
-		if err = p.runGroup(ctx); err != nil && !errors.Is(err, errTopicMissing) {
-			break
+		if err = p.runGroup(ctx); errors.Is(err, errTopicMissing) {
+			err = nil
 		}
 	}
 	p.health.inGroup.Store(false)
@@ -249,8 +260,16 @@ func (p *Projector) runGroup(ctx context.Context) error {
 	klog := func(level func(string, ...any)) kafka.LoggerFunc {
 		return func(msg string, args ...any) { level("kafka: " + fmt.Sprintf(msg, args...)) }
 	}
+	groupID := p.groupName()
+	// A group that another projection works is refused before joining it:
+	// joining would start a rebalance of the other projection's members.
+	if err := p.groupConflict(ctx, groupID); err != nil {
+		return err
+	}
+	balancer := &projectionBalancer{self: p.identity, owns: &p.owns, log: cfg.Logger}
 	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
-		ID:                     cfg.Group,
+		ID:                     groupID,
+		GroupBalancers:         []kafka.GroupBalancer{balancer},
 		Brokers:                cfg.Brokers,
 		Dialer:                 p.dialer,
 		Topics:                 []string{cfg.Topic},
@@ -265,7 +284,7 @@ func (p *Projector) runGroup(ctx context.Context) error {
 		ErrorLogger:            klog(cfg.Logger.Debug),
 	})
 	if err != nil {
-		return fmt.Errorf("projection: consumer group %q: %w", cfg.Group, err)
+		return fmt.Errorf("projection: consumer group %q: %w", groupID, err)
 	}
 	// Close ends the generation and waits for every worker it started.
 	defer func() {
@@ -283,7 +302,7 @@ func (p *Projector) runGroup(ctx context.Context) error {
 			if ae := p.kafka.k.authError(err); ae != nil {
 				return ae
 			}
-			p.kafkaOutage.failed(fmt.Errorf("joining consumer group %q: %w", cfg.Group, err), cfg.JoinGroupBackoff)
+			p.kafkaOutage.failed(fmt.Errorf("joining consumer group %q: %w", groupID, err), cfg.JoinGroupBackoff)
 			continue
 		}
 		p.kafkaOutage.ok()
@@ -297,6 +316,13 @@ func (p *Projector) runGroup(ctx context.Context) error {
 			p.health.topic.Store(topicMissing)
 			cfg.Logger.Error("topic does not exist any more; leaving the group to wait for it (not ready)", "topic", cfg.Topic)
 			return err
+		}
+		if len(gen.Assignments[cfg.Topic]) == 0 {
+			// No partition: more instances than partitions, or refused
+			// by a leader whose projection holds the group.
+			if err := p.groupConflict(ctx, groupID); err != nil {
+				return err
+			}
 		}
 		p.startGeneration(gen)
 	}
@@ -312,6 +338,9 @@ func (p *Projector) startGeneration(gen *kafka.Generation) {
 	}
 	p.health.partitions.Store(&parts)
 	p.health.inGroup.Store(true)
+	if len(parts) > 0 {
+		p.owns.Store(true)
+	}
 	cfg.Logger.Info("generation joined", "generation", gen.ID, "partitions", parts)
 
 	c := &committer{gen: gen, topic: cfg.Topic, pending: map[int]int64{}, sent: map[int]int64{}, log: cfg.Logger}
@@ -439,7 +468,7 @@ func (p *Projector) Status() Status {
 	ready := p.Readiness()
 	return Status{
 		Topic:      p.cfg.Topic,
-		Group:      p.cfg.Group,
+		Group:      p.groupName(),
 		Owner:      p.cfg.Owner,
 		Generation: p.generation.Load(),
 		Ready:      ready.OK,

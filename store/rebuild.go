@@ -38,7 +38,9 @@ const maxIdent = 63
 // Reset drops a rebuild's shadow table and forgets everything stored
 // under its projection name (positions, held deltas, quarantine, gap log,
 // migrations, and any other of the projector's tables keyed by
-// projection): a rebuild that starts over starts from nothing. It refuses
+// projection, but its identity): a rebuild that starts over starts from
+// nothing, as the same projection, so members a killed rebuild left in
+// its consumer group are its own, not another projection's. It refuses
 // any store but a shadow, so it can never wipe a projection.
 func (s *Store) Reset(ctx context.Context) error {
 	if !strings.HasPrefix(s.projection, ShadowPrefix) {
@@ -54,7 +56,7 @@ func (s *Store) Reset(ctx context.Context) error {
 		rows, err := tx.Query(ctx, `SELECT c.table_name::text FROM information_schema.columns c
 			JOIN information_schema.tables t USING (table_schema, table_name)
 			WHERE c.table_schema = $1 AND c.column_name = 'projection' AND t.table_type = 'BASE TABLE'
-				AND c.table_name LIKE 'projector\_%' ORDER BY 1`, s.schema)
+				AND c.table_name LIKE 'projector\_%' AND c.table_name <> 'projector_identity' ORDER BY 1`, s.schema)
 		if err != nil {
 			return fmt.Errorf("store: reset %s: %w", s.projection, err)
 		}

@@ -126,7 +126,7 @@ type Store struct {
 	schema     string
 	projection string
 	// quoted, qualified table names
-	jobs, partitions, quarantine, held, tombstones, gapLog string
+	jobs, partitions, quarantine, held, tombstones, gapLog, identity string
 	// lockClass keys the projection's job lock stripes (see lockJobs).
 	lockClass int32
 	// bounds of the transactions that lock a partition row
@@ -236,6 +236,7 @@ func newStore(pool *pgxpool.Pool, cfg Config) *Store {
 		tombstones:       q("projector_tombstones"),
 		lockClass:        lockClassOf(cfg.Schema, cfg.Table),
 		gapLog:           q("projector_gap_log"),
+		identity:         q("projector_identity"),
 	}
 }
 

@@ -246,8 +246,18 @@ Example:
 			return err
 		}
 		defer stop()
-		return p.Run(ctx)
+		return refusedGroup(p.Run(ctx))
 	},
+}
+
+// refusedGroup makes a consumer group or queue that another projection
+// works a usage error (exit 2): the operator must pick another.
+func refusedGroup(err error) error {
+	var gc *projection.GroupConflictError
+	if errors.As(err, &gc) {
+		return &codeError{code: exitUsage, msg: err.Error()}
+	}
+	return err
 }
 
 // defaultHTTPAddr serves health, status and metrics when --http-addr is
@@ -260,7 +270,7 @@ func (o *runOpts) register(fs *flag.FlagSet, group, httpAddr string) {
 	registerStoreFlags(fs, &o.databaseURL, &o.schema, &o.table)
 	fs.Var(&o.brokers, "brokers", "Kafka bootstrap brokers, comma-separated host:port (required)")
 	fs.StringVar(&o.topic, "topic", d.Topic, "topic to consume")
-	fs.StringVar(&o.group, "group", group, "Kafka consumer group; instances with the same group share the partitions")
+	fs.StringVar(&o.group, "group", group, "Kafka consumer group; instances with the same group share the partitions\n(default: the group the projection recorded when it first ran, else\nprojector-<schema>.<table>; one given here is recorded as the projection's;\na group another projection works is refused with exit 2)")
 	fs.IntVar(&o.batchSize, "batch-size", d.BatchSize, "most records per batch transaction")
 	fs.DurationVar(&o.batchLinger, "batch-linger", d.BatchLinger, "how long a batch waits for more records after its first")
 	usage := "address for /healthz, /readyz, /status and /metrics; \"off\" disables it"
@@ -304,8 +314,8 @@ func (o *runOpts) validate() error {
 	if o.start != "earliest" && o.start != "latest" {
 		return usagef("--start %q: want earliest or latest", o.start)
 	}
-	if o.topic == "" || o.group == "" {
-		return usagef("--topic and --group must not be empty")
+	if o.topic == "" {
+		return usagef("--topic must not be empty")
 	}
 	if o.batchSize < 1 || o.batchSize > 1_000_000 {
 		return usagef("--batch-size %d: must be from 1 to 1000000", o.batchSize)

@@ -1,0 +1,115 @@
+package projection
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/projector/projector/store"
+)
+
+// queueOwnerSettle is how long an instance that tagged the queue as its
+// projection's waits before it reads the tag again: two projections that
+// start at once both tag it, and the one whose tag did not last is refused.
+const queueOwnerSettle = 2 * time.Second
+
+// claimQueue records the queue as the projection's and makes sure no
+// other projection reads it: the queue carries the projection that reads
+// it in its QueueOwnerTag tag. A queue tagged for another projection
+// refuses this instance (*GroupConflictError); an untagged one is tagged.
+// A queue whose tags cannot be read or written (no permission, or SQS not
+// answering at start) is not checked, with a warning that says which
+// permissions check it.
+func (p *Projector) claimQueue(ctx context.Context) error {
+	cfg := p.cfg
+	var c store.Consumer
+	if err := p.retryDatabase(ctx, func() error {
+		var err error
+		c, err = cfg.Store.RecordConsumer(ctx, store.SQSQueue, cfg.SQS.QueueURL, "", "")
+		return err
+	}); err != nil {
+		return err
+	}
+	p.identity = c.Identity
+	if c.Previous != "" {
+		cfg.Logger.Warn("the projection reads another queue than the one it recorded", "queue", c.Name, "recorded_queue", c.Previous)
+	}
+	ours := ownerTag(c.Identity)
+	cl := p.sqs.client
+	tagged := false
+	for {
+		owner, err := cl.owner(ctx)
+		if err != nil {
+			return p.queueOwnerUnchecked(err)
+		}
+		switch {
+		case owner != "" && owner != ours:
+			return &GroupConflictError{Group: cfg.SQS.QueueURL, Queue: true, Ours: c.Identity.Name, Theirs: ownerName(owner)}
+		case owner == ours && tagged:
+			cfg.Logger.Info("the queue is tagged as this projection's", "tag", QueueOwnerTag, "projection", c.Identity.Name)
+			return nil
+		case owner == ours:
+			return nil
+		}
+		if err := cl.setOwner(ctx, ours); err != nil {
+			return p.queueOwnerUnchecked(err)
+		}
+		tagged = true
+		sleep(ctx, queueOwnerSettle)
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+// queueOwnerUnchecked warns that the queue's tag could not be used, and
+// goes on: an SQS that does not answer is waited out and reported by the
+// receive loop.
+func (p *Projector) queueOwnerUnchecked(err error) error {
+	p.cfg.Logger.Warn("cannot check that no other projection reads this queue: its tags cannot be read or written (grant sqs:ListQueueTags and sqs:TagQueue on the queue to have it checked)",
+		"queue", p.cfg.SQS.QueueURL, "err", err)
+	return nil
+}
+
+// ownerTag is the value of QueueOwnerTag for a projection: its ID, then
+// its name (tag values are at most 256 characters).
+func ownerTag(id store.Identity) string {
+	v := id.ID + " " + id.Name
+	if len(v) > 256 {
+		v = v[:256]
+	}
+	return v
+}
+
+// ownerName is the projection a QueueOwnerTag value names.
+func ownerName(tag string) string {
+	id, name, ok := strings.Cut(tag, " ")
+	if !ok || name == "" {
+		return id
+	}
+	return name + " (" + id + ")"
+}
+
+func (c *sqsClient) owner(ctx context.Context) (string, error) {
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := c.client.ListQueueTags(qctx, &sqs.ListQueueTagsInput{QueueUrl: aws.String(c.cfg.QueueURL)})
+	if err != nil {
+		return "", fmt.Errorf("tags of %s: %w", c.cfg.QueueURL, err)
+	}
+	return out.Tags[QueueOwnerTag], nil
+}
+
+func (c *sqsClient) setOwner(ctx context.Context, v string) error {
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := c.client.TagQueue(qctx, &sqs.TagQueueInput{QueueUrl: aws.String(c.cfg.QueueURL), Tags: map[string]string{QueueOwnerTag: v}})
+	if err != nil {
+		return fmt.Errorf("tag %s: %w", c.cfg.QueueURL, err)
+	}
+	return nil
+}
