@@ -4,6 +4,8 @@ import (
 	"container/heap"
 	"sort"
 	"time"
+
+	"github.com/projector/projector/snapshot"
 )
 
 // Step is one step of the policy chain.
@@ -28,9 +30,19 @@ type Policy struct {
 	// RetryMin and RetryMax bound the backoff between failed attempts.
 	RetryMin time.Duration
 	RetryMax time.Duration
+	// SnapshotTimeout is how long a held job's first request to the
+	// authority may run. Each of its requests cut by that time doubles
+	// the time of its next, up to SnapshotTimeoutMax ([Detector.TimedOut]):
+	// an authority slower than SnapshotTimeout but within
+	// SnapshotTimeoutMax still heals the job. A SnapshotTimeoutMax at or
+	// below SnapshotTimeout keeps every request at SnapshotTimeout.
+	SnapshotTimeout    time.Duration
+	SnapshotTimeoutMax time.Duration
 }
 
-// WithDefaults fills the retry bounds.
+// WithDefaults fills the retry bounds and the snapshot timeout
+// ([snapshot.DefaultTimeout]), and raises SnapshotTimeoutMax to
+// SnapshotTimeout when it is below.
 func (p Policy) WithDefaults() Policy {
 	if p.RetryMin <= 0 {
 		p.RetryMin = time.Second
@@ -38,6 +50,10 @@ func (p Policy) WithDefaults() Policy {
 	if p.RetryMax <= 0 {
 		p.RetryMax = 5 * time.Minute
 	}
+	if p.SnapshotTimeout <= 0 {
+		p.SnapshotTimeout = snapshot.DefaultTimeout
+	}
+	p.SnapshotTimeoutMax = max(p.SnapshotTimeoutMax, p.SnapshotTimeout)
 	return p
 }
 
@@ -58,6 +74,14 @@ type Gap struct {
 	// ended for want of a timely answer (see [Detector.Slow]); callers
 	// send a slow job's next request where it holds up no prompt one.
 	Slow int
+	// Timeout is how long the job's next request to the authority may
+	// run: Policy.SnapshotTimeout, doubled by each request cut by it.
+	// TimedOut counts those cuts since the job was held; a job with any
+	// is known to be slower than Policy.SnapshotTimeout, and callers keep
+	// its requests where they hold up no prompt one. Both last until the
+	// gap closes: moving forward does not make the authority quicker.
+	Timeout  time.Duration
+	TimedOut int
 }
 
 type entry struct {
@@ -112,7 +136,8 @@ func (d *Detector) Hold(job string, since time.Time) {
 		}
 		return
 	}
-	e := &entry{Gap: Gap{JobID: job, Since: since, NextAttempt: since.Add(d.policy.Wait), LastStep: StepWait}}
+	e := &entry{Gap: Gap{JobID: job, Since: since, NextAttempt: since.Add(d.policy.Wait), LastStep: StepWait,
+		Timeout: d.policy.SnapshotTimeout}}
 	d.gaps[job] = e
 	heap.Push(&d.queue, e)
 }
@@ -248,6 +273,25 @@ func (d *Detector) Slow(job string, slow bool) {
 		e.Slow++
 	} else {
 		e.Slow = 0
+	}
+}
+
+// TimedOut records that the request of the attempt that just ended for job
+// was cut by its timeout, Gap.Timeout: the authority takes longer than
+// that to answer the job, so its next request may run twice as long, up
+// to Policy.SnapshotTimeoutMax. A request cut at the cap leaves it there.
+func (d *Detector) TimedOut(job string) {
+	e, ok := d.gaps[job]
+	if !ok {
+		return
+	}
+	d.version++
+	e.TimedOut++
+	// Halved rather than doubled, the comparison cannot overflow.
+	if e.Timeout <= d.policy.SnapshotTimeoutMax/2 {
+		e.Timeout *= 2
+	} else {
+		e.Timeout = d.policy.SnapshotTimeoutMax
 	}
 }
 

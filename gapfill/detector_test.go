@@ -42,10 +42,13 @@ func (r *detectorRunner) run(c *scriptCmd) string {
 			Snapshot: a.has("snapshot"),
 			RetryMin: a.dur("retry-min", 0),
 			RetryMax: a.dur("retry-max", 0),
+
+			SnapshotTimeout:    a.dur("snapshot-timeout", 0),
+			SnapshotTimeoutMax: a.dur("snapshot-timeout-max", 0),
 		})
 		p := r.d.Policy()
-		return fmt.Sprintf("policy wait=%s reread=%t snapshot=%t retry=%s..%s steps=%v",
-			p.Wait, p.Reread, p.Snapshot, p.RetryMin, p.RetryMax, r.d.Steps())
+		return fmt.Sprintf("policy wait=%s reread=%t snapshot=%t retry=%s..%s timeout=%s..%s steps=%v",
+			p.Wait, p.Reread, p.Snapshot, p.RetryMin, p.RetryMax, p.SnapshotTimeout, p.SnapshotTimeoutMax, r.d.Steps())
 	case "hold":
 		r.d.Hold(a.str("job", ""), at())
 		return r.gaps()
@@ -55,6 +58,9 @@ func (r *detectorRunner) run(c *scriptCmd) string {
 	case "failed":
 		step := gapfill.Step(a.str("step", string(gapfill.StepReread)))
 		r.d.Failed(a.str("job", ""), at(), step, a.str("err", ""))
+		return r.gaps()
+	case "timed-out":
+		r.d.TimedOut(a.str("job", ""))
 		return r.gaps()
 	case "close":
 		r.d.Close(a.str("job", ""))
@@ -94,6 +100,9 @@ func (r *detectorRunner) gaps() string {
 		lines[i] = fmt.Sprintf("%s since=%s attempts=%d next=%s last=%s", g.JobID, rel(r.t0, g.Since), g.Attempts, rel(r.t0, g.NextAttempt), g.LastStep)
 		if g.LastErr != "" {
 			lines[i] += " err=" + strconv.Quote(g.LastErr)
+		}
+		if g.TimedOut > 0 {
+			lines[i] += fmt.Sprintf(" timed-out=%d timeout=%s", g.TimedOut, g.Timeout)
 		}
 	}
 	return strings.Join(lines, "\n")

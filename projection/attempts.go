@@ -20,7 +20,7 @@ const attemptPoll = 25 * time.Millisecond
 const rereadRound = 1000
 
 // A job whose request ends for slowness (snapshot.ErrSlow: no answer in 3
-// slow thresholds, or by --snapshot-timeout) is found slow. Found slow
+// slow thresholds, or by its timeout) is found slow. Found slow
 // once, its next request goes to whichever frees first of a slow fetcher
 // (its request starts in the slow lane) and a main fetcher no partition
 // has other work for: a prompt answer delayed past 3 thresholds by a
@@ -34,6 +34,13 @@ const rereadRound = 1000
 // answer that always comes a little after the threshold, while other slow
 // jobs keep a narrow slow lane full, still gets a request that runs to the
 // timeout.
+//
+// A request cut by its timeout (snapshot.TimeoutError) shows more: the
+// authority takes longer than that to answer the job. The
+// detector doubles the time of the job's next request, up to
+// --snapshot-timeout-max, and from then until its gap closes the job's
+// requests go to the slow fetchers only, even found slow once, and start
+// in the slow lane, where a long one holds up no prompt answer.
 
 // attempts runs a partition's gap attempts in the background, each job on
 // its own: the jobs due in a round are re-read together (the store once,
@@ -183,9 +190,9 @@ func (a *attempts) collect(w *worker) []gapfill.Resolution {
 func (a *attempts) queue(w *worker, att gapfill.Attempt) {
 	g, _ := w.detector.Gap(att.Job.ID)
 	switch {
-	case g.Slow == 0 || a.pool.slowSize() == 0:
+	case g.Slow == 0 && g.TimedOut == 0 || a.pool.slowSize() == 0:
 		a.pending = append(a.pending, att)
-	case g.Slow == 1:
+	case g.Slow == 1 && g.TimedOut == 0:
 		a.pendingLow = append(a.pendingLow, att)
 	default:
 		a.pendingSlow = append(a.pendingSlow, att)
@@ -260,7 +267,8 @@ func (a *attempts) offer(w *worker, queue []gapfill.Attempt, slow bool) []gapfil
 		if retry && !slow {
 			kind = 1
 		}
-		if !full[kind] && a.pool.offer(fetchJob{ctx: a.ctx, att: att, out: a.out, slow: slow, retry: retry, gen: a.gen}) {
+		job := fetchJob{ctx: a.ctx, att: att, out: a.out, slow: slow, retry: retry, timeout: g.Timeout, gen: a.gen}
+		if !full[kind] && a.pool.offer(job) {
 			a.fetching++
 			continue
 		}
@@ -300,6 +308,17 @@ type fetchPool struct {
 	// attempt whenever one waits; the rest for the slow fetchers.
 	in, retryIn, slowIn chan fetchJob
 	main, slowed        int
+	// asked, when set (by tests), is told of every request made.
+	asked func(authorityRequest)
+}
+
+// authorityRequest is one request a fetcher made to the authority.
+type authorityRequest struct {
+	job     string
+	timeout time.Duration
+	// slow: it started in the slow lane.
+	slow bool
+	err  error
 }
 
 // fetchPoolSizes are the sizes of the instance's fetch pool for a given
@@ -338,19 +357,21 @@ type fetchJob struct {
 	att gapfill.Attempt
 	out chan<- finished
 	// slow sends the request to the slow lane; retry marks a job asked
-	// before; gen is the offering worker's attempts generation.
+	// before; timeout is how long the request may run (the job's, from
+	// the detector); gen is the offering worker's attempts generation.
 	slow, retry bool
+	timeout     time.Duration
 	gen         int
 }
 
 // startFetchPool starts main + slow fetchers that run until ctx ends; wg
-// waits for them.
-func startFetchPool(ctx context.Context, wg *sync.WaitGroup, r *gapfill.Resolver, main, slow int) *fetchPool {
+// waits for them. asked, if not nil, is told of every request.
+func startFetchPool(ctx context.Context, wg *sync.WaitGroup, r *gapfill.Resolver, main, slow int, asked func(authorityRequest)) *fetchPool {
 	// A short queue in front of each kind of fetcher: a fetcher that
 	// finishes takes the next attempt at once, rather than waiting for a
 	// worker's next turn to offer one.
 	p := &fetchPool{resolver: r, in: make(chan fetchJob, main), retryIn: make(chan fetchJob, main),
-		slowIn: make(chan fetchJob, slow), main: main, slowed: slow}
+		slowIn: make(chan fetchJob, slow), main: main, slowed: slow, asked: asked}
 	// A main fetcher takes a first attempt whenever one waits, so jobs
 	// never asked are not held up by retries of jobs that failed.
 	nextMain := func() (fetchJob, bool) {
@@ -383,11 +404,14 @@ func startFetchPool(ctx context.Context, wg *sync.WaitGroup, r *gapfill.Resolver
 				return
 			}
 			failpoint.Hit(failpoint.GapAttempt)
-			fctx := job.ctx
+			fctx := snapshot.WithRequestTimeout(job.ctx, job.timeout)
 			if job.slow {
 				fctx = snapshot.InSlowLane(fctx)
 			}
 			p.resolver.Authority(fctx, &job.att, time.Now())
+			if p.asked != nil {
+				p.asked(authorityRequest{job: job.att.Job.ID, timeout: job.timeout, slow: job.slow, err: job.att.Res.Err})
+			}
 			select {
 			case job.out <- finished{fetched: true, atts: []gapfill.Attempt{job.att}, gen: job.gen}:
 			case <-job.ctx.Done():

@@ -147,6 +147,54 @@ func TestAttemptsRouteJobsFoundSlow(t *testing.T) {
 	require.Equal(t, 3, a.fetching)
 }
 
+// TestAttemptsKeepJobsCutByTheirTimeoutInTheSlowLane: a job whose request
+// was cut by its timeout is asked next with twice the time, by a slow
+// fetcher only (its request starts in the slow lane), even when a main
+// fetcher is idle, and still after a later request of it failed otherwise;
+// a job never cut gets the configured time in the main lane.
+func TestAttemptsKeepJobsCutByTheirTimeoutInTheSlowLane(t *testing.T) {
+	t.Parallel()
+	w := &worker{
+		detector: gapfill.NewDetector(gapfill.Policy{Snapshot: true, RetryMin: time.Hour, RetryMax: time.Hour,
+			SnapshotTimeout: 5 * time.Second, SnapshotTimeoutMax: 2 * time.Minute}),
+		log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	since := time.Now().Add(-time.Minute)
+	for _, id := range []string{"never", "cut", "cut-then-503"} {
+		w.detector.Hold(id, since)
+	}
+	for _, id := range []string{"cut", "cut-then-503"} {
+		w.detector.Slow(id, true)
+		w.detector.TimedOut(id)
+	}
+	w.detector.Slow("cut-then-503", false)
+	require.Len(t, w.detector.Take(time.Now(), 10), 3)
+	pool := &fetchPool{in: make(chan fetchJob, 3), retryIn: make(chan fetchJob, 3), slowIn: make(chan fetchJob, 3), main: 0, slowed: 1}
+	a := &attempts{resolver: &gapfill.Resolver{}, snapshot: true, pool: pool, fetchers: 10,
+		ctx: context.Background(), out: make(chan finished, 10)}
+	for _, id := range []string{"never", "cut", "cut-then-503"} {
+		a.queue(w, gapfill.Attempt{Job: gapfill.Job{ID: id}, Res: gapfill.Resolution{JobID: id}})
+	}
+	a.schedule(w)
+	a.schedule(w)
+
+	require.Len(t, pool.in, 1)
+	require.Empty(t, pool.retryIn, "a job cut by its timeout took a main fetcher")
+	main := <-pool.in
+	require.Equal(t, "never", main.att.Job.ID)
+	require.False(t, main.slow)
+	require.Equal(t, 5*time.Second, main.timeout)
+	require.Len(t, pool.slowIn, 2)
+	for _, id := range []string{"cut", "cut-then-503"} {
+		job := <-pool.slowIn
+		require.Equal(t, id, job.att.Job.ID)
+		require.True(t, job.slow, "%s did not start in the slow lane", id)
+		require.Equal(t, 10*time.Second, job.timeout, "%s: the time after one cut", id)
+	}
+	require.Empty(t, a.pendingLow)
+	require.Empty(t, a.pendingSlow)
+}
+
 // orderedSource records the jobs it is asked for, in order; "gate" waits
 // to be let through.
 type orderedSource struct {
@@ -174,7 +222,7 @@ func TestFetchPoolTakesFirstAttemptsBeforeRetries(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	pool := startFetchPool(ctx, &wg, &gapfill.Resolver{Snapshots: src}, 1, 0)
+	pool := startFetchPool(ctx, &wg, &gapfill.Resolver{Snapshots: src}, 1, 0, nil)
 	out := make(chan finished, 4)
 	job := func(id string, retry bool) fetchJob {
 		return fetchJob{ctx: ctx, att: gapfill.Attempt{Job: gapfill.Job{ID: id}, Res: gapfill.Resolution{JobID: id}}, out: out, retry: retry}

@@ -110,18 +110,37 @@ func (w *worker) reschedule(res []gapfill.Resolution) {
 		}
 		// A cut with the slow lane full says nothing of the job, unless
 		// it happens every time.
+		var timeout *snapshot.TimeoutError
 		switch {
 		case r.Last != gapfill.StepSnapshot:
 		case errors.Is(r.Err, snapshot.ErrSlowLaneFull):
 			w.detector.SlowLaneFull(r.JobID)
 		default:
 			w.detector.Slow(r.JobID, errors.Is(r.Err, snapshot.ErrSlow))
+			if errors.As(r.Err, &timeout) {
+				w.timedOut(r.JobID, timeout)
+			}
 		}
 		w.detector.Failed(r.JobID, now, r.Last, reason)
 		if after, _ := w.detector.Gap(r.JobID); after.Attempts > g.Attempts {
 			w.log.Warn("gap still held", "job_id", r.JobID, "step", r.Last, "err", reason, "attempts", after.Attempts)
 		}
 	}
+}
+
+// timedOut gives the next request of a job whose request was cut by its
+// timeout more time. The first time in the job's hold it says so, with
+// how long the cut request ran: the authority takes at least that long.
+func (w *worker) timedOut(id string, cut *snapshot.TimeoutError) {
+	w.detector.TimedOut(id)
+	g, _ := w.detector.Gap(id)
+	if g.TimedOut != 1 {
+		return
+	}
+	pol := w.detector.Policy()
+	w.log.Warn("the authority is slower than --snapshot-timeout for this job: its next requests get more time, in the slow lane, up to --snapshot-timeout-max",
+		"job_id", id, "took_at_least", cut.Timeout, "snapshot_timeout", pol.SnapshotTimeout,
+		"next_timeout", g.Timeout, "snapshot_timeout_max", pol.SnapshotTimeoutMax)
 }
 
 // commit plans and applies one batch, retrying transient failures until
@@ -323,6 +342,7 @@ func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
 		w.cache.put(j)
 	}
 	for id, by := range pl.closed {
+		g, _ := w.detector.Gap(id)
 		w.detector.Close(id)
 		switch by {
 		case gapfill.FromLog:
@@ -331,6 +351,12 @@ func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
 			w.counters.closedReread.Add(1)
 		case gapfill.FromAuthority:
 			w.counters.closedSnapshot.Add(1)
+		}
+		if by == gapfill.FromAuthority && g.TimedOut > 0 {
+			// The answer came within the job's grown timeout; with the
+			// cut before it, that brackets how slow the authority is.
+			w.log.Info("gap closed", "job_id", id, "by", by.String(), "timed_out", g.TimedOut, "answered_within", g.Timeout)
+			continue
 		}
 		w.log.Info("gap closed", "job_id", id, "by", by.String())
 	}

@@ -66,8 +66,15 @@ type Config struct {
 	// SnapshotURL is the trusted snapshot authority; empty turns the
 	// snapshot step off.
 	SnapshotURL string
-	// SnapshotTimeout bounds one request to the authority.
+	// SnapshotTimeout bounds a held job's first request to the authority.
 	SnapshotTimeout time.Duration
+	// SnapshotTimeoutMax caps how far a job's requests get more time:
+	// each one cut by its timeout doubles the next one's, so an authority
+	// slower than SnapshotTimeout still heals the job. The time falls back
+	// to SnapshotTimeout when the gap closes. Equal to SnapshotTimeout,
+	// every request gets SnapshotTimeout. Default
+	// [DefaultSnapshotTimeoutMax].
+	SnapshotTimeoutMax time.Duration
 	// SnapshotConcurrency bounds requests to the authority in flight.
 	SnapshotConcurrency int
 	// SnapshotMaxElapsed bounds one fetch's retries; the gap's own backoff
@@ -113,6 +120,9 @@ type Config struct {
 	// commit of this instance's workers: a hook per instance, so tests
 	// that pause or fence a batch can run in parallel.
 	testBeforeApply func(partition int)
+	// testAuthorityRequest, set by this package's tests, is told of every
+	// request this instance's fetchers make to the authority.
+	testAuthorityRequest func(authorityRequest)
 }
 
 // Kafka is the broker settings of c.
@@ -175,6 +185,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.SnapshotTimeout == 0 {
 		c.SnapshotTimeout = 5 * time.Second
+	}
+	if c.SnapshotTimeoutMax == 0 {
+		c.SnapshotTimeoutMax = DefaultSnapshotTimeoutMax
 	}
 	if c.SnapshotConcurrency == 0 {
 		c.SnapshotConcurrency = 4
@@ -278,8 +291,11 @@ func (c Config) Validate() error {
 	if c.RereadWindow < 0 || c.RereadMaxBytes < 0 || c.RereadMaxTime < 0 {
 		errs = append(errs, errors.New("reread-window, reread-max-bytes and reread-max-time must not be negative"))
 	}
-	if c.SnapshotTimeout < 0 || c.SnapshotConcurrency < 0 || c.GapRetryMin < 0 || c.GapRetryMax < 0 {
-		errs = append(errs, errors.New("snapshot-timeout, snapshot-concurrency, gap-retry-min and gap-retry-max must not be negative"))
+	if c.SnapshotTimeout < 0 || c.SnapshotTimeoutMax < 0 || c.SnapshotConcurrency < 0 || c.GapRetryMin < 0 || c.GapRetryMax < 0 {
+		errs = append(errs, errors.New("snapshot-timeout, snapshot-timeout-max, snapshot-concurrency, gap-retry-min and gap-retry-max must not be negative"))
+	} else if d := c.WithDefaults(); d.SnapshotTimeoutMax < d.SnapshotTimeout {
+		errs = append(errs, fmt.Errorf("snapshot-timeout-max %s is below snapshot-timeout %s: it caps the time a slow job's requests grow to (set it equal to keep every request at snapshot-timeout)",
+			d.SnapshotTimeoutMax, d.SnapshotTimeout))
 	}
 	if err := c.SASL.Validate(); err != nil {
 		errs = append(errs, err)
@@ -304,6 +320,10 @@ func (c Config) Validate() error {
 // reported wedged (/healthz) or stalled (Run ends with [ErrStalled]).
 const DefaultStallTimeout = 2 * time.Minute
 
+// DefaultSnapshotTimeoutMax is how long a slow job's requests to the
+// authority may grow to by default.
+const DefaultSnapshotTimeoutMax = 2 * time.Minute
+
 // GapWait of this value in a Config means "do not wait": the zero value
 // already means "the default".
 const NoGapWait = -1
@@ -322,5 +342,8 @@ func (c Config) gapPolicy() gapfill.Policy {
 		Snapshot: c.SnapshotURL != "",
 		RetryMin: c.GapRetryMin,
 		RetryMax: c.GapRetryMax,
+
+		SnapshotTimeout:    c.SnapshotTimeout,
+		SnapshotTimeoutMax: c.SnapshotTimeoutMax,
 	}
 }

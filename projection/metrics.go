@@ -95,6 +95,8 @@ var (
 	descAuthority = prometheus.NewDesc("projector_authority_requests_total",
 		"Snapshot fetches from the authority by result: ok, not_found, error (after its retries).",
 		[]string{"result"}, nil)
+	descAuthorityTimeouts = prometheus.NewDesc("projector_authority_timeouts_total",
+		"Snapshot fetches whose request to the authority was cut by its timeout (counted in projector_authority_requests_total{result=\"error\"} too); each doubles its job's next timeout, from --snapshot-timeout up to --snapshot-timeout-max, until the gap closes.", nil, nil)
 	descAuthorityInFlight = prometheus.NewDesc("projector_authority_requests_in_flight",
 		"Requests to the authority in flight, by the lane they count against: main (--snapshot-concurrency) or slow (requests past a few median answer times, up to --snapshot-concurrency more).",
 		[]string{"lane"}, nil)
@@ -172,6 +174,7 @@ func (c *projectorCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descAuthority, k.AuthorityOK, "ok")
 	counter(descAuthority, k.AuthorityNotFound, "not_found")
 	counter(descAuthority, k.AuthorityError, "error")
+	counter(descAuthorityTimeouts, k.AuthorityTimeouts)
 	if sc := c.p.snapshots; sc != nil {
 		l := sc.Lanes()
 		gauge(descAuthorityInFlight, float64(l.Main), "main")
@@ -231,6 +234,7 @@ type countedSnapshots struct {
 
 func (s countedSnapshots) Fetch(ctx context.Context, jobID string) (event.Event, error) {
 	ev, err := s.src.Fetch(ctx, jobID)
+	var timeout *snapshot.TimeoutError
 	switch {
 	case err == nil:
 		s.c.authorityOK.Add(1)
@@ -240,6 +244,9 @@ func (s countedSnapshots) Fetch(ctx context.Context, jobID string) (event.Event,
 		// stopped, not answered
 	default:
 		s.c.authorityError.Add(1)
+		if errors.As(err, &timeout) {
+			s.c.authorityTimeouts.Add(1)
+		}
 	}
 	return ev, err
 }

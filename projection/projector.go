@@ -174,7 +174,7 @@ func (p *Projector) run(ctx context.Context) error {
 	var fetchers sync.WaitGroup
 	if p.resolver != nil && p.resolver.Snapshots != nil {
 		main, slow := fetchPoolSizes(cfg.SnapshotConcurrency)
-		p.fetchers = startFetchPool(fctx, &fetchers, p.resolver, main, slow)
+		p.fetchers = startFetchPool(fctx, &fetchers, p.resolver, main, slow, cfg.testAuthorityRequest)
 	}
 	defer fetchers.Wait()
 	defer stopFetchers()

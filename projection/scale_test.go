@@ -249,6 +249,9 @@ func TestScaleTenThousandHeldJobs(t *testing.T) {
 		c.SnapshotURL = srv.URL
 		c.SnapshotConcurrency = concurrency
 		c.SnapshotTimeout = time.Second
+		// The slow jobs are to keep failing until the authority answers
+		// them all: their requests do not grow towards the 10 s answers.
+		c.SnapshotTimeoutMax = time.Second
 		c.SnapshotMaxElapsed = 300 * time.Millisecond
 		c.GapRetryMin = 500 * time.Millisecond
 		c.GapRetryMax = 2 * time.Second

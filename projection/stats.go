@@ -43,6 +43,10 @@ type Counters struct {
 	AuthorityOK       int64 `json:"authority_ok"`
 	AuthorityNotFound int64 `json:"authority_not_found"`
 	AuthorityError    int64 `json:"authority_error"`
+	// AuthorityTimeouts counts fetches that ended with a request cut by
+	// its timeout (counted in AuthorityError too); each gives its job's
+	// next request twice the time.
+	AuthorityTimeouts int64 `json:"authority_timeouts"`
 	// TombstonesPruned counts tombstones removed after the tombstone
 	// retention.
 	TombstonesPruned int64 `json:"tombstones_pruned"`
@@ -70,7 +74,7 @@ type counters struct {
 	closedWait, closedReread, closedSnapshot, lost                                      atomic.Int64
 	gapsOpened, dbErrors, authorityOK, authorityNotFound, authorityError                atomic.Int64
 	deleted, covered, pruned                                                            atomic.Int64
-	stalls                                                                              atomic.Int64
+	stalls, authorityTimeouts                                                           atomic.Int64
 }
 
 func (c *counters) add(t tally) {
@@ -95,7 +99,7 @@ func (c *counters) snapshot() Counters {
 		Lost: c.lost.Load(), Deleted: c.deleted.Load(), Covered: c.covered.Load(), TombstonesPruned: c.pruned.Load(),
 		GapsOpened: c.gapsOpened.Load(), DatabaseErrors: c.dbErrors.Load(),
 		AuthorityOK: c.authorityOK.Load(), AuthorityNotFound: c.authorityNotFound.Load(), AuthorityError: c.authorityError.Load(),
-		Stalls: c.stalls.Load(),
+		AuthorityTimeouts: c.authorityTimeouts.Load(), Stalls: c.stalls.Load(),
 	}
 }
 

@@ -43,7 +43,10 @@ type Client struct {
 	// request is bounded by Timeout through its context, which covers
 	// reading the body too. Nil means http.DefaultClient.
 	HTTP *http.Client
-	// Timeout bounds one request, body included.
+	// Timeout bounds one request, body included, unless the request's
+	// context gives its own ([WithRequestTimeout]). A request cut by its
+	// timeout ends the fetch with a [*TimeoutError]: asked again with the
+	// same time, the answer would be cut again.
 	Timeout time.Duration
 	// MaxConcurrent bounds the requests in flight at once across all
 	// callers, so a burst of gaps cannot swamp the authority. It is read
@@ -56,8 +59,8 @@ type Client struct {
 	// request is cut when the slow lane is full ([ErrSlowLaneFull]), or
 	// once it has run MovedThresholds times the threshold ([ErrSlow]).
 	// Requests of jobs known to be slow start here ([InSlowLane]), in up
-	// to half of it, and run to Timeout. Zero means no slow lane. It is
-	// read on the first Fetch.
+	// to half of it, and run to their timeout. Zero means no slow lane. It
+	// is read on the first Fetch.
 	SlowConcurrent int
 	// The backoff between attempts: exponential from InitialInterval up to
 	// MaxInterval, each wait jittered by ±50%, giving up once
@@ -123,8 +126,9 @@ func checkBaseURL(baseURL string) (string, error) {
 // the delete's version), ErrNotFound (wrapped) when the authority does not
 // know the job, or the last error once MaxElapsedTime has passed. A 200
 // or a 410 whose body is not a valid answer about jobID is a permanent
-// error: asking again would get the same answer. Cancelling ctx stops it
-// at once, with ctx's error.
+// error: asking again would get the same answer. So is a request cut by
+// its timeout ([*TimeoutError]): the caller decides how long the next one
+// gets. Cancelling ctx stops it at once, with ctx's error.
 func (c *Client) Fetch(ctx context.Context, jobID string) (event.Event, error) {
 	if jobID == "" {
 		return event.Event{}, errors.New("snapshot: fetch: empty job id")
@@ -218,6 +222,9 @@ func (c *Client) attempt(ctx context.Context, target, jobID string) (event.Event
 	start := time.Now()
 
 	timeout := orDefault(c.Timeout, DefaultTimeout)
+	if d, ok := ctx.Value(requestTimeoutKey{}).(time.Duration); ok {
+		timeout = d
+	}
 	reqCtx, cancel := context.WithTimeout(cutCtx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(reqCtx, http.MethodGet, target, nil)
@@ -317,8 +324,9 @@ func (c *Client) gone(ctx, reqCtx context.Context, timeout time.Duration, body i
 
 // transportError makes a failed request's error say whose deadline ran
 // out. The caller's cancellation is permanent, and so is a cut (asked
-// again at once, the request would start in the main lane again);
-// everything else is retried. A timeout matches [ErrSlow].
+// again at once, the request would start in the main lane again), and so
+// is a timeout (asked again with the same time, it would be cut again);
+// everything else is retried.
 func (c *Client) transportError(ctx, reqCtx context.Context, timeout time.Duration, err error) error {
 	if ctx.Err() != nil {
 		return backoff.Permanent(ctx.Err())
@@ -327,10 +335,41 @@ func (c *Client) transportError(ctx, reqCtx context.Context, timeout time.Durati
 		return backoff.Permanent(context.Cause(reqCtx))
 	}
 	if errors.Is(reqCtx.Err(), context.DeadlineExceeded) {
-		return &slowError{msg: fmt.Sprintf("no answer within %s: %v", timeout, err), err: err, is: ErrSlow}
+		return backoff.Permanent(&TimeoutError{Timeout: timeout, Err: err})
 	}
 	return err
 }
+
+type requestTimeoutKey struct{}
+
+// WithRequestTimeout marks ctx so that the requests Fetch makes with it
+// run up to d, body included, rather than the client's Timeout: a caller
+// that keeps a timeout per job (one that grows each time a request is cut
+// by it) passes it here.
+func WithRequestTimeout(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, requestTimeoutKey{}, d)
+}
+
+// TimeoutError is a request cut by its timeout: the authority gave no
+// answer within Timeout. It matches [ErrSlow]. It ends the fetch: asked
+// again with the same time, the answer would be cut again, so the caller
+// decides how long the next request gets ([WithRequestTimeout]) and, as
+// for any job found slow, starts it in the slow lane ([InSlowLane]).
+type TimeoutError struct {
+	// Timeout is the time the request ran with: the authority takes at
+	// least that long to answer this job.
+	Timeout time.Duration
+	Err     error
+}
+
+func (e *TimeoutError) Error() string {
+	return fmt.Sprintf("no answer within %s: %v", e.Timeout, e.Err)
+}
+
+func (e *TimeoutError) Unwrap() error { return e.Err }
+
+// Is reports that a timeout is a slow outcome: the job is found slow.
+func (e *TimeoutError) Is(target error) bool { return target == ErrSlow }
 
 // cutForSlowness reports whether ctx was ended by the lanes' cut.
 func cutForSlowness(ctx context.Context) bool {

@@ -326,26 +326,44 @@ func TestFetchRetriesServerErrors(t *testing.T) {
 	require.EqualValues(t, 3, requests.Load())
 }
 
-func TestFetchRetriesTimeout(t *testing.T) {
+// A request cut by its timeout ends the fetch: asked again with the same
+// time it would be cut again. The error says how long it ran, and a
+// request given more time through its context gets the answer.
+func TestFetchTimeoutEndsTheFetch(t *testing.T) {
 	t.Parallel()
 
-	var calls atomic.Int32
+	const answerAfter = 200 * time.Millisecond
 	srv, requests := serve(t, func(w http.ResponseWriter, r *http.Request) {
-		if calls.Add(1) == 1 {
-			// Answer only after the client has given up on this request.
-			select {
-			case <-r.Context().Done():
-			case <-time.After(wait):
-			}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-time.After(answerAfter):
 		}
 		_, _ = w.Write(snapshotValue("job-1", 7))
 	})
 	c := client(t, srv)
 	c.Timeout = 50 * time.Millisecond
-	ev, err := c.Fetch(context.Background(), "job-1")
+	_, err := c.Fetch(context.Background(), "job-1")
+	var te *snapshot.TimeoutError
+	require.ErrorAs(t, err, &te)
+	require.Equal(t, 50*time.Millisecond, te.Timeout)
+	require.ErrorIs(t, err, snapshot.ErrSlow, "a timeout finds the job slow")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, `snapshot: fetch "job-1": no answer within 50ms`)
+	require.NotContains(t, err.Error(), "gave up", "a timeout is not retried within the fetch")
+	require.EqualValues(t, 1, requests.Load())
+
+	ev, err := c.Fetch(snapshot.WithRequestTimeout(context.Background(), 4*answerAfter), "job-1")
 	require.NoError(t, err)
 	require.Equal(t, int64(7), ev.Version)
 	require.EqualValues(t, 2, requests.Load())
+
+	// The request's own timeout cuts too, however long the client's is.
+	c.Timeout = time.Minute
+	_, err = c.Fetch(snapshot.WithRequestTimeout(context.Background(), 60*time.Millisecond), "job-1")
+	require.ErrorAs(t, err, &te)
+	require.Equal(t, 60*time.Millisecond, te.Timeout)
+	require.EqualValues(t, 3, requests.Load())
 }
 
 func TestFetchGivesUp(t *testing.T) {

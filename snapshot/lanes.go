@@ -30,10 +30,11 @@ const (
 )
 
 // ErrSlow marks a request that ended without an answer because the
-// authority was slow to give one: it ran past Timeout, or it moved to the
-// slow lane and was still running at MovedThresholds times the slow
-// threshold. The job's next request should start in the slow lane
-// ([InSlowLane]), where it costs the prompt answers nothing.
+// authority was slow to give one: it ran past its timeout
+// ([*TimeoutError]), or it moved to the slow lane and was still running at
+// MovedThresholds times the slow threshold. The job's next request should
+// start in the slow lane ([InSlowLane]), where it costs the prompt answers
+// nothing.
 var ErrSlow = errors.New("the authority is slow to answer this job")
 
 // ErrSlowLaneFull marks a request cut at the slow threshold because the
@@ -42,23 +43,22 @@ var ErrSlow = errors.New("the authority is slow to answer this job")
 // the main lane as before.
 var ErrSlowLaneFull = errors.New("cut at the slow threshold with the slow lane full")
 
-// slowError is a request ended by slowness; it matches is ([ErrSlow] or
-// [ErrSlowLaneFull]).
+// slowError is a request cut by the lanes for slowness; it matches is
+// ([ErrSlow] or [ErrSlowLaneFull]). A request cut by its timeout is a
+// [*TimeoutError].
 type slowError struct {
 	msg string
-	err error
 	is  error
 }
 
 func (e *slowError) Error() string        { return e.msg }
-func (e *slowError) Unwrap() error        { return e.err }
 func (e *slowError) Is(target error) bool { return target == e.is }
 
 type slowLaneKey struct{}
 
 // InSlowLane marks ctx so that the requests Fetch makes with it start in
 // the slow lane: they wait for one of its slots rather than a main one,
-// and run to Timeout there. It is for jobs whose last request ended with
+// and run to their timeout there. It is for jobs whose last request ended with
 // [ErrSlow]. Only half the slow lane (at least one slot) takes requests
 // started there; the rest stays for requests moving over from the main
 // lane. Without a slow lane it changes nothing.
@@ -89,10 +89,10 @@ func startsSlow(ctx context.Context) bool {
 // ([ErrSlowLaneFull]). Either way its main slot goes to the next request,
 // so slow answers never hold the main lane longer than the threshold. A
 // job found slow ([ErrSlow]: no answer in MovedThresholds times the
-// threshold, or by Timeout) costs the main lane that much once: its next
-// request starts in the slow lane, waits there for a slot if need be, and
-// runs to the client's Timeout. In flight there
-// are never more than MaxConcurrent + SlowConcurrent requests.
+// threshold, or by its timeout) costs the main lane that much once: its
+// next request starts in the slow lane, waits there for a slot if need be,
+// and runs to its timeout. In flight there are never more than
+// MaxConcurrent + SlowConcurrent requests.
 type lanes struct {
 	main chan struct{} // one token per request counted in the main lane
 	// slow holds one token per request counted in the slow lane; starts
@@ -196,7 +196,7 @@ func (f *flight) overdue(after time.Duration) {
 		// in all: enough for a prompt answer delayed by a busy moment,
 		// not so long that slow answers fill the slow lane and the next
 		// ones have to be cut. Its job's next request starts in the slow
-		// lane and runs to Timeout.
+		// lane and runs to its timeout.
 		f.timer = time.AfterFunc((MovedThresholds-1)*after, func() { f.overstay(MovedThresholds * after) })
 	default:
 		l.full.Add(1)
@@ -255,7 +255,8 @@ func (l *lanes) observe(d time.Duration) {
 // lane and has most requests cut, the median rises with it and they stop
 // being cut; counting answers alone, a median no answer came in under
 // would stay put. (Moved requests cut later are jobs found slow: their
-// next requests run to Timeout in the slow lane, and their answers count.)
+// next requests run to their timeout in the slow lane, and their answers
+// count.)
 func (l *lanes) observeLocked(d time.Duration) {
 	if len(l.recent) < slowSamples {
 		l.recent = append(l.recent, d)

@@ -118,6 +118,7 @@ type gapFlags struct {
 	rereadMaxBytes  int64
 	snapshotURL     string
 	snapshotTimeout time.Duration
+	snapshotMax     time.Duration
 	snapshotConc    int
 	retryMax        time.Duration
 	logRetention    time.Duration
@@ -131,8 +132,9 @@ func (g *gapFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&g.rereadWindow, "reread-window", d.RereadWindow, "how far before the first held delta the log re-read starts")
 	fs.Int64Var(&g.rereadMaxBytes, "reread-max-bytes", d.RereadMaxBytes, "most bytes one log re-read reads")
 	fs.StringVar(&g.snapshotURL, "snapshot-url", "", "trusted snapshot authority: GET {url}/jobs/{job_id} returns the job's snapshot;\nempty turns the snapshot step off")
-	fs.DurationVar(&g.snapshotTimeout, "snapshot-timeout", d.SnapshotTimeout, "timeout of one request to the authority")
-	fs.IntVar(&g.snapshotConc, "snapshot-concurrency", d.SnapshotConcurrency, "most requests to the authority in flight, not counting slow ones:\na request running past 3 x the median answer time (at least 50ms) leaves\nfor a slow lane of as many more, freeing its slot, and is cut at 3 x that\n(at once if the slow lane is full); a job found slow starts its next\nrequest in the slow lane, which runs to --snapshot-timeout")
+	fs.DurationVar(&g.snapshotTimeout, "snapshot-timeout", d.SnapshotTimeout, "timeout of a held job's first request to the authority, body included")
+	fs.DurationVar(&g.snapshotMax, "snapshot-timeout-max", d.SnapshotTimeoutMax, "longest timeout a job's requests to the authority grow to: each request\ncut by its timeout gives the job's next twice the time, in the slow lane,\nuntil the gap closes; equal to --snapshot-timeout, requests never grow")
+	fs.IntVar(&g.snapshotConc, "snapshot-concurrency", d.SnapshotConcurrency, "most requests to the authority in flight, not counting slow ones:\na request running past 3 x the median answer time (at least 50ms) leaves\nfor a slow lane of as many more, freeing its slot, and is cut at 3 x that\n(at once if the slow lane is full); a job found slow starts its next\nrequest in the slow lane, which runs to the job's timeout")
 	fs.DurationVar(&g.retryMax, "gap-retry-max", d.GapRetryMax, "longest backoff between attempts that leave a gap held")
 	fs.DurationVar(&g.logRetention, "gap-log-retention", d.GapLogRetention, "how long closed gaps stay in the gap log (projector explain shows them)")
 	fs.IntVar(&g.logMaxRows, "gap-log-max-rows", d.GapLogMaxRows, "most rows the gap log keeps; the oldest beyond are pruned")
@@ -153,8 +155,12 @@ func (g *gapFlags) validate() error {
 			return usagef("--snapshot-url: %v", err)
 		}
 	}
-	if g.snapshotTimeout <= 0 || g.snapshotConc <= 0 || g.retryMax <= 0 {
-		return usagef("--snapshot-timeout, --snapshot-concurrency and --gap-retry-max must be positive")
+	if g.snapshotTimeout <= 0 || g.snapshotMax <= 0 || g.snapshotConc <= 0 || g.retryMax <= 0 {
+		return usagef("--snapshot-timeout, --snapshot-timeout-max, --snapshot-concurrency and --gap-retry-max must be positive")
+	}
+	if g.snapshotMax < g.snapshotTimeout {
+		return usagef("--snapshot-timeout-max %s is below --snapshot-timeout %s: it caps how long a slow job's requests grow; set it to %s or more (equal: requests never grow)",
+			g.snapshotMax, g.snapshotTimeout, g.snapshotTimeout)
 	}
 	if g.logRetention <= 0 {
 		return usagef("--gap-log-retention %s: must be positive, e.g. 168h", g.logRetention)
@@ -175,6 +181,7 @@ func (g *gapFlags) apply(c *projection.Config) {
 	c.RereadMaxBytes = g.rereadMaxBytes
 	c.SnapshotURL = g.snapshotURL
 	c.SnapshotTimeout = g.snapshotTimeout
+	c.SnapshotTimeoutMax = g.snapshotMax
 	c.SnapshotConcurrency = g.snapshotConc
 	c.GapRetryMax = g.retryMax
 	c.GapLogRetention = g.logRetention
