@@ -187,7 +187,7 @@ func (c Config) WithDefaults() Config {
 		c.SnapshotTimeout = 5 * time.Second
 	}
 	if c.SnapshotTimeoutMax == 0 {
-		c.SnapshotTimeoutMax = DefaultSnapshotTimeoutMax
+		c.SnapshotTimeoutMax = max(DefaultSnapshotTimeoutMax, c.SnapshotTimeout)
 	}
 	if c.SnapshotConcurrency == 0 {
 		c.SnapshotConcurrency = 4

@@ -138,7 +138,7 @@ func TestBadUsageExits2(t *testing.T) {
 		{"negative --tombstone-retention", []string{db}, []string{"run", "--brokers", brokers, "--tombstone-retention", "-1h"}, []string{"--tombstone-retention", "0 keeps tombstones for ever"}},
 		{"relative --snapshot-url", []string{db}, []string{"run", "--brokers", brokers, "--snapshot-url", "authority:8080/x"}, []string{"--snapshot-url"}},
 		{"ftp --snapshot-url", []string{db}, []string{"run", "--brokers", brokers, "--snapshot-url", "ftp://authority"}, []string{"--snapshot-url"}},
-		{"--snapshot-timeout past --snapshot-timeout-max", []string{db}, []string{"run", "--brokers", brokers, "--snapshot-timeout", "3m"}, []string{"--snapshot-timeout-max 2m0s is below --snapshot-timeout 3m0s"}},
+		{"--snapshot-timeout past --snapshot-timeout-max", []string{db}, []string{"run", "--brokers", brokers, "--snapshot-timeout", "3m", "--snapshot-timeout-max", "2m"}, []string{"--snapshot-timeout-max 2m0s is below --snapshot-timeout 3m0s"}},
 		{"--snapshot-timeout-max 0", []string{db}, []string{"run", "--brokers", brokers, "--snapshot-timeout-max", "0s"}, []string{"--snapshot-timeout-max"}},
 		{"--batch-size 0", []string{db}, []string{"run", "--brokers", brokers, "--batch-size", "0"}, []string{"--batch-size"}},
 		{"--batch-linger 0", []string{db}, []string{"run", "--brokers", brokers, "--batch-linger", "0s"}, []string{"--batch-linger"}},

@@ -119,6 +119,9 @@ type gapFlags struct {
 	snapshotURL     string
 	snapshotTimeout time.Duration
 	snapshotMax     time.Duration
+	// snapshotMaxSet says --snapshot-timeout-max was given: when it was
+	// not, it is at least --snapshot-timeout.
+	snapshotMaxSet bool
 	snapshotConc    int
 	retryMax        time.Duration
 	logRetention    time.Duration
@@ -134,6 +137,9 @@ func (g *gapFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.snapshotURL, "snapshot-url", "", "trusted snapshot authority: GET {url}/jobs/{job_id} returns the job's snapshot;\nempty turns the snapshot step off")
 	fs.DurationVar(&g.snapshotTimeout, "snapshot-timeout", d.SnapshotTimeout, "timeout of a held job's first request to the authority, body included")
 	fs.DurationVar(&g.snapshotMax, "snapshot-timeout-max", d.SnapshotTimeoutMax, "longest timeout a job's requests to the authority grow to: each request\ncut by its timeout gives the job's next twice the time, in the slow lane,\nuntil the gap closes; equal to --snapshot-timeout, requests never grow")
+	if f := fs.Lookup("snapshot-timeout-max"); f != nil {
+		f.Value = setTracker{Value: f.Value, set: &g.snapshotMaxSet}
+	}
 	fs.IntVar(&g.snapshotConc, "snapshot-concurrency", d.SnapshotConcurrency, "most requests to the authority in flight, not counting slow ones:\na request running past 3 x the median answer time (at least 50ms) leaves\nfor a slow lane of as many more, freeing its slot, and is cut at 3 x that\n(at once if the slow lane is full); a job found slow starts its next\nrequest in the slow lane, which runs to the job's timeout")
 	fs.DurationVar(&g.retryMax, "gap-retry-max", d.GapRetryMax, "longest backoff between attempts that leave a gap held")
 	fs.DurationVar(&g.logRetention, "gap-log-retention", d.GapLogRetention, "how long closed gaps stay in the gap log (projector explain shows them)")
@@ -182,6 +188,10 @@ func (g *gapFlags) apply(c *projection.Config) {
 	c.SnapshotURL = g.snapshotURL
 	c.SnapshotTimeout = g.snapshotTimeout
 	c.SnapshotTimeoutMax = g.snapshotMax
+	if !g.snapshotMaxSet {
+		// A --snapshot-timeout above the default cap raises the cap.
+		c.SnapshotTimeoutMax = max(g.snapshotMax, g.snapshotTimeout)
+	}
 	c.SnapshotConcurrency = g.snapshotConc
 	c.GapRetryMax = g.retryMax
 	c.GapLogRetention = g.logRetention
