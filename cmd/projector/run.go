@@ -122,10 +122,10 @@ type gapFlags struct {
 	// snapshotMaxSet says --snapshot-timeout-max was given: when it was
 	// not, it is at least --snapshot-timeout.
 	snapshotMaxSet bool
-	snapshotConc    int
-	retryMax        time.Duration
-	logRetention    time.Duration
-	logMaxRows      int
+	snapshotConc   int
+	retryMax       time.Duration
+	logRetention   time.Duration
+	logMaxRows     int
 }
 
 func (g *gapFlags) register(fs *flag.FlagSet) {
