@@ -177,6 +177,9 @@ func (w *worker) applyApart(ctx context.Context, msgs []Record, res []gapfill.Re
 	w.settle(pl, result, now)
 	if len(msgs) > 0 {
 		w.position = pl.batch.NextOffset
+		if pl.batch.Last != nil {
+			w.last = pl.batch.Last
+		}
 		w.ack(ctx, msgs)
 	}
 	return nil

@@ -40,6 +40,8 @@ type kafkaSource struct {
 	// moved tells the worker its position moved without a batch: records
 	// below the log start were deleted before they were read.
 	moved func(next int64)
+	// newLog is [kafkaSourceConfig.NewLog].
+	newLog func(ctx context.Context, position int64) (int64, error)
 
 	// position is the next offset to read as stored, -1 for none;
 	// readSincePosition is set once a record was read after the fetcher
@@ -64,6 +66,9 @@ type kafkaSourceConfig struct {
 	Committed func(partition int, next int64)
 	Lost      *atomic.Int64
 	Moved     func(next int64)
+	// NewLog is told the position is past the log's end; it returns where
+	// reading goes on (the position itself to wait).
+	NewLog func(ctx context.Context, position int64) (int64, error)
 }
 
 // openKafkaSource starts reading the partition at position, the position
@@ -83,7 +88,7 @@ func openKafkaSource(c kafkaSourceConfig, position, start int64) (*kafkaSource, 
 				maxWait: c.MaxWait, chunk: c.BatchSize, log: c.Log,
 			}, offset)
 		},
-		bounds: c.Bounds, committed: c.Committed, lost: c.Lost, moved: c.Moved,
+		bounds: c.Bounds, committed: c.Committed, lost: c.Lost, moved: c.Moved, newLog: c.NewLog,
 		position: position,
 	}
 	s.fetcher = s.newFetcher(start)
@@ -230,8 +235,21 @@ func (s *kafkaSource) outOfRange(ctx context.Context) {
 		s.position = first
 		s.readSincePosition = false
 		s.moved(first)
+	case s.position > last && s.newLog != nil:
+		next, err := s.newLog(ctx, s.position)
+		switch {
+		case err != nil:
+			s.log.Warn("the stored position is past the end of the partition; comparing the log with what was read failed; trying again", "position", s.position, "log_end", last, "err", err)
+			sleep(ctx, time.Second)
+		case next != s.position:
+			s.position = next
+			s.readSincePosition = false
+			s.moved(next)
+		default:
+			sleep(ctx, time.Second)
+		}
 	case s.position > last:
-		s.log.Error("the stored position is past the end of the partition: was the topic recreated or its log truncated? waiting; rebuild the projection if the topic was recreated",
+		s.log.Error("the stored position is past the end of the partition: was the topic recreated or its log truncated? waiting",
 			"position", s.position, "log_end", last)
 		sleep(ctx, 10*time.Second)
 	default:

@@ -83,6 +83,8 @@ var (
 		"Records read from Kafka and committed in a batch.", nil, nil)
 	descLost = prometheus.NewDesc("projector_records_lost_total",
 		"Records deleted from the log (retention, compaction) before they were read.", nil, nil)
+	descNewLogs = prometheus.NewDesc("projector_new_logs_total",
+		"Partitions found reading a new log under the same name (a topic deleted and recreated: the stored position past the log's end, or another record at the offset last read) and read again from the new log's start.", nil, nil)
 	descBatches = prometheus.NewDesc("projector_batches_total",
 		"Batch transactions committed.", nil, nil)
 	descFenced = prometheus.NewDesc("projector_fenced_total",
@@ -165,6 +167,7 @@ func (c *projectorCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descCovered, k.Covered)
 	counter(descTombstonesPruned, k.TombstonesPruned)
 	counter(descLost, k.Lost)
+	counter(descNewLogs, k.NewLogs)
 	counter(descBatches, k.Batches)
 	counter(descFenced, k.Fenced)
 	counter(descGapsOpened, k.GapsOpened)

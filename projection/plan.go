@@ -49,7 +49,7 @@ type messageKey struct {
 // too ([failpoint.Unfenced]), to prove the writes need no owner.
 func (w *worker) newBatch(next int64, recs ...Record) *store.Batch {
 	return &store.Batch{Topic: w.topic, Partition: w.partition, Epoch: w.epoch, NextOffset: next,
-		Unfenced: w.unowned(), Coordinates: coordinatesOf(recs)}
+		Unfenced: w.unowned(), Coordinates: coordinatesOf(recs), Last: logMark(recs)}
 }
 
 // unowned reports whether the worker's records are not its alone: its

@@ -157,7 +157,9 @@ func TestSnapshotTimeoutMaxCapsTheGrowth(t *testing.T) {
 	require.Equal(t, 5*time.Second, pol.SnapshotTimeout)
 	require.Equal(t, 2*time.Minute, pol.SnapshotTimeoutMax)
 
-	err := Config{SnapshotTimeout: 3 * time.Minute}.WithDefaults().Validate()
+	// Unset, the cap is never below the first timeout.
+	require.Equal(t, 3*time.Minute, Config{SnapshotTimeout: 3 * time.Minute}.WithDefaults().SnapshotTimeoutMax)
+	err := Config{SnapshotTimeout: 3 * time.Minute, SnapshotTimeoutMax: 2 * time.Minute}.WithDefaults().Validate()
 	require.ErrorContains(t, err, "snapshot-timeout-max 2m0s is below snapshot-timeout 3m0s")
 	err = Config{SnapshotTimeoutMax: -time.Second}.WithDefaults().Validate()
 	require.ErrorContains(t, err, "snapshot-timeout-max, snapshot-concurrency, gap-retry-min and gap-retry-max must not be negative")

@@ -34,6 +34,9 @@ type Counters struct {
 	// Lost counts records deleted from the log (retention, compaction)
 	// before they could be read.
 	Lost int64 `json:"lost_before_read"`
+	// NewLogs counts partitions found reading a new log (a topic deleted
+	// and recreated) and read again from its start.
+	NewLogs int64 `json:"new_logs"`
 	// GapsOpened counts jobs that started waiting behind a gap.
 	GapsOpened int64 `json:"gaps_opened"`
 	// DatabaseErrors counts failed PostgreSQL operations (batches, claims,
@@ -65,7 +68,7 @@ func (c Counters) LogValue() slog.Value {
 		slog.Int64("gaps_closed_by_wait", c.ClosedByWait), slog.Int64("gaps_closed_by_reread", c.ClosedByReread),
 		slog.Int64("gaps_closed_by_snapshot", c.ClosedBySnapshot), slog.Int64("lost_before_read", c.Lost),
 		slog.Int64("gaps_opened", c.GapsOpened), slog.Int64("database_errors", c.DatabaseErrors),
-		slog.Int64("tombstones_pruned", c.TombstonesPruned),
+		slog.Int64("tombstones_pruned", c.TombstonesPruned), slog.Int64("new_logs", c.NewLogs),
 	)
 }
 
@@ -74,7 +77,7 @@ type counters struct {
 	closedWait, closedReread, closedSnapshot, lost                                      atomic.Int64
 	gapsOpened, dbErrors, authorityOK, authorityNotFound, authorityError                atomic.Int64
 	deleted, covered, pruned                                                            atomic.Int64
-	stalls, authorityTimeouts                                                           atomic.Int64
+	stalls, authorityTimeouts, newLogs                                                  atomic.Int64
 }
 
 func (c *counters) add(t tally) {
@@ -99,7 +102,7 @@ func (c *counters) snapshot() Counters {
 		Lost: c.lost.Load(), Deleted: c.deleted.Load(), Covered: c.covered.Load(), TombstonesPruned: c.pruned.Load(),
 		GapsOpened: c.gapsOpened.Load(), DatabaseErrors: c.dbErrors.Load(),
 		AuthorityOK: c.authorityOK.Load(), AuthorityNotFound: c.authorityNotFound.Load(), AuthorityError: c.authorityError.Load(),
-		AuthorityTimeouts: c.authorityTimeouts.Load(), Stalls: c.stalls.Load(),
+		AuthorityTimeouts: c.authorityTimeouts.Load(), Stalls: c.stalls.Load(), NewLogs: c.newLogs.Load(),
 	}
 }
 

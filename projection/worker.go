@@ -33,6 +33,9 @@ type worker struct {
 	detector  *gapfill.Detector
 	position  int64
 	hwm       int64
+	// last is the last record a committed batch read (from the claim
+	// until one does): what the log is compared with.
+	last      *store.LogMark
 	committed func(partition int, next int64)
 	// beat is this worker's sign of life for /healthz.
 	beat *beat
@@ -147,6 +150,10 @@ func (w *worker) run(ctx context.Context) error {
 	w.epoch = claim.Epoch
 	w.position = claim.NextOffset
 	w.log = w.log.With("epoch", w.epoch)
+	if claim, err = w.checkLog(ctx, claim); err != nil {
+		return err
+	}
+	w.last = claim.Last
 	if err := w.restore(ctx); err != nil {
 		return err
 	}
@@ -164,7 +171,8 @@ func (w *worker) run(ctx context.Context) error {
 		Brokers: cfg.Brokers, Topic: w.topic, Partition: w.partition, Dialer: w.dialer,
 		MaxWait: cfg.MaxWait, BatchSize: cfg.BatchSize, Linger: cfg.BatchLinger, Log: w.log,
 		Bounds: w.logBounds, Committed: w.committed, Lost: &w.counters.lost,
-		Moved: func(next int64) { w.position = next },
+		Moved:  func(next int64) { w.position = next },
+		NewLog: w.newLogAt,
 	}, claim.NextOffset, start)
 	if err != nil {
 		return err

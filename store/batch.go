@@ -134,6 +134,10 @@ type Batch struct {
 	Coordinates map[int64]Coordinate
 	// NextOffset is the position after this batch: last offset read + 1.
 	NextOffset int64
+	// Last is the batch's last record, stored with the position so that a
+	// new log under the same name is told from the one read (nil: keep
+	// the one stored).
+	Last *LogMark
 	// Snapshots are applied where the row's version is below theirs; at
 	// most one per job (fold first).
 	Snapshots []Write

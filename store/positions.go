@@ -21,6 +21,18 @@ type Claim struct {
 	// NextOffset is the next offset to read; -1 when the partition was never
 	// processed.
 	NextOffset int64
+	// Last is the last record a batch read, to tell the log the position
+	// was read from from a new one; nil when none was recorded.
+	Last *LogMark
+	// LogResets counts the new logs found on the partition.
+	LogResets int
+}
+
+// LogMark is a record of a partition's log: its offset and a hash of what
+// it holds. A log that has another record at that offset is another log.
+type LogMark struct {
+	Offset int64
+	Hash   int64
 }
 
 // Claim takes partition p of topic for owner: it bumps the epoch, which
@@ -43,6 +55,7 @@ func (s *Store) ClaimFrom(ctx context.Context, topic string, p int, owner string
 		return Claim{}, fmt.Errorf("store: claim %s/%d: start %d is not an offset", topic, p, start)
 	}
 	var c Claim
+	var lastOffset, lastHash *int64
 	err := pgx.BeginTxFunc(ctx, s.pool, readCommitted, func(tx pgx.Tx) error {
 		// The claim's own transaction holds the row too, from its write to
 		// its commit: a claimer frozen in between is bounded like a batch.
@@ -55,8 +68,11 @@ func (s *Store) ClaimFrom(ctx context.Context, topic string, p int, owner string
 			ON CONFLICT (projection, topic, partition)
 			DO UPDATE SET epoch = t.epoch + 1, owner = excluded.owner, updated_at = now(),
 				next_offset = CASE WHEN t.next_offset < 0 THEN excluded.next_offset ELSE t.next_offset END
-			RETURNING epoch, next_offset`, s.projection, topic, p, owner, start).Scan(&c.Epoch, &c.NextOffset)
+			RETURNING epoch, next_offset, last_offset, last_hash, log_resets`, s.projection, topic, p, owner, start).Scan(&c.Epoch, &c.NextOffset, &lastOffset, &lastHash, &c.LogResets)
 	})
+	if err == nil && lastOffset != nil && lastHash != nil {
+		c.Last = &LogMark{Offset: *lastOffset, Hash: *lastHash}
+	}
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
@@ -134,9 +150,14 @@ func (s *Store) fence(ctx context.Context, tx pgx.Tx, b *Batch) error {
 		set_config('statement_timeout', $2, true), set_config('lock_timeout', $3, true)`,
 		millis(s.idleTimeout), millis(s.statementTimeout), millis(s.claimLockTimeout))
 	if !b.Unfenced {
-		pipe.Queue(`UPDATE `+s.partitions+` SET next_offset = $5, updated_at = now()
+		var lastOffset, lastHash *int64
+		if b.Last != nil {
+			lastOffset, lastHash = &b.Last.Offset, &b.Last.Hash
+		}
+		pipe.Queue(`UPDATE `+s.partitions+` SET next_offset = $5, updated_at = now(),
+				last_offset = coalesce($6::bigint, last_offset), last_hash = coalesce($7::bigint, last_hash)
 			WHERE projection = $1 AND topic = $2 AND partition = $3 AND epoch = $4`,
-			s.projection, b.Topic, b.Partition, b.Epoch, b.NextOffset)
+			s.projection, b.Topic, b.Partition, b.Epoch, b.NextOffset, lastOffset, lastHash)
 	}
 	pipe.Queue(`SELECT set_config('lock_timeout', current_setting('projector.lock_timeout'), true)`)
 	lockSQL, lockArgs, lock := s.lockJobsStatement(b)
@@ -180,4 +201,80 @@ func (s *Store) fence(ctx context.Context, tx pgx.Tx, b *Batch) error {
 		return fmt.Errorf("store: apply %s/%d@%d: fence: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
 	return nil
+}
+
+// MoveToLog moves partition p's position to next under the owner's epoch,
+// where its log is read on from when it is not as the position says. With
+// newLog the log is not the one the position was read from (a topic
+// deleted and recreated): the last record is forgotten, and the
+// quarantined records of the replaced log are renamed to the topic
+// "<topic>~log<n>" (n counts the logs replaced), so that records of the
+// new log at the same offsets are quarantined beside them. Without, the
+// log was truncated before the position. It returns the number of logs
+// replaced so far, or [ErrFenced] when the epoch is no longer the
+// partition's.
+func (s *Store) MoveToLog(ctx context.Context, topic string, p int, epoch, next int64, newLog bool) (resets int, err error) {
+	err = pgx.BeginTxFunc(ctx, s.pool, readCommitted, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, `UPDATE `+s.partitions+` SET next_offset = $5, updated_at = now(),
+				last_offset = CASE WHEN $6 THEN NULL ELSE last_offset END,
+				last_hash = CASE WHEN $6 THEN NULL ELSE last_hash END,
+				log_resets = log_resets + CASE WHEN $6 THEN 1 ELSE 0 END
+			WHERE projection = $1 AND topic = $2 AND partition = $3 AND epoch = $4
+			RETURNING log_resets`, s.projection, topic, p, epoch, next, newLog).Scan(&resets)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrFenced
+		}
+		if err != nil || !newLog {
+			return err
+		}
+		_, err = tx.Exec(ctx, `UPDATE `+s.quarantine+` SET topic = topic || '~log' || $4::int
+			WHERE projection = $1 AND topic = $2 AND partition = $3`, s.projection, topic, p, resets)
+		return err
+	})
+	if err != nil && !errors.Is(err, ErrFenced) {
+		return 0, fmt.Errorf("store: new log of %s/%d: %w", topic, p, err)
+	}
+	return resets, err
+}
+
+// ResetPosition sets partition p's position to next whatever it was, for
+// an operator who chose where a partition goes on (`projector
+// reset-positions`): the epoch moves on, which fences the instance
+// working it (it claims again and reads from next), and the last record
+// is forgotten. With newLog, the partition's log is a new one, as for
+// [Store.NewLog]: the quarantined records of the old one are renamed.
+// It returns the position it replaced (-1: none), and creates the row if
+// there is none.
+func (s *Store) ResetPosition(ctx context.Context, topic string, p int, next int64, owner string, newLog bool) (was int64, err error) {
+	err = pgx.BeginTxFunc(ctx, s.pool, readCommitted, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, millis(s.claimLockTimeout)); err != nil {
+			return err
+		}
+		was = -1
+		err := tx.QueryRow(ctx, `SELECT next_offset FROM `+s.partitions+` WHERE projection = $1 AND topic = $2 AND partition = $3 FOR UPDATE`,
+			s.projection, topic, p).Scan(&was)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO `+s.partitions+` AS t (projection, topic, partition, epoch, owner, next_offset)
+			VALUES ($1, $2, $3, 1, $4, $5)
+			ON CONFLICT (projection, topic, partition)
+			DO UPDATE SET epoch = t.epoch + 1, owner = excluded.owner, next_offset = excluded.next_offset,
+				last_offset = NULL, last_hash = NULL, updated_at = now()`, s.projection, topic, p, owner, next)
+		if err != nil || !newLog {
+			return err
+		}
+		var resets int
+		if err := tx.QueryRow(ctx, `UPDATE `+s.partitions+` SET log_resets = log_resets + 1
+			WHERE projection = $1 AND topic = $2 AND partition = $3 RETURNING log_resets`, s.projection, topic, p).Scan(&resets); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `UPDATE `+s.quarantine+` SET topic = topic || '~log' || $4::int
+			WHERE projection = $1 AND topic = $2 AND partition = $3`, s.projection, topic, p, resets)
+		return err
+	})
+	if err != nil {
+		return -1, fmt.Errorf("store: reset the position of %s/%d: %w", topic, p, err)
+	}
+	return was, nil
 }
