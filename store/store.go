@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -288,16 +289,101 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// migrateIn applies the migrations not yet applied to projection in
-// schema, inside tx.
-func migrateIn(ctx context.Context, tx pgx.Tx, schema, projection string) error {
-	names, err := fs.Glob(migrations, "migrations/*.sql")
+// Pending returns the migrations this version has that the projection has
+// not had yet, in order; all of them for a projection that does not
+// exist. It reads and changes nothing else, and needs no more than
+// SELECT on projector_migrations.
+func (s *Store) Pending(ctx context.Context) ([]string, error) {
+	names, err := migrationNames()
+	if err != nil {
+		return nil, err
+	}
+	mig := pgx.Identifier{s.schema, "projector_migrations"}.Sanitize()
+	var exists bool
+	if err := s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, mig).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("store: pending migrations: %w", err)
+	}
+	if !exists {
+		return names, nil
+	}
+	rows, err := s.pool.Query(ctx, `SELECT name FROM `+mig+` WHERE projection = $1`, s.projection)
+	if err != nil {
+		return nil, fmt.Errorf("store: pending migrations: %w", err)
+	}
+	done, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("store: pending migrations: %w", err)
+	}
+	var pending []string
+	for _, n := range names {
+		if !slices.Contains(done, n) {
+			pending = append(pending, n)
+		}
+	}
+	return pending, nil
+}
+
+// BehindError is a projection whose schema is behind this version, that
+// this connection may not migrate: the owner must run the migrations.
+type BehindError struct {
+	Schema, Table string
+	// Pending names the migrations not yet run.
+	Pending []string
+	Err     error
+}
+
+func (e *BehindError) Error() string {
+	return fmt.Sprintf("the tables of %s.%s are behind this version (migrations not run: %s) and this role may not migrate them (%v): run `projector migrate --schema %s --table %s` as the tables' owner, then start again",
+		e.Schema, e.Table, strings.Join(e.Pending, ", "), e.Err, e.Schema, e.Table)
+}
+
+func (e *BehindError) Unwrap() error { return e.Err }
+
+// EnsureCurrent makes the projection's tables current: nothing at all when
+// every migration has run (a role with DML rights alone suffices), else it
+// migrates; a role that may not is a *[BehindError] naming what to run.
+func (s *Store) EnsureCurrent(ctx context.Context) error {
+	pending, err := s.Pending(ctx)
 	if err != nil {
 		return err
 	}
+	if len(pending) == 0 {
+		return nil
+	}
+	err = s.Migrate(ctx)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+		return &BehindError{Schema: s.schema, Table: s.projection, Pending: pending, Err: err}
+	}
+	return err
+}
+
+func migrationNames() ([]string, error) {
+	names, err := fs.Glob(migrations, "migrations/*.sql")
+	if err != nil {
+		return nil, err
+	}
 	sort.Strings(names)
-	if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{schema}.Sanitize()); err != nil {
-		return fmt.Errorf("store: migrate: create schema %s: %w", schema, err)
+	return names, nil
+}
+
+// migrateIn applies the migrations not yet applied to projection in
+// schema, inside tx.
+func migrateIn(ctx context.Context, tx pgx.Tx, schema, projection string) error {
+	names, err := migrationNames()
+	if err != nil {
+		return err
+	}
+	// CREATE SCHEMA IF NOT EXISTS needs the right to create schemas even
+	// when the schema exists: a tables' owner may not have it.
+	var schemaExists bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&schemaExists); err != nil {
+		return fmt.Errorf("store: migrate: %w", err)
+	}
+	if !schemaExists {
+		if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{schema}.Sanitize()); err != nil {
+			return fmt.Errorf("store: migrate: create schema %s: %w", schema, err)
+		}
 	}
 	mig := pgx.Identifier{schema, "projector_migrations"}.Sanitize()
 	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+mig+` (

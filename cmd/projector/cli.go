@@ -64,7 +64,7 @@ type cmdEnv struct {
 	args []string
 }
 
-var commands = []*command{runCommand, rebuildCommand, statusCommand, resetPositionsCommand, explainCommand, quarantineCommand, verifyCommand, demoCommand, benchCommand, versionCommand}
+var commands = []*command{runCommand, migrateCommand, rebuildCommand, statusCommand, resetPositionsCommand, explainCommand, quarantineCommand, verifyCommand, demoCommand, benchCommand, versionCommand}
 
 const topUsage = `projector turns a Kafka stream of job events into a correct PostgreSQL read model.
 

@@ -15,7 +15,8 @@ type access int
 
 const (
 	// migrated creates the projection or migrates it to this version (run,
-	// rebuild).
+	// rebuild); a projection already current is only read (DML rights
+	// suffice).
 	migrated access = iota
 	// existing connects to a projection that must already exist, and
 	// creates and alters nothing (explain, quarantine, verify).
@@ -23,6 +24,8 @@ const (
 	// readOnly is existing in read-only transactions that need no more
 	// than SELECT rights (status).
 	readOnly
+	// unchecked connects and checks nothing of the tables (migrate).
+	unchecked
 )
 
 // openProjection is every command's way to the store: it checks the
@@ -53,10 +56,13 @@ func openProjection(ctx context.Context, url string, cfg store.Config, acc acces
 		return nil, err
 	}
 	if acc == migrated {
-		if err := st.Migrate(ctx); err != nil {
+		if err := st.EnsureCurrent(ctx); err != nil {
 			st.Close()
 			return nil, err
 		}
+		return st, nil
+	}
+	if acc == unchecked {
 		return st, nil
 	}
 	if err := st.CheckExists(ctx); err != nil {

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/projector/projector/internal/pgtest"
+)
+
+// dmlRole creates a login role with SELECT, INSERT, UPDATE and DELETE on
+// schema's tables and USAGE on its sequences, nothing more, and returns a
+// DATABASE_URL for it. The role is dropped at cleanup.
+func dmlRole(t *testing.T, schema string) string {
+	t.Helper()
+	ctx := context.Background()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	role := "dml_" + hex.EncodeToString(b[:])
+	pool := pgtest.Pool(t)
+	s, r := pgx.Identifier{schema}.Sanitize(), pgx.Identifier{role}.Sanitize()
+	for _, sql := range []string{
+		`CREATE ROLE ` + r + ` LOGIN`,
+		`GRANT USAGE ON SCHEMA ` + s + ` TO ` + r,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA ` + s + ` TO ` + r,
+		`GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA ` + s + ` TO ` + r,
+	} {
+		_, err := pool.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	t.Cleanup(func() {
+		for _, sql := range []string{`DROP OWNED BY ` + r, `DROP ROLE ` + r} {
+			if _, err := pool.Exec(context.WithoutCancel(ctx), sql); err != nil {
+				t.Errorf("%s: %v", sql, err)
+			}
+		}
+	})
+	u, err := url.Parse(pgtest.URL())
+	require.NoError(t, err)
+	u.User = url.User(role)
+	return u.String()
+}
+
+// Teams migrate as the tables' owner in a deploy step and run the daemon
+// with DML rights only: `projector migrate` creates the tables and brings
+// them up to date, and `run` projects with a role that may not create or
+// alter anything; tables that are behind make it exit 1 saying what to run.
+func TestRunNeedsOnlyDMLOnACurrentSchema(t *testing.T) {
+	t.Parallel()
+	s := newStory(t, 2)
+	s.jobs("task", 20, 1, 2)
+
+	mig := []string{"migrate", "--schema", s.schema}
+	res := runBin(t, 30*time.Second, dbEnv(), mig...)
+	require.Equal(t, 0, res.code, res.String())
+	require.Contains(t, res.stdout, s.schema+".jobs migrated: 001_init, ")
+	require.Contains(t, res.stdout, "009_log_identity")
+	res = runBin(t, 30*time.Second, dbEnv(), mig...)
+	require.Equal(t, 0, res.code, res.String())
+	require.Contains(t, res.stdout, "up to date")
+
+	dml := baseEnv("DATABASE_URL=" + dmlRole(t, s.schema))
+	p := startBin(t, "run as DML", dml, s.runArgs("g-dml", "inst-dml", "--http-addr", "off")...)
+	s.caughtUp(joinWithin, p)
+	p.stop(stopWithin)
+	s.requireModel()
+
+	// The tables fall behind (as if this version added a migration).
+	_, err := pgtest.Pool(t).Exec(context.Background(), `DELETE FROM `+pgx.Identifier{s.schema, "projector_migrations"}.Sanitize()+
+		` WHERE name = 'migrations/009_log_identity.sql'`)
+	require.NoError(t, err)
+	res = runBin(t, 30*time.Second, dml, s.runArgs("g-dml", "inst-dml", "--http-addr", "off")...)
+	require.Equal(t, 1, res.code, res.String())
+	require.Contains(t, res.stderr, "migrations not run: migrations/009_log_identity.sql")
+	require.Contains(t, res.stderr, "run `projector migrate --schema "+s.schema+" --table jobs` as the tables' owner")
+
+	res = runBin(t, 30*time.Second, dbEnv(), mig...)
+	require.Equal(t, 0, res.code, res.String())
+	require.Contains(t, res.stdout, "migrated: 009_log_identity")
+	s.jobs("task", 20, 3, 3)
+	p = startBin(t, "run as DML again", dml, s.runArgs("g-dml", "inst-dml", "--http-addr", "off")...)
+	s.caughtUp(joinWithin, p)
+	p.stop(stopWithin)
+	s.requireModel()
+}
