@@ -419,7 +419,7 @@ func (o *runOpts) serve(ctx context.Context, p *projection.Projector, logger *sl
 
 func registerStoreFlags(fs *flag.FlagSet, url, schema, table *string) {
 	fs.StringVar(url, "database-url", "", "PostgreSQL connection string, e.g. postgres://user:pass@host:5432/db (required)")
-	fs.StringVar(schema, "schema", "public", "PostgreSQL schema of the read model; created if missing")
+	fs.StringVar(schema, "schema", "public", "PostgreSQL schema of the read model and the projector's tables")
 	fs.StringVar(table, "table", "jobs", "read-model table; also names the projection's positions")
 }
 

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"bufio"
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// commandFlags is every command's flag set by name ("quarantine list" for
+// a subcommand).
+func commandFlags() map[string]*flag.FlagSet {
+	out := map[string]*flag.FlagSet{}
+	var walk func(prefix string, cs []*command)
+	walk = func(prefix string, cs []*command) {
+		for _, c := range cs {
+			name := strings.TrimSpace(prefix + " " + c.name)
+			if len(c.subs) > 0 {
+				walk(name, c.subs)
+				continue
+			}
+			fs, _ := c.flagSet(io.Discard)
+			out[name] = fs
+		}
+	}
+	walk("", commands)
+	return out
+}
+
+var (
+	docHeading = regexp.MustCompile("`projector ([a-z-]+(?: [a-z]+)?)`")
+	docFlagRow = regexp.MustCompile("^\\| `(--[a-z0-9-]+)` \\| ([^|]*)\\| ([^|]*)\\|")
+	docToken   = regexp.MustCompile("`([^`]*)`")
+)
+
+// sameDefault says whether a default as the docs write it (`2m`, `64MiB`,
+// `false`) is the flag's.
+func sameDefault(doc, code string) bool {
+	if doc == code {
+		return true
+	}
+	dd, err1 := time.ParseDuration(doc)
+	cd, err2 := time.ParseDuration(code)
+	return err1 == nil && err2 == nil && dd == cd
+}
+
+// The flag tables of the README and of docs/operations.md are written by
+// hand: every flag they list under a command must be one of that
+// command's, named with its environment variable, and the default they
+// give must be the code's.
+func TestDocsFlagTablesAgreeWithTheCode(t *testing.T) {
+	t.Parallel()
+	flags := commandFlags()
+	for _, doc := range []string{"../../README.md", "../../docs/operations.md"} {
+		f, err := os.Open(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(f)
+		var cmds []string
+		line := 0
+		for sc.Scan() {
+			line++
+			text := sc.Text()
+			if strings.HasPrefix(text, "#") {
+				cmds = nil
+				for _, m := range docHeading.FindAllStringSubmatch(text, -1) {
+					if _, ok := flags[m[1]]; ok {
+						cmds = append(cmds, m[1])
+					}
+				}
+				continue
+			}
+			m := docFlagRow.FindStringSubmatch(text)
+			if m == nil || len(cmds) == 0 {
+				continue
+			}
+			where := filepath.Base(doc) + ":" + strconv.Itoa(line)
+			name := strings.TrimPrefix(m[1], "--")
+			env := strings.Trim(strings.TrimSpace(m[2]), "`")
+			if want := envName(name); env != want && name != "database-url" {
+				t.Errorf("%s: --%s: environment %q, want %q", where, name, env, want)
+			}
+			cell := strings.TrimSpace(m[3])
+			toks := docToken.FindAllStringSubmatch(cell, -1)
+			have := 0
+			var problems []string
+			for _, cmd := range cmds {
+				fl := flags[cmd].Lookup(name)
+				if fl == nil {
+					continue
+				}
+				have++
+				code := fl.DefValue
+				switch {
+				case code == "":
+					// Computed when the command runs: the docs say how.
+				case len(toks) > 0 && sameDefault(toks[0][1], code):
+				case len(toks) == 0 && (code == "0" || code == "false"):
+				default:
+					problems = append(problems, "`projector "+cmd+"` has "+strconv.Quote(code))
+				}
+			}
+			switch {
+			case have == 0:
+				t.Errorf("%s: %s has no flag --%s", where, strings.Join(cmds, ", "), name)
+			case len(problems) == have:
+				t.Errorf("%s: --%s: the docs give the default %s; %s", where, name, cell, strings.Join(problems, ", "))
+			}
+		}
+		f.Close()
+	}
+}
