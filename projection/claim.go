@@ -123,18 +123,103 @@ func (w *worker) holdStored(held []store.Held, rows map[string]store.Job) error 
 			}
 			copied[h.JobID] = true
 		}
-		ev := event.Event{JobID: h.JobID, Version: h.Version, Kind: event.Delta, EventID: h.EventID}
-		if h.Ops != nil {
-			ops, err := delta.ParseOps(h.Ops)
-			if err != nil {
-				return fmt.Errorf("projection: held delta %q v%d: %w", h.JobID, h.Version, err)
-			}
-			ev.Ops, ev.RawOps = ops, h.Ops
+		held, err := heldOf(h)
+		if err != nil {
+			return err
 		}
-		j.Held[h.Version] = gapfill.Held{Input: gapfill.Input{Event: ev, Partition: h.SourcePartition, Offset: h.Offset, At: h.Since, LogTime: h.LogTime}, Since: h.Since}
+		j.Held[h.Version] = held
 
 		w.cache.put(j)
 		w.detector.Hold(h.JobID, h.Since)
+	}
+	return nil
+}
+
+// heldOf is a held row as the detector keeps it; a row read without its
+// ops keeps none (they are read back when needed).
+func heldOf(h store.Held) (gapfill.Held, error) {
+	ev := event.Event{JobID: h.JobID, Version: h.Version, Kind: event.Delta, EventID: h.EventID}
+	if h.Ops != nil {
+		ops, err := delta.ParseOps(h.Ops)
+		if err != nil {
+			return gapfill.Held{}, fmt.Errorf("projection: held delta %q v%d: %w", h.JobID, h.Version, err)
+		}
+		ev.Ops, ev.RawOps = ops, h.Ops
+	}
+	return gapfill.Held{Input: gapfill.Input{Event: ev, Partition: h.SourcePartition, Offset: h.Offset, At: h.Since, LogTime: h.LogTime}, Since: h.Since}, nil
+}
+
+// resync makes the worker's view of jobs what the store holds: their rows,
+// and the held deltas stored for them under the worker's partition. Held
+// deltas the view had that are stored no more (another writer applied or
+// covered them) are dropped, ones it did not have (another instance held
+// them) are taken on, and a job left holding nothing leaves the detector.
+// It returns the jobs as read, every held delta with its ops, for a plan
+// to use whatever the cache keeps of them.
+//
+// A worker that owns its partition knows every held delta of it; one
+// without an owner's view (an SQS queue, read by several instances at
+// once) calls this when the store finds its view out of date.
+func (w *worker) resync(ctx context.Context, ids []string) (map[string]gapfill.Job, error) {
+	rows, err := w.store.LoadJobs(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	stored, err := w.store.LoadHeldOf(ctx, w.topic, w.partition, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]gapfill.Job, len(ids))
+	for _, id := range ids {
+		j, err := storedJob(id, rows, nil)
+		if err != nil {
+			return nil, err
+		}
+		out[id] = j
+	}
+	since := map[string]time.Time{}
+	for _, h := range stored {
+		held, err := heldOf(h)
+		if err != nil {
+			return nil, err
+		}
+		j := out[h.JobID]
+		if j.Held == nil {
+			j.Held = map[int64]gapfill.Held{}
+			since[h.JobID] = h.Since
+		}
+		j.Held[h.Version] = held
+		out[h.JobID] = j
+		if h.Since.Before(since[h.JobID]) {
+			since[h.JobID] = h.Since
+		}
+	}
+	for id, j := range out {
+		// The cache may leave the ops in PostgreSQL (see jobCache.put);
+		// out keeps them for the caller.
+		w.cache.put(j)
+		if len(j.Held) == 0 {
+			w.detector.Close(id)
+			continue
+		}
+		w.detector.Hold(id, since[id])
+	}
+	return out, nil
+}
+
+// reload reads again the rows of jobs a batch found moved (a
+// *store.StaleError). A worker that owns its partition keeps the held
+// deltas it knows; one without an owner's view takes the stored held
+// deltas as they are ([worker.resync]).
+func (w *worker) reload(ctx context.Context, ids []string) error {
+	if w.unowned() {
+		_, err := w.resync(ctx, ids)
+		return err
+	}
+	for _, id := range ids {
+		if err := w.forgetRow(ctx, id); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -208,12 +208,7 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 			return nil
 		case errors.As(err, &stale):
 			w.log.Info("rows moved under the batch; reloading them", "jobs", len(stale.Jobs), "first", stale.Jobs[0])
-			for _, id := range stale.Jobs {
-				if err = w.forgetRow(ctx, id); err != nil {
-					break
-				}
-			}
-			if err == nil {
+			if err = w.reload(ctx, stale.Jobs); err == nil {
 				if staleRetries++; staleRetries > 3 {
 					// Another writer keeps moving these rows: do not spin.
 					sleep(ctx, bo.NextBackOff())

@@ -253,12 +253,12 @@ func (p *Projector) watchBrokers(ctx context.Context) {
 			return
 		case errors.Is(err, errTopicMissing):
 			p.health.topic.Store(topicMissing)
-			p.kafkaOutage.ok()
+			p.sourceOutage.ok()
 		case err != nil:
-			p.kafkaOutage.failed(err, brokerPollEvery)
+			p.sourceOutage.failed(err, brokerPollEvery)
 		default:
 			p.health.topic.Store(topicExists)
-			p.kafkaOutage.ok()
+			p.sourceOutage.ok()
 			p.book.setHighWatermarks(hwm)
 		}
 		// Within half a poll of the interval: polls drift by a few

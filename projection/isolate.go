@@ -161,6 +161,12 @@ func (w *worker) applyApart(ctx context.Context, msgs []Record, res []gapfill.Re
 			return err
 		}
 	}
+	var aside []store.HeldKey
+	for v := range j.Held {
+		if _, kept := keep[v]; !kept {
+			aside = append(aside, store.HeldKey{JobID: id, Version: v})
+		}
+	}
 	j.Held = keep
 	w.cache.put(j)
 	actx, cancel := w.applyContext(ctx)
@@ -170,6 +176,7 @@ func (w *worker) applyApart(ctx context.Context, msgs []Record, res []gapfill.Re
 	if err != nil {
 		return err
 	}
+	pl.batch.Aside = aside
 	result, err := w.store.Apply(actx, pl.batch)
 	if err != nil {
 		return err

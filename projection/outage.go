@@ -15,7 +15,7 @@ const outageLogEvery = 30 * time.Second
 // per outageLogEvery while it keeps failing (the error, the attempts so far,
 // the next retry), and one when it answers again.
 type outage struct {
-	service string // "PostgreSQL", "Kafka"
+	service string // "PostgreSQL", "Kafka", "SQS"
 	log     *slog.Logger
 
 	mu       sync.Mutex
@@ -53,6 +53,17 @@ func (o *outage) failing() bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return !o.since.IsZero()
+}
+
+// failingFor is how long the outage in progress has lasted at now, and
+// its last error; 0 when there is none.
+func (o *outage) failingFor(now time.Time) (time.Duration, string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.since.IsZero() {
+		return 0, ""
+	}
+	return now.Sub(o.since), o.lastErr
 }
 
 // ok records a success; it ends an outage in progress.

@@ -83,7 +83,7 @@ func TestKafkaOutageLogged(t *testing.T) {
 		return len(logs.matching("Kafka is failing; retrying", "attempt=1", "next_retry=")) == 1, ""
 	})
 	r.eventually(20*time.Second, "a second failed poll", func() (bool, string) {
-		return run.p.kafkaOutage.attemptsSoFar() >= 2, ""
+		return run.p.sourceOutage.attemptsSoFar() >= 2, ""
 	})
 	require.Len(t, logs.matching("Kafka is failing; retrying"), 1, "logged at its start, then at most every 30 s")
 	down.Store(false)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -386,7 +387,10 @@ func deltaValue(ev event.Event) []byte {
 
 // unspill puts back the ops of held deltas the cache left in PostgreSQL,
 // for every job of the plan that has some, into known: a batch offers
-// inputs to a job only with its held deltas whole.
+// inputs to a job only with its held deltas whole. A held delta whose row
+// is gone was released by another writer (an instance on the same queue
+// applied it or covered it): the job is read again, row and held deltas
+// ([worker.resync]), rather than the plan failing as if the database had.
 func (w *worker) unspill(ctx context.Context, order []string, known map[string]gapfill.Job) error {
 	var keys []store.HeldKey
 	jobs := map[string]gapfill.Job{}
@@ -414,13 +418,16 @@ func (w *worker) unspill(ctx context.Context, order []string, known map[string]g
 	if err != nil {
 		return err
 	}
+	var gone []string
 	for id, j := range jobs {
 		held := make(map[int64]gapfill.Held, len(j.Held))
+		whole := true
 		for v, h := range j.Held {
 			if h.Event.RawOps == nil {
 				raw, ok := ops[store.HeldKey{JobID: id, Version: v}]
 				if !ok {
-					return fmt.Errorf("projection: held delta %q v%d is no longer stored: another owner released it", id, v)
+					whole = false
+					break
 				}
 				parsed, err := delta.ParseOps(raw)
 				if err != nil {
@@ -430,9 +437,24 @@ func (w *worker) unspill(ctx context.Context, order []string, known map[string]g
 			}
 			held[v] = h
 		}
+		if !whole {
+			gone = append(gone, id)
+			continue
+		}
 		j.Held = held
 		known[id] = j
 	}
+	if len(gone) == 0 {
+		return nil
+	}
+	slices.Sort(gone)
+	w.log.Info("held deltas are stored no more: another writer released them; reading their jobs again",
+		"jobs", len(gone), "first", gone[0])
+	fresh, err := w.resync(ctx, gone)
+	if err != nil {
+		return err
+	}
+	maps.Copy(known, fresh)
 	return nil
 }
 

@@ -44,7 +44,10 @@ type Projector struct {
 	// bounded by its own time limit, and the watchdog does not count it.
 	applying sync.Map
 
-	dbOutage, kafkaOutage outage
+	// dbOutage is PostgreSQL's outage; sourceOutage is the source's,
+	// whichever it is (Kafka's brokers, the SQS queue): the workers, the
+	// monitors, the watchdog and readiness share it.
+	dbOutage, sourceOutage outage
 	// sqs is the queue side of an engine with Source SourceSQS; nil for
 	// Kafka.
 	sqs *sqsState
@@ -83,7 +86,7 @@ func New(cfg Config) (*Projector, error) {
 		dialer:        kc.dialer,
 		budget:        newCacheBudget(cfg.CacheBytes),
 		dbOutage:      outage{service: "PostgreSQL", log: cfg.Logger},
-		kafkaOutage:   outage{service: "Kafka", log: cfg.Logger},
+		sourceOutage:  outage{service: "Kafka", log: cfg.Logger},
 		quarantineLog: sampler{window: 10 * time.Second, burst: 10},
 	}
 	if cfg.Source == SourceSQS {
@@ -93,7 +96,8 @@ func New(cfg Config) (*Projector, error) {
 		if err != nil {
 			return nil, err
 		}
-		p.sqs = &sqsState{client: qc, outage: outage{service: "SQS", log: cfg.Logger}, adoptEvery: heldAdoptEvery}
+		p.sourceOutage.service = "SQS"
+		p.sqs = &sqsState{client: qc, adoptEvery: heldAdoptEvery}
 		p.sqs.reader = newSQSReader(qc, cfg.Logger, cfg.BatchSize)
 	}
 	p.metrics = newMetrics(p)
@@ -227,7 +231,7 @@ func (p *Projector) waitTopic(ctx context.Context) error {
 		switch {
 		case err == nil:
 			p.health.topic.Store(topicExists)
-			p.kafkaOutage.ok()
+			p.sourceOutage.ok()
 			if !logged.IsZero() {
 				p.cfg.Logger.Info("topic exists now; joining the group", "topic", p.cfg.Topic)
 			}
@@ -238,14 +242,14 @@ func (p *Projector) waitTopic(ctx context.Context) error {
 			return ae
 		case errors.Is(err, errTopicMissing):
 			p.health.topic.Store(topicMissing)
-			p.kafkaOutage.ok()
+			p.sourceOutage.ok()
 			if time.Since(logged) >= missingTopicLogEvery {
 				logged = time.Now()
 				p.cfg.Logger.Error("topic does not exist; waiting for it (not ready): create it, or fix --topic",
 					"topic", p.cfg.Topic, "brokers", p.cfg.Brokers)
 			}
 		default:
-			p.kafkaOutage.failed(err, bo.NextBackOff())
+			p.sourceOutage.failed(err, bo.NextBackOff())
 		}
 		sleep(ctx, bo.NextBackOff())
 	}
@@ -302,10 +306,10 @@ func (p *Projector) runGroup(ctx context.Context) error {
 			if ae := p.kafka.k.authError(err); ae != nil {
 				return ae
 			}
-			p.kafkaOutage.failed(fmt.Errorf("joining consumer group %q: %w", groupID, err), cfg.JoinGroupBackoff)
+			p.sourceOutage.failed(fmt.Errorf("joining consumer group %q: %w", groupID, err), cfg.JoinGroupBackoff)
 			continue
 		}
-		p.kafkaOutage.ok()
+		p.sourceOutage.ok()
 		// kafka-go ends a generation when its partition watcher cannot
 		// find the topic, and joins again at once: check the topic at
 		// every generation, and wait for it outside the group.

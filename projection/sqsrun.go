@@ -13,11 +13,11 @@ import (
 )
 
 // sqsState is an SQS-fed engine's queue side: its client, its reader, the
-// queue's last counts, and when the queue last answered.
+// queue's last counts, and when the queue last answered. Its failures are
+// the instance's source outage ([Projector] sourceOutage).
 type sqsState struct {
 	client *sqsClient
 	reader *sqsReader
-	outage outage
 	// counts are the queue's approximate counts as last read; countsAt is
 	// when (unix nanoseconds), and answeredAt when the queue last answered
 	// any request.
@@ -34,8 +34,16 @@ type sqsState struct {
 // queuePollEvery is how often the queue's counts are read, for the lag.
 const queuePollEvery = 5 * time.Second
 
-// queueFresh is how recently the queue must have answered for /readyz.
-const queueFresh = 30 * time.Second
+// queueFresh is how recently the queue must have answered for /readyz,
+// and queueFailingFor how long an outage of the queue may last before
+// /readyz fails: a failed receive or count has already been retried by
+// the SDK, and the receiver retries it within a second or so, so a
+// passing error does not reach readiness; PostgreSQL is given as long
+// (databaseFresh).
+const (
+	queueFresh      = 30 * time.Second
+	queueFailingFor = 5 * time.Second
+)
 
 // runSQS runs one engine on an SQS queue until ctx ends. There are no
 // partitions and no owners: any number of engines may receive from the
@@ -46,10 +54,11 @@ const queueFresh = 30 * time.Second
 func (p *Projector) runSQS(ctx context.Context) error {
 	cfg := p.cfg
 	q := p.sqs
-	q.reader.failed = func(err error, next time.Duration) { q.outage.failed(err, next) }
+	q.reader.failed = p.sourceOutage.failed
+	q.reader.wait = p.sourceOutage.wait
 	q.reader.ok = func() {
 		q.answeredAt.Store(time.Now().UnixNano())
-		q.outage.ok()
+		p.sourceOutage.ok()
 	}
 	if q.noKeep {
 		q.reader.keep = 0
@@ -128,23 +137,49 @@ func (w *worker) runQueue(ctx context.Context, r *sqsReader, q SQS, adoptEvery t
 	}
 }
 
-// heldAdoptEvery is how often a queue worker looks for held deltas it does
-// not know: other instances on the queue hold deltas too, and one that
-// stopped for good leaves them to the others.
+// heldAdoptEvery is how often a queue worker compares the held deltas it
+// knows with the queue's: other instances on the queue hold deltas too,
+// and release them.
 const heldAdoptEvery = 30 * time.Second
 
-// adoptHeld takes on the queue's held deltas this worker does not hold
-// yet, held by another instance (alive or gone): their gaps then run here
-// too. Two instances resolving one gap is safe; the conditional writes
-// and the release by key decide.
+// adoptHeld brings the worker's held deltas in line with the queue's
+// stored ones. It takes on those it does not hold yet, held by another
+// instance (alive or gone), so their gaps run here too; two instances
+// resolving one gap is safe, the conditional writes and the release by key
+// decide. And it reads again the jobs of held deltas it knows that are
+// stored no more: another instance released them (applied or covered),
+// and this worker's view of those jobs, their rows and their gaps, is out
+// of date.
 func (w *worker) adoptHeld(ctx context.Context) error {
 	held, err := w.store.LoadHeldIndex(ctx, w.topic, w.partition)
 	if err != nil {
 		return err
 	}
+	stored := make(map[store.HeldKey]bool, len(held))
+	for _, h := range held {
+		stored[store.HeldKey{JobID: h.JobID, Version: h.Version}] = true
+	}
+	var gone []string
+	reread := map[string]bool{}
+	for _, g := range w.detector.Gaps() {
+		j, ok := w.cache.peek(g.JobID)
+		if !ok {
+			continue
+		}
+		for v := range j.Held {
+			if !stored[store.HeldKey{JobID: g.JobID, Version: v}] {
+				gone = append(gone, g.JobID)
+				reread[g.JobID] = true
+				break
+			}
+		}
+	}
 	var fresh []store.Held
 	jobs := map[string]bool{}
 	for _, h := range held {
+		if reread[h.JobID] {
+			continue // read again whole below
+		}
 		if j, ok := w.cache.peek(h.JobID); ok {
 			if _, known := j.Held[h.Version]; known {
 				continue
@@ -153,10 +188,21 @@ func (w *worker) adoptHeld(ctx context.Context) error {
 		fresh = append(fresh, h)
 		jobs[h.JobID] = true
 	}
+	if len(gone) > 0 {
+		w.log.Info("held deltas this instance knew were released by another instance; reading their jobs again", "jobs", len(gone), "first", gone[0])
+		if _, err := w.resync(ctx, gone); err != nil {
+			return err
+		}
+	}
 	if len(fresh) == 0 {
 		return nil
 	}
 	w.log.Info("adopting held deltas of the queue that other instances held", "deltas", len(fresh), "jobs", len(jobs))
+	// A job cached without held deltas may be cached at an older row:
+	// its row is read with the held deltas instead.
+	for id := range jobs {
+		w.cache.forget(id)
+	}
 	// fresh is ordered by job, as restoreChunk wants it.
 	return w.restoreChunk(ctx, fresh)
 }
@@ -178,10 +224,10 @@ func (p *Projector) watchQueue(ctx context.Context) {
 		case ctx.Err() != nil:
 			return
 		case err != nil:
-			p.sqs.outage.failed(err, queuePollEvery)
+			p.sourceOutage.failed(err, queuePollEvery)
 		default:
 			p.sqs.answeredAt.Store(time.Now().UnixNano())
-			p.sqs.outage.ok()
+			p.sourceOutage.ok()
 			p.sqs.counts.Store(&n)
 			p.book.setQueueLag(0, n.Visible+n.InFlight)
 		}
@@ -197,16 +243,22 @@ func (p *Projector) watchQueue(ctx context.Context) {
 	}
 }
 
-// queueCheck is the readiness of the queue: it answered recently.
+// queueCheck is the readiness of the queue: it answered recently, and
+// has not been failing for queueFailingFor.
 func (p *Projector) queueCheck() Check {
+	url := p.cfg.SQS.QueueURL
+	now := time.Now()
+	if d, why := p.sourceOutage.failingFor(now); d >= queueFailingFor {
+		return Check{Name: "queue", Detail: fmt.Sprintf("queue %s has been failing for %s: %s", url, d.Round(time.Second), why)}
+	}
 	at := p.sqs.answeredAt.Load()
 	if at == 0 {
-		return Check{Name: "queue", Detail: fmt.Sprintf("queue %s has not answered yet", p.cfg.SQS.QueueURL)}
+		return Check{Name: "queue", Detail: fmt.Sprintf("queue %s has not answered yet", url)}
 	}
-	ago := time.Since(time.Unix(0, at))
-	c := Check{Name: "queue", OK: ago <= queueFresh, Detail: fmt.Sprintf("queue %s answered %s ago", p.cfg.SQS.QueueURL, ago.Round(time.Millisecond))}
+	ago := now.Sub(time.Unix(0, at))
+	c := Check{Name: "queue", OK: ago <= queueFresh, Detail: fmt.Sprintf("queue %s answered %s ago", url, ago.Round(time.Millisecond))}
 	if !c.OK {
-		c.Detail = fmt.Sprintf("queue %s has not answered for %s", p.cfg.SQS.QueueURL, ago.Round(time.Second))
+		c.Detail = fmt.Sprintf("queue %s has not answered for %s", url, ago.Round(time.Second))
 	}
 	return c
 }

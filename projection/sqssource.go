@@ -27,9 +27,12 @@ type sqsReader struct {
 	log *slog.Logger
 	// ahead bounds the messages received and not yet taken.
 	queue chan sqsMessage
-	// failed reports receive failures (an SQS outage), ok their end.
+	// failed reports receive failures (an SQS outage), ok their end, and
+	// wait sleeps between two attempts, shorter if the outage ends (the
+	// queue answered another request).
 	failed func(err error, next time.Duration)
 	ok     func()
+	wait   func(ctx context.Context, d time.Duration)
 	// refused is closed, and refusal set, when SQS refused the
 	// credentials: the receiver stopped for good.
 	refused chan struct{}
@@ -80,7 +83,7 @@ func newSQSReader(c *sqsClient, log *slog.Logger, ahead int) *sqsReader {
 	return &sqsReader{
 		c: c, log: log, queue: make(chan sqsMessage, max(ahead, c.cfg.MaxMessages)),
 		inFlight: map[string]sqsMessage{}, keep: c.cfg.Visibility / 3,
-		failed: func(error, time.Duration) {}, ok: func() {}, refused: make(chan struct{}),
+		failed: func(error, time.Duration) {}, ok: func() {}, wait: sleep, refused: make(chan struct{}),
 	}
 }
 
@@ -106,7 +109,7 @@ func (r *sqsReader) run(ctx context.Context) {
 			}
 			d := bo.NextBackOff()
 			r.failed(err, d)
-			sleep(ctx, d)
+			r.wait(ctx, d)
 			continue
 		}
 		bo.Reset()

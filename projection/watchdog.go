@@ -43,8 +43,9 @@ type progressMark struct {
 // when a partition of this instance has lag and its position has not
 // moved for StallTimeout. A partition with no lag, or one claimed again,
 // starts its clock afresh; so does every partition while PostgreSQL or
-// Kafka is failing: an outage is not a wedge (nothing in the process is
-// stuck, it is logged, /readyz says so), and a restart would not end it.
+// the source (Kafka's brokers, the SQS queue) is failing: an outage is not
+// a wedge (nothing in the process is stuck, it is logged, /readyz says
+// so), and a restart would not end it.
 func (p *Projector) watchProgress(ctx context.Context, stalled func(error)) {
 	timeout := p.cfg.StallTimeout
 	t := time.NewTicker(min(max(timeout/20, 10*time.Millisecond), time.Second))
@@ -63,7 +64,7 @@ func (p *Projector) watchProgress(ctx context.Context, stalled func(error)) {
 		fresh := swapWaitFresh + 2*p.cfg.Store.ClaimLockTimeout()
 		swapping := now.Sub(time.Unix(0, p.swapWaitAt.Load())) < fresh
 		seen := map[int]bool{}
-		outage := p.dbOutage.failing() || p.kafkaOutage.failing()
+		outage := p.dbOutage.failing() || p.sourceOutage.failing()
 		for _, ps := range p.book.list() {
 			seen[ps.Partition] = true
 			m, ok := marks[ps.Partition]

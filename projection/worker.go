@@ -129,7 +129,7 @@ func (p *Projector) workerDeps() workerDeps {
 		},
 		resolver: p.resolver, fetchers: p.fetchers, dialer: p.dialer,
 		instanceLog: cfg.Logger, counters: &p.counters, metrics: p.metrics, book: &p.book,
-		dbOutage: &p.dbOutage, sourceOutage: &p.kafkaOutage,
+		dbOutage: &p.dbOutage, sourceOutage: &p.sourceOutage,
 		databaseAnswered: p.databaseAnswered, databaseFailed: p.databaseFailed,
 		quarantineLog: &p.quarantineLog, swapWaitAt: &p.swapWaitAt, applying: &p.applying,
 		beforeApply: cfg.testBeforeApply,

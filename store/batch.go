@@ -13,9 +13,14 @@ import (
 	"github.com/projector/projector/internal/failpoint"
 )
 
-// StaleError means an [Update] did not apply although its expected version
-// came from this owner's view of the row: another writer moved those rows.
-// The batch was rolled back; reload the jobs and classify their events again.
+// StaleError means the batch was planned from a view of some rows that is
+// out of date: an update did not apply although its expected version came
+// from that view, a delta to be held is not behind its job's row any more
+// ([Store.hold]), or, in an unfenced batch, a job it touched keeps held
+// deltas its row has caught up with ([Store.heldInLine]). Another writer
+// moved those rows, or held those deltas. The batch was rolled back;
+// reload the jobs (with their held deltas, where another instance may
+// hold some) and classify their events again.
 type StaleError struct{ Jobs []string }
 
 func (e *StaleError) Error() string {
@@ -151,7 +156,13 @@ type Batch struct {
 	Updates []Write
 	Hold    []Held
 	Release []HeldKey
-	Bad     []Bad
+	// Aside are held deltas the batch's planner knows of and leaves held
+	// on purpose although its writes may put them in line: it isolates
+	// a refused batch and applies them one at a time next. An unfenced
+	// batch's check of held deltas in line ([Store.heldInLine]) passes
+	// over them.
+	Aside []HeldKey
+	Bad   []Bad
 	// Gaps are the gaps this batch closes, for the gap log; Attempts the
 	// gap attempts that left their jobs held, recorded on the held rows.
 	Gaps     []GapClosed
@@ -181,7 +192,7 @@ type Result struct {
 // partition, or a *[StaleError] if an update's row moved; both roll back.
 // Its steps run in this order: [Store.fence] (which also takes the job
 // locks of [Store.lockJobs], in the same round trip), [Store.applySnapshots], [Store.applyDeletes], [Store.applyUpdates],
-// [Store.hold], [Store.writeGapLog], [Store.release],
+// [Store.hold], [Store.writeGapLog], [Store.release], [Store.heldInLine],
 // [Store.writeQuarantine], then the commit.
 func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 	res := Result{SnapshotsApplied: make(map[string]int64, len(b.Snapshots)), DeletesApplied: make(map[string]int64, len(b.Deletes))}
@@ -216,6 +227,9 @@ func (s *Store) Apply(ctx context.Context, b *Batch) (Result, error) {
 		return res, err
 	}
 	if err := s.release(ctx, tx, b); err != nil {
+		return res, err
+	}
+	if err := s.heldInLine(ctx, tx, b); err != nil {
 		return res, err
 	}
 	if err := s.writeQuarantine(ctx, tx, b); err != nil {

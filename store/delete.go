@@ -46,8 +46,10 @@ func stripeOf(jobID string) int32 {
 // without deletes never wait for each other; a delete waits for the
 // batches in flight on its stripe, and they for it, so the tombstone
 // check inside each write statement sees every committed delete and no
-// delete misses a row created meanwhile. Stripes are taken in ascending
-// order, so two batches never deadlock on them.
+// delete misses a row created meanwhile. An unfenced batch also takes,
+// exclusive, the stripes of the jobs it holds deltas of (see
+// [Store.heldInLine]). Stripes are taken in ascending order, so two
+// batches never deadlock on them.
 func (s *Store) lockJobs(ctx context.Context, tx pgx.Tx, b *Batch) error {
 	sql, args, ok := s.lockJobsStatement(b)
 	if !ok {
@@ -70,6 +72,15 @@ func (s *Store) lockJobsStatement(b *Batch) (sql string, args []any, ok bool) {
 	add(b.Snapshots, func(Write) bool { return false })
 	add(b.Deletes, func(Write) bool { return true })
 	add(b.Updates, func(w Write) bool { return w.Deleted || w.ExpectDeleted })
+	if b.Unfenced {
+		// Without an owner, another instance may write a job while this
+		// batch holds one of its deltas: its check of the held rows
+		// ([Store.heldInLine]) and this batch's of the row ([Store.hold])
+		// must each see what the other committed.
+		for _, h := range b.Hold {
+			mode[stripeOf(h.JobID)] = true
+		}
+	}
 	if len(mode) == 0 {
 		return "", nil, false
 	}
