@@ -133,6 +133,9 @@ type kafkaClients struct {
 	dialer    *kafka.Dialer
 	transport *kafka.Transport
 	client    *kafka.Client
+	// watch knows which brokers answer; the dialer and the transport
+	// avoid those that do not (once its probes run: [brokerWatch.run]).
+	watch *brokerWatch
 }
 
 // clients builds the dialer and the transport. The transport is the
@@ -144,9 +147,15 @@ func (k Kafka) clients() (*kafkaClients, error) {
 		return nil, fmt.Errorf("projection: kafka: %w", err)
 	}
 	d := &kafka.Dialer{ClientID: "projector", Timeout: 10 * time.Second, DualStack: true, TLS: k.TLS, SASLMechanism: mech}
-	t := &kafka.Transport{ClientID: "projector", DialTimeout: 10 * time.Second, TLS: k.TLS, SASL: mech, MetadataTTL: 2 * time.Second}
+	probe := *d
+	probe.Timeout = brokerProbeTimeout
+	watch := newBrokerWatch(&probe, k.Brokers)
+	netDial := (&net.Dialer{Timeout: 10 * time.Second, DualStack: true}).DialContext
+	d.DialFunc = watch.guard(netDial)
+	t := &kafka.Transport{ClientID: "projector", DialTimeout: 10 * time.Second, TLS: k.TLS, SASL: mech, MetadataTTL: 2 * time.Second,
+		Dial: watch.guard(netDial)}
 	return &kafkaClients{
-		k: k, dialer: d, transport: t,
+		k: k, dialer: d, transport: t, watch: watch,
 		client: &kafka.Client{Addr: kafka.TCP(k.Brokers...), Timeout: 10 * time.Second, Transport: t},
 	}, nil
 }
@@ -238,6 +247,9 @@ func HighWatermarks(ctx context.Context, k Kafka, topic string) (map[int]int64, 
 		return nil, err
 	}
 	defer c.close()
+	// One round of probes first, so that a broker that does not answer
+	// is avoided (status and rebuild run no probes of their own).
+	c.watch.round(ctx)
 	return c.highWatermarks(ctx, topic)
 }
 
@@ -249,6 +261,7 @@ func LogStarts(ctx context.Context, k Kafka, topic string, partitions []int) (ma
 		return nil, err
 	}
 	defer c.close()
+	c.watch.round(ctx)
 	reqs := make([]kafka.OffsetRequest, len(partitions))
 	for i, id := range partitions {
 		reqs[i] = kafka.FirstOffsetOf(id)

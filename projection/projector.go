@@ -167,6 +167,8 @@ func (p *Projector) run(ctx context.Context) error {
 		monitors.Go(func() { p.watchQueue(mctx) })
 	} else {
 		monitors.Go(func() { p.watchBrokers(mctx) })
+		p.kafka.watch.log = cfg.Logger
+		monitors.Go(func() { p.kafka.watch.run(mctx) })
 	}
 	monitors.Go(func() { p.pruneGapLog(mctx) })
 	monitors.Go(func() { p.pruneTombstones(mctx) })

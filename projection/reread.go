@@ -160,10 +160,18 @@ func (l *logReader) bounds(ctx context.Context, partition int, from time.Time) (
 
 // dialLeader connects to the leader of partition, looking it up through
 // each broker in turn.
+// leaderLookupPerBroker bounds one broker's part of a leader lookup.
+const leaderLookupPerBroker = 5 * time.Second
+
 func dialLeader(ctx context.Context, d *kafka.Dialer, brokers []string, topic string, partition int) (*kafka.Conn, error) {
 	var errs []error
 	for _, b := range brokers {
-		conn, err := d.DialLeader(ctx, "tcp", b, topic, partition)
+		// Each broker gets a bound of its own: one that accepts and never
+		// answers must not spend the whole budget before the others are
+		// asked.
+		bctx, cancel := context.WithTimeout(ctx, leaderLookupPerBroker)
+		conn, err := d.DialLeader(bctx, "tcp", b, topic, partition)
+		cancel()
 		if err == nil {
 			return conn, nil
 		}
