@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/projector/projector/store"
@@ -117,7 +119,7 @@ func (b *projectionBalancer) AssignGroups(members []kafka.GroupMember, partition
 	for _, m := range refused {
 		out[m.ID] = map[string][]int{}
 		if !b.refused[m.ID] {
-			if b.refused == nil {
+			if b.refused == nil || len(b.refused) > 1000 {
 				b.refused = map[string]bool{}
 			}
 			b.refused[m.ID] = true
@@ -206,9 +208,8 @@ func (p *Projector) groupConflict(ctx context.Context, group string) error {
 		return nil
 	}
 	sort.Strings(theirs)
-	st := p.cfg.Store
 	return &GroupConflictError{Group: group, Ours: self.Name, Theirs: strings.Join(slices.Compact(theirs), ", "),
-		Suggest: DefaultGroup(st.Schema(), st.Projection())}
+		Suggest: p.ownGroup()}
 }
 
 // recordGroup resolves the consumer group this instance joins (the
@@ -222,6 +223,11 @@ func (p *Projector) recordGroup(ctx context.Context) error {
 	if err := p.retryDatabase(ctx, func() error {
 		var err error
 		c, err = st.RecordConsumer(ctx, store.KafkaGroup, cfg.Group, DefaultGroup(st.Schema(), st.Projection()), LegacyGroup)
+		var taken *store.ConsumerTakenError
+		if errors.As(err, &taken) {
+			return backoff.Permanent(&GroupConflictError{Group: taken.Consumer, Ours: taken.Identity.Name, Theirs: taken.Projection,
+				Suggest: p.ownGroup()})
+		}
 		return err
 	}); err != nil {
 		return err
@@ -251,10 +257,24 @@ func (p *Projector) retryDatabase(ctx context.Context, op func() error) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		var perm *backoff.PermanentError
+		if errors.As(err, &perm) {
+			return perm.Err
+		}
 		d := bo.NextBackOff()
 		p.databaseFailed(err, d)
 		p.dbOutage.wait(ctx, d)
 	}
+}
+
+// ownGroup is a consumer group of this projection's own, to suggest: a
+// rebuild's shadow names the rebuild's group.
+func (p *Projector) ownGroup() string {
+	st := p.cfg.Store
+	if table, ok := strings.CutPrefix(st.Projection(), store.ShadowPrefix); ok {
+		return "projector-rebuild-" + st.Schema() + "-" + table
+	}
+	return DefaultGroup(st.Schema(), st.Projection())
 }
 
 // groupName is the consumer group this instance joins (the configured one

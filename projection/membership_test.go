@@ -55,11 +55,13 @@ func waitRun(t *testing.T, run *running, within time.Duration) error {
 // Two projections (two tables) given one consumer group used to split the
 // topic's partitions between them: each model got half the jobs, and
 // both instances said they were ready. The newcomer is refused, naming
-// both projections, and the projection that held the group goes on.
+// both projections, and the projection that held the group goes on. The
+// two are in different schemas here (as they could be in different
+// databases): only the group's members tell them apart.
 func TestAProjectionJoiningAnotherProjectionsGroupIsRefused(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, 4)
-	other := r.secondTable("jobs_b")
+	other := pgtest.Store(t)
 	r.produceJobs("a", 40)
 	shared := func(c *Config) { c.Group = r.topic + "-shared" }
 	first := r.start(r.config(shared))
@@ -70,7 +72,7 @@ func TestAProjectionJoiningAnotherProjectionsGroupIsRefused(t *testing.T) {
 	var gc *GroupConflictError
 	require.ErrorAs(t, err, &gc)
 	require.Equal(t, r.topic+"-shared", gc.Group)
-	require.Contains(t, gc.Ours, r.store.Schema()+".jobs_b")
+	require.Contains(t, gc.Ours, other.Schema()+".jobs")
 	require.Contains(t, gc.Theirs, r.store.Schema()+".jobs")
 	require.Zero(t, countRows(t, other), "the refused projection wrote nothing")
 
@@ -148,8 +150,12 @@ func TestAnUpgradedInstanceJoinsTheGroupItsProjectionRanIn(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, 4)
 	ctx := context.Background()
-	// The earlier version stored positions.
-	_, err := r.store.Claim(ctx, r.topic, 0, "earlier")
+	// The earlier version migrated the tables it knew of and stored
+	// positions; this one's migrations came later.
+	_, err := r.store.Pool().Exec(ctx, `UPDATE `+r.store.Schema()+`.projector_migrations SET applied_at = applied_at - interval '1 day'
+		WHERE name < 'migrations/008'`)
+	require.NoError(t, err)
+	_, err = r.store.Claim(ctx, r.topic, 0, "earlier")
 	require.NoError(t, err)
 	// And its instances still run in the legacy group. kafkatest's group
 	// config keeps kafka-go's default balancers.

@@ -2,12 +2,14 @@ package projection
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/cenkalti/backoff/v4"
 
 	"github.com/projector/projector/store"
 )
@@ -30,6 +32,10 @@ func (p *Projector) claimQueue(ctx context.Context) error {
 	if err := p.retryDatabase(ctx, func() error {
 		var err error
 		c, err = cfg.Store.RecordConsumer(ctx, store.SQSQueue, cfg.SQS.QueueURL, "", "")
+		var taken *store.ConsumerTakenError
+		if errors.As(err, &taken) {
+			return backoff.Permanent(&GroupConflictError{Group: taken.Consumer, Queue: true, Ours: taken.Identity.Name, Theirs: taken.Projection})
+		}
 		return err
 	}); err != nil {
 		return err

@@ -335,7 +335,15 @@ func (c *Client) transportError(ctx, reqCtx context.Context, timeout time.Durati
 		return backoff.Permanent(context.Cause(reqCtx))
 	}
 	if errors.Is(reqCtx.Err(), context.DeadlineExceeded) {
-		return backoff.Permanent(&TimeoutError{Timeout: timeout, Err: err})
+		terr := &TimeoutError{Timeout: timeout, Err: err}
+		if _, perJob := ctx.Value(requestTimeoutKey{}).(time.Duration); perJob {
+			// The caller grows the time itself: asked again with the
+			// same, the request would be cut again.
+			return backoff.Permanent(terr)
+		}
+		// A caller without a time of its own (verify) retries within
+		// the fetch: a transiently slow answer is not a failure.
+		return terr
 	}
 	return err
 }

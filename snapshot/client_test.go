@@ -326,9 +326,11 @@ func TestFetchRetriesServerErrors(t *testing.T) {
 	require.EqualValues(t, 3, requests.Load())
 }
 
-// A request cut by its timeout ends the fetch: asked again with the same
-// time it would be cut again. The error says how long it ran, and a
-// request given more time through its context gets the answer.
+// A request cut by the timeout its caller gave it ends the fetch: asked
+// again with the same time it would be cut again, and the caller grows
+// it. The error says how long it ran, and a request given more time gets
+// the answer. A caller that gives no time of its own (verify) has a cut
+// request retried within the fetch, as before.
 func TestFetchTimeoutEndsTheFetch(t *testing.T) {
 	t.Parallel()
 
@@ -342,8 +344,8 @@ func TestFetchTimeoutEndsTheFetch(t *testing.T) {
 		_, _ = w.Write(snapshotValue("job-1", 7))
 	})
 	c := client(t, srv)
-	c.Timeout = 50 * time.Millisecond
-	_, err := c.Fetch(context.Background(), "job-1")
+	c.Timeout = time.Minute
+	_, err := c.Fetch(snapshot.WithRequestTimeout(context.Background(), 50*time.Millisecond), "job-1")
 	var te *snapshot.TimeoutError
 	require.ErrorAs(t, err, &te)
 	require.Equal(t, 50*time.Millisecond, te.Timeout)
@@ -358,12 +360,21 @@ func TestFetchTimeoutEndsTheFetch(t *testing.T) {
 	require.Equal(t, int64(7), ev.Version)
 	require.EqualValues(t, 2, requests.Load())
 
+	// Without a time of its own, the client's timeout cuts and the fetch
+	// asks again until its budget ends.
+	c.Timeout, c.MaxElapsedTime = 50*time.Millisecond, 300*time.Millisecond
+	before := requests.Load()
+	_, err = c.Fetch(context.Background(), "job-1")
+	require.ErrorAs(t, err, &te)
+	require.Greater(t, int64(requests.Load()-before), int64(1), "retried within the fetch")
+
 	// The request's own timeout cuts too, however long the client's is.
 	c.Timeout = time.Minute
+	before = requests.Load()
 	_, err = c.Fetch(snapshot.WithRequestTimeout(context.Background(), 60*time.Millisecond), "job-1")
 	require.ErrorAs(t, err, &te)
 	require.Equal(t, 60*time.Millisecond, te.Timeout)
-	require.EqualValues(t, 3, requests.Load())
+	require.EqualValues(t, 1, requests.Load()-before)
 }
 
 func TestFetchGivesUp(t *testing.T) {

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -80,23 +81,64 @@ func (s *Store) RecordConsumer(ctx context.Context, src ConsumerSource, explicit
 		default:
 			c.Name = fresh
 			if src == KafkaGroup && legacy != "" {
-				var positions bool
-				if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+s.partitions+` WHERE projection = $1)`, s.projection).Scan(&positions); err != nil {
+				// It ran before groups were recorded: it has positions, and
+				// migrations older than the one that records groups ran
+				// before it (a projection made since runs them all at
+				// once, in one transaction).
+				var ran bool
+				mig := pgx.Identifier{s.schema, "projector_migrations"}.Sanitize()
+				if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+s.partitions+` WHERE projection = $1)
+					AND EXISTS (SELECT 1 FROM `+mig+` AS a JOIN `+mig+` AS b ON a.projection = b.projection
+						WHERE a.projection = $1 AND b.name = $2 AND a.name < b.name AND a.applied_at < b.applied_at)`,
+					s.projection, identityMigration).Scan(&ran); err != nil {
 					return err
 				}
-				if positions {
+				if ran {
 					c.Name, c.Legacy = legacy, true
 				}
 			}
 		}
+		// Another projection of this schema that recorded the same
+		// consumer would split it with this one.
+		var other string
+		err := tx.QueryRow(ctx, `SELECT projection FROM `+s.identity+` WHERE `+col+` = $1 AND projection <> $2 ORDER BY projection LIMIT 1`,
+			c.Name, s.projection).Scan(&other)
+		if err == nil {
+			return &ConsumerTakenError{Consumer: c.Name, Projection: fmt.Sprintf("%s/%s.%s", db, s.schema, other)}
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
 		if recorded != nil && *recorded == c.Name {
 			return nil
 		}
-		_, err := tx.Exec(ctx, `UPDATE `+s.identity+` SET `+col+` = $2, updated_at = now() WHERE projection = $1`, s.projection, c.Name)
+		_, err = tx.Exec(ctx, `UPDATE `+s.identity+` SET `+col+` = $2, updated_at = now() WHERE projection = $1`, s.projection, c.Name)
 		return err
 	})
+	var taken *ConsumerTakenError
+	if errors.As(err, &taken) {
+		taken.Identity = c.Identity
+		return c, taken
+	}
 	if err != nil {
 		return Consumer{}, fmt.Errorf("store: record the consumer of %s.%s: %w", s.schema, s.projection, err)
 	}
 	return c, nil
+}
+
+// identityMigration is the migration that made projections record their
+// consumers.
+const identityMigration = "migrations/008_identity.sql"
+
+// ConsumerTakenError is a consumer group or queue that another projection
+// of the schema recorded as its own.
+type ConsumerTakenError struct {
+	Consumer string
+	// Projection is the other one; Identity this one.
+	Projection string
+	Identity   Identity
+}
+
+func (e *ConsumerTakenError) Error() string {
+	return fmt.Sprintf("%s is the recorded consumer of another projection, %s", e.Consumer, e.Projection)
 }

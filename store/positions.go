@@ -63,6 +63,13 @@ func (s *Store) ClaimFrom(ctx context.Context, topic string, p int, owner string
 			millis(s.claimLockTimeout), millis(s.idleTimeout)); err != nil {
 			return err
 		}
+		// A rebuild's swap holds this lock exclusively from its start:
+		// a claim of a partition with no row yet (added to the topic
+		// while the swap runs) would otherwise insert one the swap's
+		// locks do not cover, and the swap would drop it.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared($1, $2)`, swapLockClass, s.lockClass); err != nil {
+			return err
+		}
 		return tx.QueryRow(ctx, `INSERT INTO `+s.partitions+` AS t (projection, topic, partition, epoch, owner, next_offset)
 			VALUES ($1, $2, $3, 1, $4, $5)
 			ON CONFLICT (projection, topic, partition)
@@ -248,6 +255,9 @@ func (s *Store) MoveToLog(ctx context.Context, topic string, p int, epoch, next 
 func (s *Store) ResetPosition(ctx context.Context, topic string, p int, next int64, owner string, newLog bool) (was int64, err error) {
 	err = pgx.BeginTxFunc(ctx, s.pool, readCommitted, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, millis(s.claimLockTimeout)); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared($1, $2)`, swapLockClass, s.lockClass); err != nil {
 			return err
 		}
 		was = -1

@@ -551,7 +551,23 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool, catchUp C
 		if _, err := exec(`ANALYZE projector_swap_diff`); err != nil {
 			return err
 		}
-		if res.Deleted, err = exec(`DELETE FROM ` + s.jobs + ` AS l USING projector_swap_diff AS d WHERE d.gone AND l.job_id = d.job_id`); err != nil {
+		// A job the shadow lacks whose row came from a partition the
+		// shadow never read stays: that partition is read again from its
+		// log's start after the swap, but what retention already removed
+		// from it would never come back.
+		var keptTopics []string
+		var keptParts []int32
+		for _, p := range unread {
+			if p.Next >= 0 {
+				keptTopics, keptParts = append(keptTopics, p.Topic), append(keptParts, int32(p.Partition))
+			}
+		}
+		// (A job the shadow deleted at or above the row's version goes.)
+		if res.Deleted, err = exec(`DELETE FROM `+s.jobs+` AS l USING projector_swap_diff AS d WHERE d.gone AND l.job_id = d.job_id
+			AND (NOT EXISTS (SELECT 1 FROM unnest($1::text[], $2::int[]) AS u(topic, partition)
+					WHERE u.topic = l.source_topic AND u.partition = l.source_partition)
+				OR EXISTS (SELECT 1 FROM `+s.tombstones+` AS t WHERE t.projection = $3 AND t.job_id = l.job_id AND t.version >= l.version))`,
+			keptTopics, keptParts, sh); err != nil {
 			return err
 		}
 		if res.Updated, err = exec(`UPDATE ` + s.jobs + ` AS l SET ` + strings.Join(set, ", ") + ` FROM ` + shadow.jobs + ` AS s, projector_swap_diff AS d
@@ -567,8 +583,12 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool, catchUp C
 			args []any
 		}{
 			// Epochs move past both the live and the shadow owners'.
+			// So do the counts of logs replaced, which name the
+			// quarantine's rows of earlier logs.
 			{`UPDATE ` + s.partitions + ` AS p SET epoch = greatest(p.epoch, coalesce((SELECT max(o.epoch) FROM ` + s.partitions + ` o
 				WHERE o.projection = $1 AND o.topic = p.topic AND o.partition = p.partition), 0)) + 1,
+				log_resets = greatest(p.log_resets, coalesce((SELECT max(o.log_resets) FROM ` + s.partitions + ` o
+				WHERE o.projection = $1 AND o.topic = p.topic AND o.partition = p.partition), 0)),
 				owner = 'rebuild', updated_at = now() WHERE p.projection = $2`, []any{live, sh}},
 			{`DELETE FROM ` + s.partitions + ` WHERE projection = $1`, []any{live}},
 			{`UPDATE ` + s.partitions + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
@@ -579,6 +599,11 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool, catchUp C
 			// a job the rebuilt model deleted.
 			{`DELETE FROM ` + s.tombstones + ` WHERE projection = $1`, []any{live}},
 			{`UPDATE ` + s.tombstones + ` SET projection = $1 WHERE projection = $2`, []any{live, sh}},
+			// A row kept above a tombstone the shadow moved in is the
+			// newer: the tombstone goes, as when a snapshot recreates a
+			// deleted job.
+			{`DELETE FROM ` + s.tombstones + ` AS t USING ` + s.jobs + ` AS j
+				WHERE t.projection = $1 AND t.job_id = j.job_id AND t.version < j.version`, []any{live}},
 			// The quarantine is merged, never deleted: it may hold records
 			// the log no longer has.
 			{`INSERT INTO ` + s.quarantine + ` (projection, topic, partition, "offset", key, value, error, "time")
@@ -722,12 +747,13 @@ func (e *SwapWaitError) Unwrap() error { return e.Err }
 func (s *Store) ClaimLockTimeout() time.Duration { return s.claimLockTimeout }
 
 // swapping reports whether a rebuild's swap into s's table is running, and
-// for how long. It waits for nothing.
+// for how long: whether the swap lock is held exclusively (claims hold it
+// shared, to wait for a swap). It waits for nothing.
 func (s *Store) swapping(ctx context.Context) (running time.Duration, ok bool) {
 	var secs *float64
 	err := s.pool.QueryRow(ctx, `SELECT extract(epoch FROM now() - a.xact_start)::float8
 		FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-		WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+		WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.mode = 'ExclusiveLock'
 			AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			AND l.classid = ($1::bigint & 4294967295)::oid AND l.objid = ($2::bigint & 4294967295)::oid
 		LIMIT 1`, swapLockClass, s.lockClass).Scan(&secs)

@@ -216,13 +216,18 @@ func TestSwapMakesTheShadowLiveAndFencesTheOldOwner(t *testing.T) {
 	require.ErrorIs(t, err, store.ErrFenced, "an instance still running on the old model is fenced")
 
 	// A second rebuild starts clean: the shadow's names are free again.
+	// This one read nothing: partition 0, which the live model had read,
+	// keeps its jobs and is read again from its start.
 	require.NoError(t, shadow.Reset(ctx))
 	require.NoError(t, shadow.Migrate(ctx))
-	_, err = live.Swap(ctx, shadow, false)
+	res, err = live.Swap(ctx, shadow, false)
 	require.NoError(t, err)
+	require.Zero(t, res.Deleted)
+	require.Equal(t, int64(9), res.Reread)
 	jobs, err = live.Jobs(ctx)
 	require.NoError(t, err)
-	require.Empty(t, jobs)
+	require.Len(t, jobs, 1)
+	require.JSONEq(t, `{"right":true}`, string(jobs["a"].State))
 	_, qn, err = live.Quarantine(ctx, 10)
 	require.NoError(t, err)
 	require.Equal(t, 2, qn, "a rebuild never deletes the quarantine")
@@ -375,7 +380,7 @@ func TestUpdatesStayOnTheirRowsPage(t *testing.T) {
 // 1, and an owner frozen before the swap passed the fence a few claims
 // later): it starts at its log's start, with an epoch above every earlier
 // one.
-func TestSwapKeepsThePositionAndFenceOfPartitionsTheShadowDidNotRead(t *testing.T) {
+func TestSwapNeitherDropsNorForgetsPartitionsTheShadowDidNotRead(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -448,6 +453,10 @@ func TestSwapKeepsThePositionAndFenceOfPartitionsTheShadowDidNotRead(t *testing.
 			for p, e := range before {
 				require.Greater(t, after[p].Epoch, e, "partition %d's epoch moves past every epoch before the swap", p)
 			}
+			// The job only partition 1 carried stays: what retention removed
+			// below the log's start would never be read again.
+			_, _, ok := rowOf(t, live, "only1")
+			require.True(t, ok, "the job of the partition the shadow did not read is kept")
 
 			// A claim with --start latest after the swap keeps the stored
 			// start, never the log's end.
@@ -466,4 +475,71 @@ func TestSwapKeepsThePositionAndFenceOfPartitionsTheShadowDidNotRead(t *testing.
 			require.ErrorIs(t, err, store.ErrFenced)
 		})
 	}
+}
+
+// A claim of a partition with no row yet, made while a swap runs (the
+// topic grew during the rebuild), waits for the swap: it would insert a
+// row the swap's locks do not cover, and the swap would drop it, with its
+// position and epoch.
+func TestAClaimDuringASwapWaitsForIt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	live := pgtest.Store(t)
+	l0 := newBatcher(t, live, 0)
+	l0.must(store.Batch{Snapshots: []store.Write{snapshotW("a", 1, `{"p":0}`)}})
+	shadow, err := live.Shadow()
+	require.NoError(t, err)
+	require.NoError(t, shadow.Reset(ctx))
+	require.NoError(t, shadow.Migrate(ctx))
+	s0 := newBatcher(t, shadow, 0)
+	s0.must(store.Batch{Snapshots: []store.Write{snapshotW("a", 1, `{"p":0}`)}})
+
+	catchUp := func(ctx context.Context, _ []store.PartitionPosition) error {
+		_, err := live.ClaimFrom(ctx, "t", 4, "live-a", 0)
+		var sw *store.SwapWaitError
+		require.ErrorAs(t, err, &sw, "a first claim during the swap waits for it")
+		return nil
+	}
+	_, err = live.SwapCaughtUp(ctx, shadow, false, catchUp, nil)
+	require.NoError(t, err)
+	c, err := live.ClaimFrom(ctx, "t", 4, "live-a", 0)
+	require.NoError(t, err)
+	require.Equal(t, int64(0), c.NextOffset)
+}
+
+// The count of logs a partition replaced names the quarantine's rows of
+// earlier logs (<topic>~log<n>): a swap keeps it, so the next new log gets
+// a name of its own.
+func TestSwapKeepsTheCountOfLogsReplaced(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	live := pgtest.Store(t)
+	l0 := newBatcher(t, live, 0)
+	l0.must(store.Batch{Bad: []store.Bad{{Partition: -1, Offset: 5, Err: "bad in log 0"}}})
+	resets, err := live.MoveToLog(ctx, "t", 0, l0.epoch, 0, true)
+	require.NoError(t, err)
+	require.Equal(t, 1, resets)
+
+	shadow, err := live.Shadow()
+	require.NoError(t, err)
+	require.NoError(t, shadow.Reset(ctx))
+	require.NoError(t, shadow.Migrate(ctx))
+	s0 := newBatcher(t, shadow, 0)
+	s0.must(store.Batch{Bad: []store.Bad{{Partition: -1, Offset: 5, Err: "bad in log 1"}}})
+	_, err = live.SwapCaughtUp(ctx, shadow, false, nil, nil)
+	require.NoError(t, err)
+
+	c, err := live.Claim(ctx, "t", 0, "live")
+	require.NoError(t, err)
+	resets, err = live.MoveToLog(ctx, "t", 0, c.Epoch, 0, true)
+	require.NoError(t, err)
+	require.Equal(t, 2, resets)
+	q, n, err := live.Quarantine(ctx, 10)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	topics := map[string]string{}
+	for _, r := range q {
+		topics[r.Topic] = r.Error
+	}
+	require.Equal(t, map[string]string{"t~log1": "bad in log 0", "t~log2": "bad in log 1"}, topics)
 }

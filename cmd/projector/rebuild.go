@@ -156,7 +156,7 @@ Example:
 			return &usageError{setup.Msg}
 		}
 		if err != nil {
-			return err
+			return refusedGroup(err)
 		}
 		c := res.Counters
 		if o.dryRun {
