@@ -113,6 +113,7 @@ func New(cfg Config) (*Projector, error) {
 				return nil, fmt.Errorf("snapshot-url: %w", err)
 			}
 			sc.Timeout = cfg.SnapshotTimeout
+			sc.Redirects = cfg.SnapshotRedirects
 			sc.MaxConcurrent = cfg.SnapshotConcurrency
 			// A request running past a few median answer times leaves
 			// the main lane for a slow lane as wide, or is cut when that

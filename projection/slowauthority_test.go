@@ -166,3 +166,16 @@ func TestSnapshotTimeoutMaxCapsTheGrowth(t *testing.T) {
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "snapshot-timeout")
 }
+
+// TestSnapshotRedirectsDefaultToSameOrigin: the authority's redirects are
+// followed within its origin unless the config says none; any other rule
+// is refused.
+func TestSnapshotRedirectsDefaultToSameOrigin(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, snapshot.SameOrigin, Config{}.WithDefaults().SnapshotRedirects)
+	err := Config{SnapshotRedirects: "anywhere"}.WithDefaults().Validate()
+	require.ErrorContains(t, err, `snapshot-redirects: "anywhere" is not same-origin or none`)
+	err = Config{SnapshotRedirects: snapshot.NoRedirects}.WithDefaults().Validate()
+	require.Error(t, err) // other settings are missing
+	require.NotContains(t, err.Error(), "snapshot-redirects")
+}

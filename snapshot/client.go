@@ -66,6 +66,11 @@ type Client struct {
 	// MaxInterval, each wait jittered by ±50%, giving up once
 	// MaxElapsedTime has passed since the first attempt.
 	InitialInterval, MaxInterval, MaxElapsedTime time.Duration
+	// Redirects says which redirects of the authority's answers are
+	// followed: [SameOrigin] (the zero value) or [NoRedirects]. A redirect
+	// that is not followed ends the fetch: asked again, the authority
+	// would send the same one.
+	Redirects Redirects
 
 	lanesOnce sync.Once
 	ln        *lanes
@@ -86,6 +91,7 @@ func NewClient(baseURL string) (*Client, error) {
 		InitialInterval: DefaultInitialInterval,
 		MaxInterval:     DefaultMaxInterval,
 		MaxElapsedTime:  DefaultMaxElapsedTime,
+		Redirects:       SameOrigin,
 	}, nil
 }
 
@@ -233,12 +239,12 @@ func (c *Client) attempt(ctx context.Context, target, jobID string) (event.Event
 	}
 	req.Header.Set("Accept", "application/json")
 
-	hc := c.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	resp, err := hc.Do(req)
+	resp, err := c.httpClient(target).Do(req)
 	if err != nil {
+		var refused *RedirectError
+		if errors.As(err, &refused) {
+			return event.Event{}, backoff.Permanent(refused)
+		}
 		return event.Event{}, c.transportError(ctx, reqCtx, timeout, err)
 	}
 	defer func() {
