@@ -249,6 +249,7 @@ Example:
 		if err := o.validate(); err != nil {
 			return err
 		}
+		warnUnverifiedTLS(logger, o.databaseURL)
 		st, err := openStoreWaiting(ctx, o.databaseURL, o.storeConfig(), logger)
 		if err != nil {
 			if ctx.Err() != nil {
