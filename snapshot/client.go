@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -306,16 +307,22 @@ func (c *Client) gone(ctx, reqCtx context.Context, timeout time.Duration, body i
 	if err := json.Unmarshal(raw, &members); err != nil || members == nil {
 		return event.Event{}, backoff.Permanent(fmt.Errorf("%w%s", errBadGone, excerpt(strings.NewReader(string(raw)))))
 	}
+	// The missing members are written before the body's own, which are
+	// decoded as the authority wrote them: a map would keep one of two
+	// members of the same name, where the decoder refuses both.
+	var missing []byte
 	if _, ok := members["job_id"]; !ok {
-		members["job_id"], _ = json.Marshal(jobID)
+		id, _ := json.Marshal(jobID)
+		missing = append(append(append(missing, `"job_id":`...), id...), ',')
 	}
 	if _, ok := members["kind"]; !ok {
-		members["kind"] = json.RawMessage(`"delete"`)
+		missing = append(missing, `"kind":"delete",`...)
 	}
-	value, err := json.Marshal(members)
-	if err != nil {
-		return event.Event{}, backoff.Permanent(fmt.Errorf("%w: %w", errBadGone, err))
+	rest := bytes.TrimSpace(raw)[1:] // after the '{'
+	if len(missing) > 0 && bytes.TrimSpace(rest)[0] == '}' {
+		missing = missing[:len(missing)-1] // no member follows
 	}
+	value := append(append([]byte{'{'}, missing...), rest...)
 	ev, err := event.DecodeValue(value)
 	switch {
 	case err != nil:
