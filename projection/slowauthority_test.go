@@ -146,9 +146,10 @@ func TestASlowAuthorityGetsMoreTimeUntilItAnswers(t *testing.T) {
 }
 
 // TestSnapshotTimeoutMaxCapsTheGrowth: SnapshotTimeoutMax defaults to two
-// minutes and reaches the detector's policy with SnapshotTimeout; below
-// SnapshotTimeout or negative it is refused, and equal to it is allowed
-// (requests never grow).
+// minutes, or to SnapshotTimeout when that is longer, and reaches the
+// detector's policy with SnapshotTimeout; set below SnapshotTimeout or
+// negative it is refused, and equal to it is allowed (requests never
+// grow).
 func TestSnapshotTimeoutMaxCapsTheGrowth(t *testing.T) {
 	t.Parallel()
 	d := Config{}.WithDefaults()
@@ -157,7 +158,8 @@ func TestSnapshotTimeoutMaxCapsTheGrowth(t *testing.T) {
 	require.Equal(t, 5*time.Second, pol.SnapshotTimeout)
 	require.Equal(t, 2*time.Minute, pol.SnapshotTimeoutMax)
 
-	err := Config{SnapshotTimeout: 3 * time.Minute}.WithDefaults().Validate()
+	require.Equal(t, 3*time.Minute, Config{SnapshotTimeout: 3 * time.Minute}.WithDefaults().SnapshotTimeoutMax)
+	err := Config{SnapshotTimeout: 3 * time.Minute, SnapshotTimeoutMax: 2 * time.Minute}.WithDefaults().Validate()
 	require.ErrorContains(t, err, "snapshot-timeout-max 2m0s is below snapshot-timeout 3m0s")
 	err = Config{SnapshotTimeoutMax: -time.Second}.WithDefaults().Validate()
 	require.ErrorContains(t, err, "snapshot-timeout-max, snapshot-concurrency, gap-retry-min and gap-retry-max must not be negative")
