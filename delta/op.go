@@ -133,10 +133,50 @@ func parseOp(i int, raw json.RawMessage) (Op, error) {
 	}
 	// Members by exact name: encoding/json's struct decoding matches
 	// names regardless of case, which would let an unknown member such as
-	// "PATH" override "path". For a repeated name the last one counts.
-	var w OpMembers
-	rawMembers(raw, w.set)
+	// "PATH" override "path". A repeated name is refused, at any depth:
+	// readers disagree on which value counts.
+	var (
+		w    OpMembers
+		seen nameSet
+		err  error
+	)
+	rawMembers(raw, func(key, v []byte) {
+		if err != nil {
+			return
+		}
+		name := memberName(key)
+		if seen.add(name) {
+			err = &OpError{Index: i, Field: opField(name), Reason: RepeatedName(name)}
+			return
+		}
+		if inner, ok := repeatedName(v); ok {
+			err = &OpError{Index: i, Field: opField(name), Reason: RepeatedName(inner)}
+			return
+		}
+		w.set(key, v)
+	})
+	if err != nil {
+		return Op{}, err
+	}
 	return parseOpMembers(i, w)
+}
+
+// opField is the field of an [OpError] about the op member name: the
+// member itself if the format knows it, else the op.
+func opField(name string) string {
+	switch name {
+	case "path", "value", "by":
+		return name
+	}
+	return "op"
+}
+
+// RepeatedName is why a JSON object that repeats the member name is
+// refused: I-JSON (RFC 7493) forbids it, because readers disagree on
+// which value counts (encoding/json and PostgreSQL's jsonb keep the last,
+// others the first), so a record with one would not mean one thing.
+func RepeatedName(name string) string {
+	return fmt.Sprintf("repeats the member name %q (I-JSON, RFC 7493, forbids repeated names: readers disagree on which value counts)", clip([]byte(name)))
 }
 
 // OpMembers are the raw values of the members of an op object the format
@@ -179,8 +219,7 @@ func OpMemberIndex(key []byte) int {
 	return -1
 }
 
-// set takes one member of an op object; for a repeated name the last one
-// counts.
+// set takes one member of an op object.
 func (w *OpMembers) set(key, v []byte) {
 	switch OpMemberIndex(key) {
 	case OpMemberOp:

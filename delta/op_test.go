@@ -2,6 +2,7 @@ package delta_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -51,6 +52,16 @@ func TestParseOpsRejects(t *testing.T) {
 		{name: "increment by a boolean", raw: `[{"op":"increment","path":"/a","by":true}]`, index: 0, field: "by", reason: "must be a number, got true"},
 		{name: "increment by an object", raw: `[{"op":"increment","path":"/a","by":{"n":1}}]`, index: 0, field: "by", reason: "must be a number"},
 		{name: "second op bad", raw: `[{"op":"remove","path":"/a"},{"op":"set","path":"/b"}]`, index: 1, field: "value", reason: "required for set"},
+		// A repeated name is refused wherever it is: readers disagree on
+		// which value counts.
+		{name: "path twice", raw: `[{"op":"remove","path":"/a","path":"/b"}]`, index: 0, field: "path", reason: `repeats the member name "path" (I-JSON, RFC 7493`},
+		{name: "by twice, one escaped", raw: `[{"op":"increment","path":"/n","\u0062y":2,"by":3}]`, index: 0, field: "by", reason: `repeats the member name "by"`},
+		{name: "op twice", raw: `[{"op":"set","op":"remove","path":"/a","value":1}]`, index: 0, field: "op", reason: `repeats the member name "op"`},
+		{name: "unknown member twice", raw: `[{"op":"remove","path":"/a","x":1,"x":2}]`, index: 0, field: "op", reason: `repeats the member name "x"`},
+		{name: "inside a value", raw: `[{"op":"set","path":"/a","value":{"b":[{"c":1,"c":2}]}}]`, index: 0, field: "value", reason: `repeats the member name "c"`},
+		{name: "empty name twice", raw: `[{"op":"set","path":"/a","value":{"":1,"":2}}]`, index: 0, field: "value", reason: `repeats the member name ""`},
+		{name: "second op", raw: `[{"op":"remove","path":"/a"},{"op":"set","path":"/b","value":{"n":1,"m":2,"n":3}}]`, index: 1, field: "value", reason: `repeats the member name "n"`},
+		{name: "past sixteen names", raw: `[{"op":"set","path":"/a","value":{` + manyNames(40) + `,"k7":0}}]`, index: 0, field: "value", reason: `repeats the member name "k7"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -105,11 +116,16 @@ func TestParseOpsAccepts(t *testing.T) {
 		},
 		{
 			name: "escaped member names and kinds are read as their text",
-			raw:  `[{"o\u0070":"s\u0065t","p\u0061th":"/a","\u0076alue":1,"\u0050ATH":"/b"},{"op":"increment","path":"/n","\u0062y":2,"by":3}]`,
+			raw:  `[{"o\u0070":"s\u0065t","p\u0061th":"/a","\u0076alue":1,"\u0050ATH":"/b"},{"op":"increment","path":"/n","\u0062y":3}]`,
 			want: []delta.Op{
 				{Kind: delta.Set, Path: "/a", Tokens: []string{"a"}, Value: json.RawMessage(`1`)},
 				{Kind: delta.Increment, Path: "/n", Tokens: []string{"n"}, By: "3"},
 			},
+		},
+		{
+			name: "many names in a value, none repeated",
+			raw:  `[{"op":"set","path":"/a","value":{` + manyNames(40) + `,"":{"":1}}}]`,
+			want: []delta.Op{{Kind: delta.Set, Path: "/a", Tokens: []string{"a"}, Value: json.RawMessage(`{` + manyNames(40) + `,"":{"":1}}`)}},
 		},
 		{
 			name: "exactly the limit",
@@ -205,4 +221,16 @@ func TestIncrementByAHugeExponentFailsFast(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("an increment by 1e999999999 must not try to build a billion-digit integer")
 	}
+}
+
+// manyNames is n members "k0":0 ... "k<n-1>":0, without braces.
+func manyNames(n int) string {
+	var b strings.Builder
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"k%d":0`, i)
+	}
+	return b.String()
 }

@@ -1,8 +1,10 @@
 package delta
 
 import (
+	"bytes"
 	"encoding/json"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // The walkers below read JSON text that json.Valid has accepted; they pick
@@ -149,6 +151,17 @@ func unquote(raw []byte) string {
 	return s
 }
 
+// memberName is the text of a valid JSON string literal, for a name
+// that is only compared while raw is: one with nothing to unescape is
+// read where it lies, without a copy.
+func memberName(raw []byte) string {
+	body := raw[1 : len(raw)-1]
+	if bytes.IndexByte(body, '\\') >= 0 {
+		return unquote(raw)
+	}
+	return unsafe.String(unsafe.SliceData(body), len(body))
+}
+
 // plainString returns the text of a string literal that needs no
 // unescaping.
 func plainString(raw []byte) (string, bool) {
@@ -165,4 +178,75 @@ func plainString(raw []byte) (string, bool) {
 		return "", false
 	}
 	return string(body), true
+}
+
+// nameSet holds member names of one object, to find a repeated one:
+// compared one by one while they are few (an op object has four), in a
+// map past that.
+type nameSet struct {
+	n     int
+	local [16]string
+	more  map[string]struct{}
+}
+
+// add adds name and reports whether it was there already.
+func (n *nameSet) add(name string) bool {
+	if n.more == nil {
+		for _, s := range n.local[:n.n] {
+			if s == name {
+				return true
+			}
+		}
+		if n.n < len(n.local) {
+			n.local[n.n] = name
+			n.n++
+			return false
+		}
+		n.more = make(map[string]struct{}, 2*len(n.local))
+		for _, s := range n.local {
+			n.more[s] = struct{}{}
+		}
+	}
+	if _, ok := n.more[name]; ok {
+		return true
+	}
+	n.more[name] = struct{}{}
+	return false
+}
+
+// repeatedName returns the first member name that an object repeats,
+// at any depth of the valid JSON value v; the name may lie in v.
+func repeatedName(v []byte) (string, bool) {
+	v = TrimJSONSpace(v)
+	if len(v) == 0 {
+		return "", false
+	}
+	switch v[0] {
+	case '{':
+		var (
+			seen  nameSet
+			found string
+			dup   bool
+		)
+		rawMembers(v, func(key, inner []byte) {
+			if dup {
+				return
+			}
+			if name := memberName(key); seen.add(name) {
+				found, dup = name, true
+			} else {
+				found, dup = repeatedName(inner)
+			}
+		})
+		return found, dup
+	case '[':
+		var found string
+		var ok bool
+		elements(v, func(e []byte) bool {
+			found, ok = repeatedName(e)
+			return !ok
+		})
+		return found, ok
+	}
+	return "", false
 }

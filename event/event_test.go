@@ -325,3 +325,57 @@ func TestManyOpsAreRefusedWithoutNotingEach(t *testing.T) {
 		require.Less(t, allocated, uint64(256<<10), "%s: %d bytes allocated to decode a %d-byte record", tc.kind, allocated, len(value))
 	}
 }
+
+// TestDecodeRefusesRepeatedNames: an object that repeats a member name, at
+// any depth, is refused with the name; encoding/json and PostgreSQL's
+// jsonb keep the last value and other readers the first, so such a record
+// would mean one thing to the read model and another to them (I-JSON, RFC
+// 7493, forbids it).
+func TestDecodeRefusesRepeatedNames(t *testing.T) {
+	t.Parallel()
+	many := func(n int) string {
+		var b strings.Builder
+		for i := range n {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(`"k` + strconv.Itoa(i) + `":0`)
+		}
+		return b.String()
+	}
+	for _, tc := range []struct {
+		name, value, field, repeated string
+	}{
+		{"version", `{"job_id":"a","version":1,"version":2,"kind":"snapshot","state":{}}`, "value", "version"},
+		{"job_id", `{"job_id":"a","job_id":"b","version":1,"kind":"snapshot","state":{}}`, "value", "job_id"},
+		{"job_id, one escaped", `{"job_id":"a","version":1,"kind":"snapshot","state":{},"j\u006fb_id":"b"}`, "value", "job_id"},
+		{"kind", `{"job_id":"a","version":1,"kind":"delta","kind":"snapshot","state":{}}`, "value", "kind"},
+		{"ops", `{"job_id":"a","version":2,"kind":"delta","ops":[{"op":"remove","path":"/a"}],"ops":[{"op":"remove","path":"/b"}]}`, "value", "ops"},
+		{"an unknown member", `{"job_id":"a","version":1,"kind":"snapshot","state":{},"x":1,"x":1}`, "value", "x"},
+		{"in an op", `{"job_id":"a","version":2,"kind":"delta","ops":[{"op":"set","path":"/a","value":1,"value":2}]}`, "ops", "value"},
+		{"in an op, escaped", `{"job_id":"a","version":2,"kind":"delta","ops":[{"op":"remove","path":"/a","p\u0061th":"/b"}]}`, "ops", "path"},
+		{"in an op's value", `{"job_id":"a","version":2,"kind":"delta","ops":[{"op":"set","path":"/a","value":{"b":1,"b":2}}]}`, "ops", "b"},
+		{"in the state", `{"job_id":"a","version":1,"kind":"snapshot","state":{"status":"running","status":"failed"}}`, "state", "status"},
+		{"deep in the state", `{"job_id":"a","version":1,"kind":"snapshot","state":{"a":[{"b":{"c":1,"d":2,"c":3}}]}}`, "state", "c"},
+		{"past sixteen names", `{"job_id":"a","version":1,"kind":"snapshot","state":{` + many(100) + `,"k42":1}}`, "state", "k42"},
+		{"an escaped slash", `{"job_id":"a","version":1,"kind":"snapshot","state":{"a/b":1,"a\/b":2}}`, "state", "a/b"},
+		{"the empty name", `{"job_id":"a","version":1,"kind":"snapshot","state":{"":1,"":2}}`, "state", ""},
+	} {
+		_, err := event.Decode(nil, []byte(tc.value))
+		var fe *event.FieldError
+		require.ErrorAs(t, err, &fe, tc.name)
+		require.Equal(t, tc.field, fe.Field, tc.name)
+		require.Contains(t, fe.Reason, `repeats the member name "`+tc.repeated+`" (I-JSON, RFC 7493`, tc.name)
+	}
+
+	// The same names in different objects, and names that differ only
+	// in case or escaping of other characters, are not repeats.
+	for _, v := range []string{
+		`{"job_id":"a","version":1,"kind":"snapshot","state":{"a":{"a":{"a":1}},"b":[{"a":1},{"a":2}],"A":1,"a\/b":1,"a/":1}}`,
+		`{"job_id":"a","version":1,"kind":"snapshot","state":{` + many(1000) + `}}`,
+		`{"job_id":"a","version":2,"kind":"delta","ops":[{"op":"remove","path":"/a"},{"op":"remove","path":"/b"}]}`,
+	} {
+		_, err := event.Decode(nil, []byte(v))
+		require.NoError(t, err, v)
+	}
+}

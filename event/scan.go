@@ -15,11 +15,11 @@ import (
 const maxDepth = 1000
 
 // members are the raw values of the top-level members the wire format
-// names; for a repeated name the last one counts, as encoding/json does.
+// names. A name is never repeated: the scanner refuses that.
 type members struct {
 	jobID, version, kind, state, ops, eventID, occurredAt []byte
-	// opsObjects reports that every element of the ops array (the last
-	// one, for a repeated name) is an object; opsElems (opsLocal[:opsN]
+	// opsObjects reports that every element of the ops array is an
+	// object; opsElems (opsLocal[:opsN]
 	// while it fits) then holds where each one's members lie in the value,
 	// so the ops are parsed without walking them again.
 	opsObjects bool
@@ -45,9 +45,12 @@ func (m *members) opsElems() []opSpans {
 	return m.opsLocal[:m.opsN]
 }
 
-// scanError is malformed JSON, or JSON that PostgreSQL would refuse.
+// scanError is malformed JSON, or JSON that PostgreSQL would refuse, or
+// an object that repeats a member name.
 type scanError struct {
 	malformed bool
+	// repeated is set when an object repeats a member name.
+	repeated bool
 	// field is the top-level member the problem is in, when known.
 	field string
 	msg   string
@@ -56,12 +59,19 @@ type scanError struct {
 // scanner validates a record value in one pass and picks out the known
 // top-level members. It is stricter than JSON in what PostgreSQL needs:
 // text must be valid UTF-8, with no \u0000 and no unpaired surrogate
-// escape, and numbers must fit PostgreSQL's numeric type.
+// escape, and numbers must fit PostgreSQL's numeric type. And it is
+// I-JSON (RFC 7493) in that no object, at any depth, may repeat a member
+// name: readers disagree on which of two values counts (encoding/json and
+// PostgreSQL's jsonb keep the last, others the first), so a record with
+// one would mean different things to different readers of the topic.
 type scanner struct {
 	b   []byte
 	i   int
 	key []byte // the raw key of the top-level member being scanned
 	err *scanError
+	// escaped is set by a string with an escape; [scanner.key] clears it
+	// before each member name.
+	escaped bool
 }
 
 func scanObject(b []byte) (members, *scanError) {
@@ -76,10 +86,11 @@ func scanObject(b []byte) (members, *scanError) {
 	if s.peek() == '}' {
 		s.i++
 	} else {
+		var seen names
 		for s.err == nil {
 			s.ws()
 			kstart := s.i
-			if !s.str() {
+			if !s.name(&seen) {
 				break
 			}
 			key := b[kstart:s.i]
@@ -90,11 +101,7 @@ func scanObject(b []byte) (members, *scanError) {
 			s.ws()
 			vstart := s.i
 			s.key = key
-			isOps := memberName(key) == "ops"
-			if isOps {
-				m.opsObjects = false // the last ops member counts
-			}
-			if isOps && s.peek() == '[' {
+			if memberName(key) == "ops" && s.peek() == '[' {
 				if !s.opsArray(&m) {
 					break
 				}
@@ -191,10 +198,11 @@ func (s *scanner) opObject(m *members) bool {
 		m.addOp(sp)
 		return true
 	}
+	var seen names
 	for {
 		s.ws()
 		kstart := s.i
-		if !s.str() {
+		if !s.name(&seen) {
 			return false
 		}
 		key := s.b[kstart:s.i]
@@ -313,32 +321,7 @@ func (s *scanner) value(depth int) bool {
 	}
 	switch c := s.peek(); {
 	case c == '{':
-		s.i++
-		s.ws()
-		if s.peek() == '}' {
-			s.i++
-			return true
-		}
-		for {
-			s.ws()
-			if !s.str() {
-				return false
-			}
-			s.ws()
-			if !s.expect(':') {
-				return false
-			}
-			s.ws()
-			if !s.value(depth + 1) {
-				return false
-			}
-			s.ws()
-			if s.peek() == ',' {
-				s.i++
-				continue
-			}
-			return s.expect('}')
-		}
+		return s.object(depth)
 	case c == '[':
 		s.i++
 		s.ws()
@@ -372,6 +355,105 @@ func (s *scanner) value(depth int) bool {
 		s.fail("unexpected end of JSON input")
 	default:
 		s.fail("invalid character %q looking for a value", c)
+	}
+	return false
+}
+
+// object scans an object, as value does.
+func (s *scanner) object(depth int) bool {
+	s.i++ // '{'
+	s.ws()
+	if s.peek() == '}' {
+		s.i++
+		return true
+	}
+	var seen names
+	for {
+		s.ws()
+		if !s.name(&seen) {
+			return false
+		}
+		s.ws()
+		if !s.expect(':') {
+			return false
+		}
+		s.ws()
+		if !s.value(depth + 1) {
+			return false
+		}
+		s.ws()
+		if s.peek() == ',' {
+			s.i++
+			continue
+		}
+		return s.expect('}')
+	}
+}
+
+// names are the member names of one object scanned so far. While there
+// are at most len(fp), none with an escape, each is known by where it
+// starts and a fingerprint (its length, first and last bytes), and only
+// a name whose fingerprint matches is compared: two members of a record
+// seldom share one. Past that, or once a name has an escape ("a" and
+// "\u0061" are one name), they are compared unquoted, in a map.
+type names struct {
+	n    int
+	fp   [16]uint64
+	at   [16]int32
+	more map[string]struct{}
+}
+
+// name scans a member name into seen, and refuses it if seen has it
+// already.
+func (s *scanner) name(seen *names) bool {
+	kstart := s.i
+	s.escaped = false
+	if !s.str() {
+		return false
+	}
+	n := seen.n
+	if s.escaped || n >= len(seen.fp) {
+		return s.nameInMap(seen, s.b[kstart:s.i])
+	}
+	// The name lies in s.b from kstart (its opening quote) to s.i.
+	b, end := s.b, s.i
+	fp := uint64(end-kstart)<<16 | uint64(b[kstart+1])<<8 | uint64(b[end-2])
+	for i := range n {
+		if seen.fp[i] == fp {
+			at := int(seen.at[i])
+			if string(b[at:at+end-kstart]) == string(b[kstart:end]) {
+				return s.repeated(b[kstart:end])
+			}
+		}
+	}
+	seen.fp[n], seen.at[n] = fp, int32(kstart)
+	seen.n = n + 1
+	return true
+}
+
+// nameInMap is [scanner.name] with seen's names in a map, by their text.
+func (s *scanner) nameInMap(seen *names, key []byte) bool {
+	if seen.more == nil {
+		seen.more = make(map[string]struct{}, 2*len(seen.fp))
+		for i, f := range seen.fp[:seen.n] {
+			at := int(seen.at[i])
+			seen.more[memberName(s.b[at:at+int(f>>16)])] = struct{}{}
+		}
+		// From now on every name goes to the map.
+		seen.n = len(seen.fp) + 1
+	}
+	name := memberName(key)
+	if _, ok := seen.more[name]; ok {
+		return s.repeated(key)
+	}
+	seen.more[name] = struct{}{}
+	return true
+}
+
+// repeated refuses the member name key, which its object has already.
+func (s *scanner) repeated(key []byte) bool {
+	if s.err == nil {
+		s.err = &scanError{repeated: true, field: s.field(), msg: delta.RepeatedName(unquote(key))}
 	}
 	return false
 }
@@ -416,6 +498,7 @@ func (s *scanner) str() bool {
 			return true
 		case c == '\\':
 			s.i++
+			s.escaped = true
 			switch s.peek() {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 				s.i++

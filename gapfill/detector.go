@@ -328,6 +328,55 @@ func (d *Detector) Gaps() []Gap {
 	return out
 }
 
+// Oldest returns a copy of the records of the n jobs held longest, by
+// Since and then by job, oldest first: what a view of a few of many held
+// jobs shows, at a cost of n records rather than one for every held job.
+func (d *Detector) Oldest(n int) []Gap {
+	if n <= 0 {
+		return nil
+	}
+	// The n oldest seen so far, in a max-heap whose root is the youngest
+	// of them: a job younger than the root is not among the n.
+	h := make(youngestFirst, 0, min(n, len(d.gaps)))
+	for _, e := range d.gaps {
+		switch {
+		case len(h) < n:
+			heap.Push(&h, e)
+		case olderGap(e.Gap, h[0].Gap):
+			h[0] = e
+			heap.Fix(&h, 0)
+		}
+	}
+	out := make([]Gap, len(h))
+	for i := len(h) - 1; i >= 0; i-- {
+		out[i] = heap.Pop(&h).(*entry).Gap
+	}
+	return out
+}
+
+// olderGap orders gaps by how long their jobs have been held, oldest
+// first, and then by job: the order of [Detector.Oldest].
+func olderGap(a, b Gap) bool {
+	if !a.Since.Equal(b.Since) {
+		return a.Since.Before(b.Since)
+	}
+	return a.JobID < b.JobID
+}
+
+// youngestFirst is a max-heap of entries by [olderGap].
+type youngestFirst []*entry
+
+func (q youngestFirst) Len() int           { return len(q) }
+func (q youngestFirst) Less(i, j int) bool { return olderGap(q[j].Gap, q[i].Gap) }
+func (q youngestFirst) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
+func (q *youngestFirst) Push(x any)        { *q = append(*q, x.(*entry)) }
+func (q *youngestFirst) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}
+
 // Len is the number of held jobs.
 func (d *Detector) Len() int { return len(d.gaps) }
 

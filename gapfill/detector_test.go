@@ -2,6 +2,7 @@ package gapfill_test
 
 import (
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -179,4 +180,35 @@ func TestDetectorSlowLaneFullCutsInARowFindTheJobSlow(t *testing.T) {
 	d.SlowLaneFull("a")
 	require.Equal(t, 1, slow(), "LaneFullCuts cuts in a row did not find the job slow")
 	d.SlowLaneFull("b") // not held: nothing happens
+}
+
+// TestDetectorOldest: Oldest gives the n jobs held longest, oldest first
+// and by job among equals, the same as sorting every gap would.
+func TestDetectorOldest(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	d := gapfill.NewDetector(gapfill.Policy{Wait: time.Minute})
+	require.Empty(t, d.Oldest(10))
+	for i := range 500 {
+		// Many share a Since: the job orders them.
+		d.Hold(fmt.Sprintf("job-%03d", (i*7919)%500), t0.Add(time.Duration(i%37)*time.Second))
+	}
+	all := d.Gaps()
+	sort.Slice(all, func(i, j int) bool {
+		if !all[i].Since.Equal(all[j].Since) {
+			return all[i].Since.Before(all[j].Since)
+		}
+		return all[i].JobID < all[j].JobID
+	})
+	for _, n := range []int{0, 1, 16, 100, 499, 500, 1000} {
+		want := all[:min(n, len(all))]
+		if n == 0 {
+			want = nil
+		}
+		require.Equal(t, want, d.Oldest(n), "n=%d", n)
+	}
+	// A job that moves forward waits afresh: it is the youngest now.
+	d.Progress(all[0].JobID, t0.Add(time.Hour))
+	require.NotEqual(t, all[0].JobID, d.Oldest(1)[0].JobID)
+	require.Equal(t, all[1].JobID, d.Oldest(1)[0].JobID)
 }

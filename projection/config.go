@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/projector/projector/gapfill"
+	"github.com/projector/projector/snapshot"
 	"github.com/projector/projector/store"
 )
 
@@ -75,6 +76,11 @@ type Config struct {
 	// every request gets SnapshotTimeout. Default
 	// [DefaultSnapshotTimeoutMax].
 	SnapshotTimeoutMax time.Duration
+	// SnapshotRedirects is which redirects of the authority are followed:
+	// snapshot.SameOrigin (the default), to the authority's own scheme,
+	// host and port, at most snapshot.MaxRedirects per request, or
+	// snapshot.NoRedirects.
+	SnapshotRedirects snapshot.Redirects
 	// SnapshotConcurrency bounds requests to the authority in flight.
 	SnapshotConcurrency int
 	// SnapshotMaxElapsed bounds one fetch's retries; the gap's own backoff
@@ -189,6 +195,9 @@ func (c Config) WithDefaults() Config {
 	if c.SnapshotTimeoutMax == 0 {
 		c.SnapshotTimeoutMax = max(DefaultSnapshotTimeoutMax, c.SnapshotTimeout)
 	}
+	if c.SnapshotRedirects == "" {
+		c.SnapshotRedirects = snapshot.SameOrigin
+	}
 	if c.SnapshotConcurrency == 0 {
 		c.SnapshotConcurrency = 4
 	}
@@ -296,6 +305,11 @@ func (c Config) Validate() error {
 	} else if d := c.WithDefaults(); d.SnapshotTimeoutMax < d.SnapshotTimeout {
 		errs = append(errs, fmt.Errorf("snapshot-timeout-max %s is below snapshot-timeout %s: it caps the time a slow job's requests grow to (set it equal to keep every request at snapshot-timeout)",
 			d.SnapshotTimeoutMax, d.SnapshotTimeout))
+	}
+	if c.SnapshotRedirects != "" {
+		if _, err := snapshot.ParseRedirects(string(c.SnapshotRedirects)); err != nil {
+			errs = append(errs, fmt.Errorf("snapshot-redirects: %w", err))
+		}
 	}
 	if err := c.SASL.Validate(); err != nil {
 		errs = append(errs, err)

@@ -2,14 +2,20 @@ package projection
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/url"
+	"strconv"
 )
 
 // Handler serves /healthz (every loop of the instance is alive), /readyz
 // (the topic exists, the instance is in a group generation, PostgreSQL
 // answered in the last 5 s, and with ReadyMaxLag the lag is small enough),
 // /status (JSON) and /metrics (Prometheus). /healthz and /readyz answer 200
-// or 503 with a JSON body that says, check by check, why.
+// or 503 with a JSON body that says, check by check, why. /status lists
+// the oldest held jobs, held_limit of them (default DefaultHeldLimit, at
+// most MaxHeldLimit) after the cursor held_after, so that its size and
+// cost do not grow with the number held; a bad query is answered 400.
 func (p *Projector) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -19,10 +25,34 @@ func (p *Projector) Handler() http.Handler {
 		writeHealth(w, p.Readiness())
 	})
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, p.Status())
+		q, err := heldQueryOf(r.URL.Query())
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+			return
+		}
+		s, err := p.StatusPage(q)
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, s)
 	})
 	mux.Handle("GET /metrics", p.metrics.handler())
 	return mux
+}
+
+// heldQueryOf reads /status's held_limit and held_after.
+func heldQueryOf(v url.Values) (HeldQuery, error) {
+	var q HeldQuery
+	if s := v.Get("held_limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > MaxHeldLimit {
+			return q, fmt.Errorf("%w: held_limit %q: want a number from 1 to %d", errHeldQuery, clipString(s), MaxHeldLimit)
+		}
+		q.Limit = n
+	}
+	q.After = v.Get("held_after")
+	return q, nil
 }
 
 func writeHealth(w http.ResponseWriter, h Health) {

@@ -197,10 +197,9 @@ func (c *projectorCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descLag, float64(ps.Lag), part)
 		gauge(descPosition, float64(ps.Position), part)
 		gauge(descEpoch, float64(ps.Epoch), part)
-		for _, h := range ps.Held {
-			if oldest.IsZero() || h.Since.Before(oldest) {
-				oldest = h.Since
-			}
+		// A partition's view is sorted oldest first.
+		if len(ps.view) > 0 && (oldest.IsZero() || ps.view[0].Since.Before(oldest)) {
+			oldest = ps.view[0].Since
 		}
 	}
 	age := 0.0

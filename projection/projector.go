@@ -117,6 +117,7 @@ func New(cfg Config) (*Projector, error) {
 				return nil, fmt.Errorf("snapshot-url: %w", err)
 			}
 			sc.Timeout = cfg.SnapshotTimeout
+			sc.Redirects = cfg.SnapshotRedirects
 			sc.MaxConcurrent = cfg.SnapshotConcurrency
 			// A request running past a few median answer times leaves
 			// the main lane for a slow lane as wide, or is cut when that
@@ -464,12 +465,25 @@ func (c *committer) flush(level slog.Level) {
 	c.mu.Unlock()
 }
 
-// Status reports this instance's partitions and counters.
+// Status reports this instance's partitions and counters, with its
+// DefaultHeldLimit oldest held jobs.
 func (p *Projector) Status() Status {
+	s, _ := p.StatusPage(HeldQuery{})
+	return s
+}
+
+// StatusPage is [Projector.Status] with the held jobs q asks for. A query
+// it cannot answer (a limit out of range, a cursor no status gave) is an
+// error.
+func (p *Projector) StatusPage(q HeldQuery) (Status, error) {
 	parts := p.book.list()
+	page, err := pageHeld(parts, q)
+	if err != nil {
+		return Status{}, err
+	}
 	c := p.counters.snapshot()
 	for _, ps := range parts {
-		c.HeldJobs += int64(len(ps.Held))
+		c.HeldJobs += int64(ps.HeldJobs)
 	}
 	ready := p.Readiness()
 	return Status{
@@ -483,5 +497,6 @@ func (p *Projector) Status() Status {
 		Counters:   c,
 		Source:     p.cfg.Source,
 		SQS:        p.sqsStatus(),
-	}
+		HeldPage:   page,
+	}, nil
 }

@@ -146,9 +146,10 @@ func TestASlowAuthorityGetsMoreTimeUntilItAnswers(t *testing.T) {
 }
 
 // TestSnapshotTimeoutMaxCapsTheGrowth: SnapshotTimeoutMax defaults to two
-// minutes and reaches the detector's policy with SnapshotTimeout; below
-// SnapshotTimeout or negative it is refused, and equal to it is allowed
-// (requests never grow).
+// minutes, or to SnapshotTimeout when that is longer, and reaches the
+// detector's policy with SnapshotTimeout; set below SnapshotTimeout or
+// negative it is refused, and equal to it is allowed (requests never
+// grow).
 func TestSnapshotTimeoutMaxCapsTheGrowth(t *testing.T) {
 	t.Parallel()
 	d := Config{}.WithDefaults()
@@ -167,4 +168,17 @@ func TestSnapshotTimeoutMaxCapsTheGrowth(t *testing.T) {
 	err = Config{SnapshotTimeout: time.Second, SnapshotTimeoutMax: time.Second}.WithDefaults().Validate()
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "snapshot-timeout")
+}
+
+// TestSnapshotRedirectsDefaultToSameOrigin: the authority's redirects are
+// followed within its origin unless the config says none; any other rule
+// is refused.
+func TestSnapshotRedirectsDefaultToSameOrigin(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, snapshot.SameOrigin, Config{}.WithDefaults().SnapshotRedirects)
+	err := Config{SnapshotRedirects: "anywhere"}.WithDefaults().Validate()
+	require.ErrorContains(t, err, `snapshot-redirects: "anywhere" is not same-origin or none`)
+	err = Config{SnapshotRedirects: snapshot.NoRedirects}.WithDefaults().Validate()
+	require.Error(t, err) // other settings are missing
+	require.NotContains(t, err.Error(), "snapshot-redirects")
 }

@@ -124,17 +124,29 @@ type PartitionStatus struct {
 	Lag           int64     `json:"lag"`
 	Epoch         int64     `json:"epoch"`
 	UpdatedAt     time.Time `json:"updated_at"`
-	// Held lists the jobs whose deltas wait for missing versions.
+	// HeldJobs is how many jobs of the partition wait for missing
+	// versions.
+	HeldJobs int `json:"held_jobs"`
+	// Held lists those of them that the status's page shows (see
+	// [HeldPage]), oldest first.
 	Held []HeldJob `json:"held"`
+
+	// view is the partition's MaxHeldLimit oldest held jobs, sorted by
+	// heldKey, as its worker last built them from viewOf held jobs; never
+	// written once published.
+	view   []HeldJob
+	viewOf int
 }
 
 // HeldJob is one job the gap detector holds.
 type HeldJob struct {
 	JobID string `json:"job_id"`
 	// Version is the row's version; Missing the versions it waits for.
-	Version     int64     `json:"version"`
-	Missing     []int64   `json:"missing"`
-	HeldDeltas  int       `json:"held_deltas"`
+	Version    int64   `json:"version"`
+	Missing    []int64 `json:"missing"`
+	HeldDeltas int     `json:"held_deltas"`
+	// Since is when the job began to wait, or to wait again after it
+	// moved forward but stayed held.
 	Since       time.Time `json:"since"`
 	Attempts    int       `json:"attempts"`
 	NextAttempt time.Time `json:"next_attempt"`
@@ -155,6 +167,8 @@ type Status struct {
 	// Source is kafka or sqs; SQS is the queue's view with Source sqs.
 	Source string     `json:"source"`
 	SQS    *SQSStatus `json:"sqs,omitempty"`
+	// HeldPage says which held jobs the partitions' Held lists show.
+	HeldPage HeldPage `json:"held_page"`
 }
 
 type partitionBook struct {

@@ -46,9 +46,11 @@ type worker struct {
 	// attempts runs the held jobs' attempts in the background.
 	attempts *attempts
 
-	// heldView is the held jobs as last published, rebuilt only when the
-	// detector changed, and at most every heldViewEvery.
+	// heldView is the MaxHeldLimit oldest held jobs as last published,
+	// out of heldViewOf, rebuilt only when the detector changed, and at
+	// most every heldViewEvery.
 	heldView     []HeldJob
+	heldViewOf   int
 	heldVersion  uint64
 	heldBuiltAt  time.Time
 	heldViewSeen bool
@@ -211,6 +213,7 @@ func (w *worker) run(ctx context.Context) error {
 // heldViewEvery bounds how often the list of held jobs is rebuilt for the
 // status when more than heldViewSmall are held: the list is rebuilt only
 // when the detector changed, never on every turn of the worker's loop.
+// It holds the MaxHeldLimit oldest, whatever the number held.
 const (
 	heldViewEvery = time.Second
 	heldViewSmall = 100
@@ -220,18 +223,21 @@ func (w *worker) publish() {
 	v := w.detector.Version()
 	stale := !w.heldViewSeen || v != w.heldVersion
 	if stale && (w.detector.Len() <= heldViewSmall || time.Since(w.heldBuiltAt) >= heldViewEvery) {
-		gaps := w.detector.Gaps()
+		gaps := w.detector.Oldest(MaxHeldLimit)
 		held := make([]HeldJob, 0, len(gaps))
 		for _, g := range gaps {
 			j, _ := w.cache.peek(g.JobID)
 			held = append(held, HeldJob{
 				JobID: g.JobID, Version: j.Version, Missing: j.Missing(10), HeldDeltas: len(j.Held),
-				Since: g.Since, Attempts: g.Attempts, NextAttempt: g.NextAttempt, LastStep: string(g.LastStep), LastError: g.LastErr,
+				// By the wall clock, as the status orders them.
+				Since: g.Since.Round(0), Attempts: g.Attempts, NextAttempt: g.NextAttempt.Round(0), LastStep: string(g.LastStep), LastError: g.LastErr,
 			})
 		}
-		w.heldView, w.heldVersion, w.heldBuiltAt, w.heldViewSeen = held, v, time.Now(), true
+		w.heldView, w.heldViewOf = sortHeld(w.partition, held), w.detector.Len()
+		w.heldVersion, w.heldBuiltAt, w.heldViewSeen = v, time.Now(), true
 	}
-	w.book.set(PartitionStatus{Partition: w.partition, Position: w.position, HighWatermark: w.hwm, Epoch: w.epoch, Held: w.heldView}, w)
+	w.book.set(PartitionStatus{Partition: w.partition, Position: w.position, HighWatermark: w.hwm, Epoch: w.epoch,
+		HeldJobs: w.detector.Len(), view: w.heldView, viewOf: w.heldViewOf}, w)
 }
 
 func errString(err error) string {

@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -66,6 +67,11 @@ type Client struct {
 	// MaxInterval, each wait jittered by ±50%, giving up once
 	// MaxElapsedTime has passed since the first attempt.
 	InitialInterval, MaxInterval, MaxElapsedTime time.Duration
+	// Redirects says which redirects of the authority's answers are
+	// followed: [SameOrigin] (the zero value) or [NoRedirects]. A redirect
+	// that is not followed ends the fetch: asked again, the authority
+	// would send the same one.
+	Redirects Redirects
 
 	lanesOnce sync.Once
 	ln        *lanes
@@ -86,6 +92,7 @@ func NewClient(baseURL string) (*Client, error) {
 		InitialInterval: DefaultInitialInterval,
 		MaxInterval:     DefaultMaxInterval,
 		MaxElapsedTime:  DefaultMaxElapsedTime,
+		Redirects:       SameOrigin,
 	}, nil
 }
 
@@ -233,12 +240,12 @@ func (c *Client) attempt(ctx context.Context, target, jobID string) (event.Event
 	}
 	req.Header.Set("Accept", "application/json")
 
-	hc := c.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	resp, err := hc.Do(req)
+	resp, err := c.httpClient(target).Do(req)
 	if err != nil {
+		var refused *RedirectError
+		if errors.As(err, &refused) {
+			return event.Event{}, backoff.Permanent(refused)
+		}
 		return event.Event{}, c.transportError(ctx, reqCtx, timeout, err)
 	}
 	defer func() {
@@ -300,16 +307,22 @@ func (c *Client) gone(ctx, reqCtx context.Context, timeout time.Duration, body i
 	if err := json.Unmarshal(raw, &members); err != nil || members == nil {
 		return event.Event{}, backoff.Permanent(fmt.Errorf("%w%s", errBadGone, excerpt(strings.NewReader(string(raw)))))
 	}
+	// The missing members are written before the body's own, which are
+	// decoded as the authority wrote them: a map would keep one of two
+	// members of the same name, where the decoder refuses both.
+	var missing []byte
 	if _, ok := members["job_id"]; !ok {
-		members["job_id"], _ = json.Marshal(jobID)
+		id, _ := json.Marshal(jobID)
+		missing = append(append(append(missing, `"job_id":`...), id...), ',')
 	}
 	if _, ok := members["kind"]; !ok {
-		members["kind"] = json.RawMessage(`"delete"`)
+		missing = append(missing, `"kind":"delete",`...)
 	}
-	value, err := json.Marshal(members)
-	if err != nil {
-		return event.Event{}, backoff.Permanent(fmt.Errorf("%w: %w", errBadGone, err))
+	rest := bytes.TrimSpace(raw)[1:] // after the '{'
+	if len(missing) > 0 && bytes.TrimSpace(rest)[0] == '}' {
+		missing = missing[:len(missing)-1] // no member follows
 	}
+	value := append(append([]byte{'{'}, missing...), rest...)
 	ev, err := event.DecodeValue(value)
 	switch {
 	case err != nil:

@@ -214,6 +214,7 @@ func TestFetchDeleted(t *testing.T) {
 	}{
 		{name: "200 with a delete", status: http.StatusOK, body: `{"job_id":"job-1","version":9,"kind":"delete","event_id":"auth-9"}`},
 		{name: "410 with a version", status: http.StatusGone, body: `{"version":9,"event_id":"auth-9"}`},
+		{name: "410 with a version alone", status: http.StatusGone, body: " {\n \"version\" : 9, \"event_id\":\"auth-9\" } "},
 		{name: "410 with a delete record", status: http.StatusGone, body: `{"job_id":"job-1","version":9,"kind":"delete","event_id":"auth-9"}`},
 	}
 	for _, tt := range tests {
@@ -242,9 +243,13 @@ func TestFetchGoneWithoutVersionIsNotRetried(t *testing.T) {
 		{name: "empty body", body: "", want: "410 Gone without a valid version"},
 		{name: "text body", body: "gone", want: "410 Gone without a valid version"},
 		{name: "no version", body: `{"reason":"purged"}`, want: "version: required"},
+		{name: "an empty object", body: ` { } `, want: "version: required"},
 		{name: "version as a string", body: `{"version":"9"}`, want: "version: must be a JSON integer"},
 		{name: "other job", body: `{"job_id":"job-2","version":9}`, want: `job_id is "job-2", want "job-1"`},
 		{name: "a snapshot", body: `{"job_id":"job-1","version":9,"kind":"snapshot","state":{}}`, want: `kind is "snapshot"`},
+		// Which of two versions would count is not the projector's to guess.
+		{name: "version twice", body: `{"version":9,"version":12}`, want: `repeats the member name "version"`},
+		{name: "job_id twice", body: `{"job_id":"job-2","job_id":"job-1","version":9}`, want: `repeats the member name "job_id"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -409,6 +414,9 @@ func TestFetchBadAnswerIsNotRetried(t *testing.T) {
 		{name: "malformed", body: `{"job_id":"job-1","version":`, want: "malformed JSON"},
 		{name: "empty", body: "", want: "empty"},
 		{name: "no state", body: `{"job_id":"job-1","version":3,"kind":"snapshot"}`, want: "state: required"},
+		{name: "version twice", body: `{"job_id":"job-1","version":3,"kind":"snapshot","state":{},"version":30}`, want: `repeats the member name "version"`},
+		{name: "job_id twice", body: `{"job_id":"job-2","job_id":"job-1","version":3,"kind":"snapshot","state":{}}`, want: `repeats the member name "job_id"`},
+		{name: "a name twice in the state", body: `{"job_id":"job-1","version":3,"kind":"snapshot","state":{"status":"running","status":"failed"}}`, want: `state: repeats the member name "status"`},
 		{name: "oversized", body: `{"job_id":"job-1","pad":"` + strings.Repeat("x", event.MaxValueBytes) + `"}`, want: "over the 1 MiB limit"},
 	}
 	for _, tt := range tests {

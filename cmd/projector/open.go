@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -77,4 +78,18 @@ func openProjection(ctx context.Context, url string, cfg store.Config, acc acces
 		return nil, err
 	}
 	return st, nil
+}
+
+// warnUnverifiedTLS says, once at start, when databaseURL reaches a
+// PostgreSQL server on another host without TLS whose certificate is
+// verified ([store.TLSRisk]): what the projector writes and its fencing
+// could then be read or changed on the way. It reports whether it warned.
+func warnUnverifiedTLS(log *slog.Logger, databaseURL string) bool {
+	risk := store.TLSRisk(databaseURL)
+	if risk == "" {
+		return false
+	}
+	log.Warn("PostgreSQL is reached without verified TLS; set sslmode=verify-full and sslrootcert=<the server's CA file> in DATABASE_URL (see docs/deploy.md)",
+		"servers", risk)
+	return true
 }

@@ -123,9 +123,11 @@ type gapFlags struct {
 	// not, it is at least --snapshot-timeout.
 	snapshotMaxSet bool
 	snapshotConc   int
-	retryMax       time.Duration
-	logRetention   time.Duration
-	logMaxRows     int
+	// snapshotRedirects is which redirects of the authority are followed.
+	snapshotRedirects string
+	retryMax          time.Duration
+	logRetention      time.Duration
+	logMaxRows        int
 }
 
 func (g *gapFlags) register(fs *flag.FlagSet) {
@@ -140,6 +142,7 @@ func (g *gapFlags) register(fs *flag.FlagSet) {
 	if f := fs.Lookup("snapshot-timeout-max"); f != nil {
 		f.Value = setTracker{Value: f.Value, set: &g.snapshotMaxSet}
 	}
+	fs.StringVar(&g.snapshotRedirects, "snapshot-redirects", string(d.SnapshotRedirects), "which redirects of the authority are followed: same-origin (to its own\nscheme, host and port, at most 5 per request) or none; a redirect not\nfollowed ends the fetch and the job stays held")
 	fs.IntVar(&g.snapshotConc, "snapshot-concurrency", d.SnapshotConcurrency, "most requests to the authority in flight, not counting slow ones:\na request running past 3 x the median answer time (at least 50ms) leaves\nfor a slow lane of as many more, freeing its slot, and is cut at 3 x that\n(at once if the slow lane is full); a job found slow starts its next\nrequest in the slow lane, which runs to the job's timeout")
 	fs.DurationVar(&g.retryMax, "gap-retry-max", d.GapRetryMax, "longest backoff between attempts that leave a gap held")
 	fs.DurationVar(&g.logRetention, "gap-log-retention", d.GapLogRetention, "how long closed gaps stay in the gap log (projector explain shows them)")
@@ -160,6 +163,9 @@ func (g *gapFlags) validate() error {
 		if _, err := snapshot.NewClient(g.snapshotURL); err != nil {
 			return usagef("--snapshot-url: %v", err)
 		}
+	}
+	if _, err := snapshot.ParseRedirects(g.snapshotRedirects); err != nil {
+		return usagef("--snapshot-redirects %q: want same-origin or none", g.snapshotRedirects)
 	}
 	if g.snapshotTimeout <= 0 || g.snapshotMax <= 0 || g.snapshotConc <= 0 || g.retryMax <= 0 {
 		return usagef("--snapshot-timeout, --snapshot-timeout-max, --snapshot-concurrency and --gap-retry-max must be positive")
@@ -193,6 +199,7 @@ func (g *gapFlags) apply(c *projection.Config) {
 		c.SnapshotTimeoutMax = max(g.snapshotMax, g.snapshotTimeout)
 	}
 	c.SnapshotConcurrency = g.snapshotConc
+	c.SnapshotRedirects = snapshot.Redirects(g.snapshotRedirects)
 	c.GapRetryMax = g.retryMax
 	c.GapLogRetention = g.logRetention
 	c.GapLogMaxRows = g.logMaxRows
@@ -242,6 +249,7 @@ Example:
 		if err := o.validate(); err != nil {
 			return err
 		}
+		warnUnverifiedTLS(logger, o.databaseURL)
 		st, err := openStoreWaiting(ctx, o.databaseURL, o.storeConfig(), logger)
 		if err != nil {
 			if ctx.Err() != nil {
