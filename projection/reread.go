@@ -177,7 +177,10 @@ func dialLeader(ctx context.Context, d *kafka.Dialer, brokers []string, topic st
 
 // scan reads partition from start up to last (exclusive) or until budget
 // bytes were read, straight from the leader's connection in fetches of up
-// to 8 MiB; complete reports that it reached last.
+// to 8 MiB; complete reports that it reached last. It goes on from where
+// each fetch ended, past records compacted away, never from the last
+// record read: a fetch among the removed records of a cleaned batch finds
+// no record.
 func (l *logReader) scan(ctx context.Context, partition int, start, last int64, want map[string]bool, budget int64) (out []gapfill.Input, used int64, complete bool, err error) {
 	cfg := l.p.cfg
 	if budget <= 0 {
@@ -216,7 +219,14 @@ func (l *logReader) scan(ctx context.Context, partition int, start, last int64, 
 			}
 		}
 		cerr := batch.Close()
-		if read == 0 {
+		// Past the records compacted away at the end of what was read: a
+		// cleaned batch keeps its offset range, and a fetch among its
+		// removed records is answered with that batch alone.
+		moved := batch.Offset() > next && next < last && used < budget
+		if moved {
+			next = batch.Offset()
+		}
+		if read == 0 && !moved {
 			if cerr == nil {
 				cerr = ctx.Err()
 			}
