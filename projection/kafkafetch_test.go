@@ -39,12 +39,12 @@ func testKafkaSourceWith(t *testing.T, brokers []string, topic string, position 
 		MaxWait: maxWait, BatchSize: batchSize, Linger: linger,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Bounds: func(ctx context.Context) (int64, int64, error) {
-			conn, err := dialLeader(ctx, &kafka.Dialer{Timeout: 10 * time.Second}, brokers, topic, 0)
+			conn, err := dialLog(ctx, &kafka.Dialer{Timeout: 10 * time.Second}, brokers, topic, 0)
 			if err != nil {
 				return 0, 0, err
 			}
 			defer conn.Close()
-			return conn.ReadOffsets()
+			return conn.bounds(false)
 		},
 		Committed: func(int, int64) {}, Lost: lost, Moved: func(int64) {},
 	}, position, start)
@@ -107,7 +107,9 @@ func TestKafkaSourceDeliversEveryRecordInOrderInBatches(t *testing.T) {
 		}
 	}
 	require.GreaterOrEqual(t, full, 200/7-1, "while behind, batches are full")
-	require.Equal(t, int64(260), s.end())
+	hwm, stable := s.ends()
+	require.Equal(t, int64(260), hwm)
+	require.Equal(t, int64(260), stable, "no transaction: the last stable offset is the high watermark")
 	lag, err := s.Lag(ctx)
 	require.NoError(t, err)
 	require.Zero(t, lag)

@@ -65,6 +65,9 @@ type Projector struct {
 	// testStallWarning, when set by a test before Run, replaces
 	// stallWarning.
 	testStallWarning time.Duration
+	// testOpenTxnLogAfter, when set by a test before Run, replaces
+	// openTxnLogAfter.
+	testOpenTxnLogAfter time.Duration
 }
 
 // New checks cfg and returns a Projector ready to [Projector.Run].
@@ -86,6 +89,7 @@ func New(cfg Config) (*Projector, error) {
 		kafkaOutage:   outage{service: "Kafka", log: cfg.Logger},
 		quarantineLog: sampler{window: 10 * time.Second, burst: 10},
 	}
+	p.book.stable = cfg.Kafka().readCommitted()
 	if cfg.Source == SourceSQS {
 		// Builds the client only (the region and credential chain): the
 		// queue is first asked at Run.
@@ -466,7 +470,7 @@ func (p *Projector) Status() Status {
 		c.HeldJobs += int64(len(ps.Held))
 	}
 	ready := p.Readiness()
-	return Status{
+	st := Status{
 		Topic:      p.cfg.Topic,
 		Group:      p.groupName(),
 		Owner:      p.cfg.Owner,
@@ -478,4 +482,11 @@ func (p *Projector) Status() Status {
 		Source:     p.cfg.Source,
 		SQS:        p.sqsStatus(),
 	}
+	if p.cfg.Source == SourceKafka {
+		st.Isolation, st.LagMeasuredTo = p.cfg.Isolation, lagToHighWatermark
+		if p.book.stable {
+			st.LagMeasuredTo = lagToStable
+		}
+	}
+	return st
 }
