@@ -406,7 +406,9 @@ func TestOpenTransactionHoldsThePartition(t *testing.T) {
 			require.Zero(t, st.Partitions[0].Lag, "waiting on an open transaction is not lag")
 			require.Zero(t, st.Counters.Stalls)
 			require.True(t, p.Readiness().OK, "%+v", p.Readiness())
-			require.Equal(t, 0.0, scrape(t, p)[`projector_partition_lag{partition="0"}`])
+			metrics := scrape(t, p)
+			require.Equal(t, 0.0, metrics[`projector_partition_lag{partition="0"}`])
+			require.Greater(t, metrics[`projector_partition_open_transaction_seconds{partition="0"}`], (2 * stall).Seconds())
 
 			switch end {
 			case "commit":
@@ -434,4 +436,38 @@ func TestOpenTransactionHoldsThePartition(t *testing.T) {
 			require.Zero(t, quarantined)
 		})
 	}
+}
+
+// TestReadUncommittedProjectsAbortedRecords: with Isolation
+// ReadUncommitted the projector reads as it did before it read committed:
+// the records of an aborted transaction and of one still open are
+// projected as they are appended, and the lag is measured to the high
+// watermark. Markers are passed at either level, never quarantined.
+func TestReadUncommittedProjectsAbortedRecords(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, 1)
+	aborts := newTxnProducer(t, r.kafka, r.topic, r.topic+"-a", time.Minute)
+	aborts.begin()
+	aborts.produce(kafkatest.Record{Partition: 0, Key: []byte("aborted"), Value: []byte(snap("aborted", 1, `{}`))})
+	aborts.end(false)
+	r.produce(rec{0, "plain", snap("plain", 1, `{}`)})
+	open := newTxnProducer(t, r.kafka, r.topic, r.topic+"-o", time.Minute)
+	open.begin()
+	open.produce(kafkatest.Record{Partition: 0, Key: []byte("open"), Value: []byte(snap("open", 1, `{}`))})
+
+	run := r.start(r.config(func(c *Config) { c.Isolation = ReadUncommitted }))
+	r.caughtUp(30*time.Second, run)
+	rows := r.rows()
+	require.Contains(t, rows, "aborted")
+	require.Contains(t, rows, "plain")
+	require.Contains(t, rows, "open")
+	st := run.p.Status()
+	require.Equal(t, ReadUncommitted, st.Isolation)
+	require.Equal(t, "high_watermark", st.LagMeasuredTo)
+	require.Nil(t, st.Partitions[0].OpenTransaction, "reading uncommitted, nothing waits on a transaction")
+	open.end(true)
+	r.caughtUp(30*time.Second, run)
+	_, quarantined, err := r.store.Quarantine(context.Background(), 10)
+	require.NoError(t, err)
+	require.Zero(t, quarantined, "a marker was quarantined")
 }
