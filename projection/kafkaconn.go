@@ -46,8 +46,14 @@ const (
 const (
 	fetchMinVersion, fetchMaxVersion     int16 = 4, 11
 	offsetsMinVersion, offsetsMaxVersion int16 = 2, 5
-	logReadBuffer                              = 256 << 10
 )
+
+// logReadBuffer is the read buffer of a log connection, above TLS. A fetch
+// response is read a batch at a time; kafka-go's connection read it
+// through a 4 KiB buffer, about 100,000 read(2) calls for a
+// 2,000,000-event rebuild, and a 256 KiB buffer under it took the
+// rebuild's CPU in system calls from 0.35 s to 0.08 s.
+const logReadBuffer = 256 << 10
 
 // logConn is a connection to the leader of one partition, for reading its
 // log. It is used by one goroutine at a time.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -276,24 +275,22 @@ func (f *partitionFetcher) read(ctx context.Context, conn *logConn, offset int64
 		case ctx.Err() != nil:
 			return offset, answered, ctx.Err()
 		case errors.Is(err, kafka.RequestTimedOut):
-			// Nothing new within maxWait (kafka-go's word for an empty
-			// response), or the broker's own timeout: ask again.
+			// The broker's own timeout: ask again.
 			errs = 0
 			if !f.handOver(ctx) {
 				return offset, answered, ctx.Err()
 			}
 			continue
 		case errors.Is(err, kafka.NotLeaderForPartition), errors.Is(err, kafka.UnknownTopicOrPartition),
-			errors.Is(err, kafka.LeaderNotAvailable), errors.Is(err, kafka.OffsetOutOfRange),
-			errors.Is(err, io.ErrNoProgress):
+			errors.Is(err, kafka.LeaderNotAvailable), errors.Is(err, kafka.OffsetOutOfRange):
 			// A new leader, a topic going away, or an offset the source
-			// decides about; io.ErrNoProgress is a connection kafka-go
-			// found corrupted.
+			// decides about.
 			return offset, answered, err
 		}
 		var kerr kafka.Error
 		if !errors.As(err, &kerr) {
-			// The connection is broken (kafka-go closed it): dial again.
+			// The connection is broken, or an answer did not decode
+			// (the connection is then out of step): dial again.
 			return offset, answered, err
 		}
 		// Any other error code is reported, and asked again after a while.
