@@ -332,13 +332,17 @@ func (w *worker) latestStart(ctx context.Context) (int64, error) {
 	return end, nil
 }
 
+// logBounds reads the partition's first offset and its high watermark: a
+// position up to the high watermark is in the log, also past the last
+// stable offset.
 func (w *worker) logBounds(ctx context.Context) (first, last int64, err error) {
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := dialLeader(dctx, w.dialer, w.cfg.Brokers, w.topic, w.partition)
+	conn, err := dialLog(dctx, w.dialer, w.cfg.Brokers, w.topic, w.partition)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer conn.Close()
-	return conn.ReadOffsets()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	return conn.bounds(false)
 }

@@ -175,12 +175,18 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 			w.databaseAnswered()
 			w.metrics.batch(time.Since(now), len(msgs))
 			w.settle(pl, result, now)
-			if len(msgs) > 0 {
-				w.position = pl.batch.NextOffset
+			moved := pl.batch.NextOffset != w.stored
+			w.storedAt(pl.batch.NextOffset)
+			switch {
+			case len(msgs) > 0:
 				if pl.batch.Last != nil {
 					w.last = pl.batch.Last
 				}
 				w.ack(ctx, msgs)
+			case moved:
+				// Moved without records: the group follows the stored
+				// position all the same.
+				w.committed(w.partition, pl.batch.NextOffset)
 			}
 			return nil
 		}

@@ -26,9 +26,12 @@ type Config struct {
 
 	Brokers []string
 	// TLS and SASL secure every connection to the brokers (see [Kafka]).
-	TLS   *tls.Config
-	SASL  *SASL
-	Topic string
+	TLS  *tls.Config
+	SASL *SASL
+	// Isolation is how records written in Kafka transactions are read:
+	// ReadCommitted (the default) or ReadUncommitted (see [Kafka]).
+	Isolation string
+	Topic     string
 	// Group is the Kafka consumer group. Empty: the group the projection
 	// recorded when it first ran, or [DefaultGroup] for a new projection
 	// ([LegacyGroup] for one that ran before groups were recorded). A group
@@ -132,7 +135,9 @@ type Config struct {
 }
 
 // Kafka is the broker settings of c.
-func (c Config) Kafka() Kafka { return Kafka{Brokers: c.Brokers, TLS: c.TLS, SASL: c.SASL} }
+func (c Config) Kafka() Kafka {
+	return Kafka{Brokers: c.Brokers, TLS: c.TLS, SASL: c.SASL, Isolation: c.Isolation}
+}
 
 // Sources of records.
 const (
@@ -157,6 +162,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Start == "" {
 		c.Start = "earliest"
+	}
+	if c.Isolation == "" {
+		c.Isolation = ReadCommitted
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = 5000
@@ -281,6 +289,9 @@ func (c Config) Validate() error {
 	}
 	if c.Start != "earliest" && c.Start != "latest" {
 		errs = append(errs, fmt.Errorf("start: %q is not earliest or latest", c.Start))
+	}
+	if err := validIsolation(c.Isolation); err != nil {
+		errs = append(errs, err)
 	}
 	if c.BatchSize < 1 || c.BatchSize > 1_000_000 {
 		errs = append(errs, fmt.Errorf("batch-size: %d is outside 1..1000000", c.BatchSize))

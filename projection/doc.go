@@ -7,7 +7,10 @@
 // through the same version rules, outside any partition.
 //
 // A worker's records flow through one file per stage: source.go (the
-// [Source] interface; kafkasource.go and sqssource.go implement it),
+// [Source] interface; kafkasource.go and sqssource.go implement it; a
+// Kafka partition is read by kafkafetch.go over kafkaconn.go, whose fetch
+// answers kafkaresponse.go and kafkadecode.go read as a consumer with
+// [Config.Isolation] does),
 // worker.go (the loop and its dependencies), claim.go (claim a partition,
 // restore its held deltas), fetch.go, plan.go (records and gap resolutions
 // into one transaction's writes), commit.go (apply, settle the cache, the
@@ -15,8 +18,10 @@
 // PostgreSQL refuses for its data). sqsrun.go is the queue's loop, which
 // has no claim.
 //
-// It is the only package that imports kafka-go. It must never move a
-// partition's position past work that is not durably done, never write a
+// It is the only package that imports kafka-go. It must never hand a
+// transaction's marker over as a record, nor, reading committed, a record
+// of an aborted transaction or one past the last stable offset; never move
+// a partition's position past work that is not durably done, never write a
 // Kafka partition without the fencing epoch it claimed (a queue's batches
 // are unfenced: the conditional writes alone arbitrate), never acknowledge
 // a batch before its transaction committed, and never commit a Kafka group

@@ -246,7 +246,7 @@ func (p *Projector) watchBrokers(ctx context.Context) {
 	for {
 		b.now()
 		hctx, cancel := context.WithTimeout(ctx, brokerPollEvery)
-		hwm, err := p.kafka.highWatermarks(hctx, p.cfg.Topic)
+		ends, err := p.kafka.logEnds(hctx, p.cfg.Topic)
 		cancel()
 		switch {
 		case ctx.Err() != nil:
@@ -259,7 +259,7 @@ func (p *Projector) watchBrokers(ctx context.Context) {
 		default:
 			p.health.topic.Store(topicExists)
 			p.sourceOutage.ok()
-			p.book.setHighWatermarks(hwm)
+			p.book.setEnds(ends)
 		}
 		// Within half a poll of the interval: polls drift by a few
 		// milliseconds, and a strict test would log every 15 s instead.

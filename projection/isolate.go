@@ -183,7 +183,7 @@ func (w *worker) applyApart(ctx context.Context, msgs []Record, res []gapfill.Re
 	}
 	w.settle(pl, result, now)
 	if len(msgs) > 0 {
-		w.position = pl.batch.NextOffset
+		w.storedAt(pl.batch.NextOffset)
 		if pl.batch.Last != nil {
 			w.last = pl.batch.Last
 		}
@@ -196,7 +196,7 @@ func (w *worker) applyApart(ctx context.Context, msgs []Record, res []gapfill.Re
 // refusal and moves the position past it.
 func (w *worker) quarantineRecord(ctx context.Context, m Record, cause error) error {
 	w.log.Warn("record refused by PostgreSQL; quarantined", "offset", m.Coord.Offset, "err", store.Refusal(cause))
-	bad := w.newBatch(m.Coord.Offset+1, m)
+	bad := w.newBatch(m.next(), m)
 	bad.Bad = []store.Bad{{Partition: -1, Offset: m.Coord.Offset, Key: m.Key, Value: m.Value, Err: store.Refusal(cause), Coordinate: m.Coord.sqs()}}
 	actx, cancel := w.applyContext(ctx)
 	defer cancel()
@@ -207,7 +207,7 @@ func (w *worker) quarantineRecord(ctx context.Context, m Record, cause error) er
 		return fmt.Errorf("projection: quarantine offset %d: %w", m.Coord.Offset, err)
 	}
 	w.counters.add(tally{consumed: 1, quarantined: 1})
-	w.position = m.Coord.Offset + 1
+	w.storedAt(m.next())
 	w.ack(ctx, []Record{m})
 	return w.restoreAfterIsolate(ctx)
 }

@@ -29,6 +29,37 @@ type Kafka struct {
 	TLS *tls.Config
 	// SASL, when not nil, authenticates every connection.
 	SASL *SASL
+	// Isolation is how records written in transactions are read:
+	// ReadCommitted (also when empty) or ReadUncommitted. Where a log
+	// ends for lag, for a rebuild's target, for `--to latest`, is where a
+	// reader at this level reads to: the last stable offset reading
+	// committed, the high watermark otherwise.
+	Isolation string
+}
+
+// Isolation levels: how records written in Kafka transactions are read.
+const (
+	// ReadCommitted reads as a Java consumer with
+	// isolation.level=read_committed: a transaction's records once it has
+	// committed, never those of an aborted one, and nothing past the last
+	// stable offset (the first offset of the oldest transaction still
+	// open, the high watermark with none).
+	ReadCommitted = "read_committed"
+	// ReadUncommitted reads every record as it is appended: those of
+	// transactions still open, and of aborted ones, too.
+	ReadUncommitted = "read_uncommitted"
+)
+
+// readCommitted reports whether k reads committed.
+func (k Kafka) readCommitted() bool { return k.Isolation != ReadUncommitted }
+
+// validIsolation says what is wrong with an isolation level.
+func validIsolation(iso string) error {
+	switch iso {
+	case "", ReadCommitted, ReadUncommitted:
+		return nil
+	}
+	return fmt.Errorf("isolation: %q is not %s or %s", iso, ReadCommitted, ReadUncommitted)
 }
 
 // SASL mechanisms the projector speaks.
@@ -121,6 +152,9 @@ func (k Kafka) Validate() error {
 		}
 	}
 	if err := k.SASL.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := validIsolation(k.Isolation); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -239,9 +273,23 @@ func (k Kafka) authError(err error) *AuthError {
 	return ae
 }
 
-// HighWatermarks asks the brokers for the end offset of every partition of
-// topic, for lag reporting.
-func HighWatermarks(ctx context.Context, k Kafka, topic string) (map[int]int64, error) {
+// LogEnd is where a partition's log ends.
+type LogEnd struct {
+	// HighWatermark is the offset the next record appended gets.
+	HighWatermark int64
+	// LastStable is the last stable offset: below it every transaction
+	// has committed or aborted. It is the first offset of the oldest
+	// transaction still open, the high watermark with none.
+	LastStable int64
+	// End is where a reader at the isolation level asked reads to, and
+	// lag is measured to: LastStable reading committed, HighWatermark
+	// reading uncommitted.
+	End int64
+}
+
+// LogEnds asks the brokers where the log of every partition of topic
+// ends, for lag reporting and for where reading is complete.
+func LogEnds(ctx context.Context, k Kafka, topic string) (map[int]LogEnd, error) {
 	c, err := k.clients()
 	if err != nil {
 		return nil, err
@@ -250,7 +298,7 @@ func HighWatermarks(ctx context.Context, k Kafka, topic string) (map[int]int64, 
 	// One round of probes first, so that a broker that does not answer
 	// is avoided (status and rebuild run no probes of their own).
 	c.watch.round(ctx)
-	return c.highWatermarks(ctx, topic)
+	return c.logEnds(ctx, topic)
 }
 
 // LogStarts asks the brokers where the logs of partitions of topic begin
@@ -324,16 +372,46 @@ func (c *kafkaClients) partitions(ctx context.Context, topic string) ([]int, err
 	return nil, fmt.Errorf("projection: topic %q: %w", topic, errTopicMissing)
 }
 
-func (c *kafkaClients) highWatermarks(ctx context.Context, topic string) (map[int]int64, error) {
+// logEnds reads the high watermarks and the last stable offsets of
+// topic's partitions: two requests per leader, since a partition may be
+// asked once per request.
+func (c *kafkaClients) logEnds(ctx context.Context, topic string) (map[int]LogEnd, error) {
 	ids, err := c.partitions(ctx, topic)
 	if err != nil {
 		return nil, err
 	}
+	hwm, err := c.lastOffsets(ctx, topic, ids, kafka.ReadUncommitted)
+	if err != nil {
+		return nil, err
+	}
+	stable, err := c.lastOffsets(ctx, topic, ids, kafka.ReadCommitted)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int]LogEnd, len(hwm))
+	for id, h := range hwm {
+		s, ok := stable[id]
+		if !ok {
+			s = h
+		}
+		e := LogEnd{HighWatermark: h, LastStable: s, End: h}
+		if c.k.readCommitted() {
+			e.End = s
+		}
+		out[id] = e
+	}
+	return out, nil
+}
+
+// lastOffsets lists the latest offsets of partitions ids of topic at an
+// isolation level: their high watermarks reading uncommitted, their last
+// stable offsets reading committed.
+func (c *kafkaClients) lastOffsets(ctx context.Context, topic string, ids []int, iso kafka.IsolationLevel) (map[int]int64, error) {
 	reqs := make([]kafka.OffsetRequest, len(ids))
 	for i, id := range ids {
 		reqs[i] = kafka.LastOffsetOf(id)
 	}
-	res, err := c.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
+	res, err := c.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}, IsolationLevel: iso})
 	if err != nil {
 		if ae := c.k.authError(err); ae != nil {
 			return nil, ae

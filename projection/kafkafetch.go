@@ -1,13 +1,10 @@
 package projection
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"sync/atomic"
 	"time"
 
@@ -33,10 +30,19 @@ const (
 )
 
 // fetched is what a [partitionFetcher] hands over: records in offset
-// order, or an error.
+// order, with where the log goes on after them, or an error.
 type fetched struct {
 	recs []Record
-	err  error
+	// next is where reading goes on: past the chunk's last record, and
+	// past the offsets after it that hold nothing to hand over
+	// (transaction markers, records of aborted transactions, records
+	// compacted away). A chunk may hold no record and only move next.
+	next int64
+	// first, in the first chunk after the fetcher started, is the offset
+	// of the first entry of the log it found at or after its start (a
+	// record, handed over or not, or a marker); -1 in the others.
+	first int64
+	err   error
 }
 
 // fetcherConfig is what a [partitionFetcher] reads and how.
@@ -49,15 +55,23 @@ type fetcherConfig struct {
 	maxWait time.Duration
 	// chunk is the most records handed over at once: the batch size.
 	chunk int
-	log   *slog.Logger
+	// readCommitted reads committed: nothing past the last stable
+	// offset, no record of an aborted transaction.
+	readCommitted bool
+	log           *slog.Logger
 }
 
 // partitionFetcher reads one partition from its leader in the background,
-// whole fetch responses over a [kafka.Conn], and hands the records over a
+// whole fetch responses over a [logConn], and hands the records over a
 // chunk at a time on out. It replaces kafka-go's Reader, which hands each
 // message over on a channel and sets a read deadline per message: about a
 // fifth of the CPU of a rebuild went there. Here a channel operation moves
 // a chunk, and the read deadline is set once per fetch.
+//
+// It reads as cfg.readCommitted says ([logFetch]); each chunk says where the
+// log goes on after it, and a chunk with no records says that reading
+// passed offsets that hold none (a transaction's markers, an aborted
+// transaction), so that the position moves past them.
 //
 // While the partition is behind, a chunk is a whole batch; at the
 // partition's end it is what was read. A full chunk waits for the source
@@ -74,23 +88,32 @@ type fetcherConfig struct {
 type partitionFetcher struct {
 	cfg fetcherConfig
 	out chan fetched
-	// hwm is the partition's end as last answered by a fetch.
-	hwm    atomic.Int64
-	cancel context.CancelFunc
-	done   chan struct{}
+	// hwm and stable are the partition's end and its last stable offset
+	// as last answered by a fetch.
+	hwm, stable atomic.Int64
+	cancel      context.CancelFunc
+	done        chan struct{}
 
-	// pending is the chunk being filled, and lastLen the length of the
-	// last one handed over, which sizes the next: growing a chunk to a
-	// whole batch copied each record about twice (run goroutine only).
-	pending []Record
-	lastLen int
+	// The run goroutine's own: pending is the chunk being filled, and
+	// lastLen the length of the last one handed over, which sizes the
+	// next (growing a chunk to a whole batch copied each record about
+	// twice); next is where the log goes on after what was read, handed
+	// where it went on after the last chunk handed over; first is the
+	// first entry read at or after the start, until the first chunk
+	// reports it.
+	pending  []Record
+	lastLen  int
+	next     int64
+	handed   int64
+	first    int64
+	reported bool
 }
 
 // startPartitionFetcher starts reading at offset, an offset or
 // kafka.FirstOffset or kafka.LastOffset.
 func startPartitionFetcher(cfg fetcherConfig, offset int64) *partitionFetcher {
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &partitionFetcher{cfg: cfg, out: make(chan fetched), cancel: cancel, done: make(chan struct{})}
+	f := &partitionFetcher{cfg: cfg, out: make(chan fetched), cancel: cancel, done: make(chan struct{}), first: -1}
 	go f.run(ctx, offset)
 	return f
 }
@@ -105,6 +128,7 @@ func (f *partitionFetcher) stop() {
 func (f *partitionFetcher) run(ctx context.Context, offset int64) {
 	defer close(f.done)
 	stalled := 0 // connections in a row that read nothing before failing
+	connected := false
 	for attempt := 0; ; attempt++ {
 		// What was read is handed over before waiting to connect again.
 		if attempt > 0 && (!f.handOver(ctx) || !f.pause(ctx, attempt)) {
@@ -132,6 +156,11 @@ func (f *partitionFetcher) run(ctx context.Context, offset int64) {
 		}
 		// Connected: a failure from now on starts the backoff again.
 		attempt = 0
+		if !connected {
+			// Where the start offset was resolved (the log start, or
+			// its end) is where the handing over starts.
+			connected, f.next, f.handed = true, start, start
+		}
 		var answered bool
 		offset, answered, err = f.read(ctx, conn, start)
 		release()
@@ -167,13 +196,12 @@ func (f *partitionFetcher) run(ctx context.Context, offset int64) {
 // (its TLS and SASL), and resolves offset against the partition's bounds.
 // release closes the connection; it is also closed when ctx ends, so that
 // a read in progress returns.
-func (f *partitionFetcher) connect(ctx context.Context, offset int64) (conn *kafka.Conn, release func(), start int64, err error) {
+func (f *partitionFetcher) connect(ctx context.Context, offset int64) (conn *logConn, release func(), start int64, err error) {
 	cfg := f.cfg
-	// Bounded: kafka-go looks the leader up on a connection without a
-	// deadline, and a broker that accepts it and then says nothing would
-	// hold the partition for ever.
+	// Bounded: a broker that accepts the connection and then says nothing
+	// would hold the partition for ever.
 	dctx, cancel := context.WithTimeout(ctx, 2*fetchReadTimeout)
-	conn, err = dialLeader(dctx, cfg.dialer, cfg.brokers, cfg.topic, cfg.partition)
+	conn, err = dialLog(dctx, cfg.dialer, cfg.brokers, cfg.topic, cfg.partition)
 	cancel()
 	if err != nil {
 		return nil, nil, 0, err
@@ -184,7 +212,15 @@ func (f *partitionFetcher) connect(ctx context.Context, offset int64) (conn *kaf
 		conn.Close()
 	}
 	_ = conn.SetDeadline(time.Now().Add(fetchReadTimeout))
-	first, last, err := conn.ReadOffsets()
+	// A position up to the high watermark is in the log, also past the
+	// last stable offset: it is read once the transactions before it end.
+	first, last, err := conn.bounds(false)
+	if err == nil && offset == kafka.LastOffset && cfg.readCommitted {
+		// The latest a read-committed reader starts at is the last
+		// stable offset: what an open transaction wrote is read once it
+		// commits.
+		last, err = conn.offset(kafka.LastOffset, true)
+	}
 	if err != nil {
 		release()
 		return nil, nil, 0, fmt.Errorf("offsets of %s/%d: %w", cfg.topic, cfg.partition, err)
@@ -207,7 +243,7 @@ func (f *partitionFetcher) connect(ctx context.Context, offset int64) (conn *kaf
 // read fetches from conn from offset on until the connection must be
 // replaced (the error says why) or ctx ends; it returns the offset to go
 // on from, and whether any fetch on conn was answered.
-func (f *partitionFetcher) read(ctx context.Context, conn *kafka.Conn, offset int64) (int64, bool, error) {
+func (f *partitionFetcher) read(ctx context.Context, conn *logConn, offset int64) (int64, bool, error) {
 	errs := 0
 	answered := false // a fetch on conn was answered
 	for {
@@ -217,48 +253,44 @@ func (f *partitionFetcher) read(ctx context.Context, conn *kafka.Conn, offset in
 				return offset, answered, ctx.Err()
 			}
 		}
-		next, hwm, read, err := f.fetch(ctx, conn, offset)
+		next, end, read, err := f.fetch(ctx, conn, offset)
 		offset = next
 		if err == nil || errors.Is(err, kafka.RequestTimedOut) {
 			// The connection works: a failure after this is not one in
 			// a row with those before it.
 			answered = true
 		}
-		if (err == nil || errors.Is(err, kafka.RequestTimedOut)) && hwm > f.hwm.Load() {
-			f.hwm.Store(hwm)
-		}
 		switch {
 		case err == nil:
 			errs = 0
-			// At the partition's end, what was read goes at once rather
-			// than wait for a whole batch; so it does after a response
-			// without records (transaction markers before the end), lest
-			// it wait for records that are not coming.
-			if (offset >= hwm || read == 0) && !f.handOver(ctx) {
+			// At the partition's end (the last stable offset, reading
+			// committed), what was read goes at once rather than wait
+			// for a whole batch; so it does after a response without
+			// records (transaction markers, an aborted transaction),
+			// lest it wait for records that are not coming.
+			if (offset >= end || read == 0) && !f.handOver(ctx) {
 				return offset, answered, ctx.Err()
 			}
 			continue
 		case ctx.Err() != nil:
 			return offset, answered, ctx.Err()
 		case errors.Is(err, kafka.RequestTimedOut):
-			// Nothing new within maxWait (kafka-go's word for an empty
-			// response), or the broker's own timeout: ask again.
+			// The broker's own timeout: ask again.
 			errs = 0
 			if !f.handOver(ctx) {
 				return offset, answered, ctx.Err()
 			}
 			continue
 		case errors.Is(err, kafka.NotLeaderForPartition), errors.Is(err, kafka.UnknownTopicOrPartition),
-			errors.Is(err, kafka.LeaderNotAvailable), errors.Is(err, kafka.OffsetOutOfRange),
-			errors.Is(err, io.ErrNoProgress):
+			errors.Is(err, kafka.LeaderNotAvailable), errors.Is(err, kafka.OffsetOutOfRange):
 			// A new leader, a topic going away, or an offset the source
-			// decides about; io.ErrNoProgress is a connection kafka-go
-			// found corrupted.
+			// decides about.
 			return offset, answered, err
 		}
 		var kerr kafka.Error
 		if !errors.As(err, &kerr) {
-			// The connection is broken (kafka-go closed it): dial again.
+			// The connection is broken, or an answer did not decode
+			// (the connection is then out of step): dial again.
 			return offset, answered, err
 		}
 		// Any other error code is reported, and asked again after a while.
@@ -271,36 +303,42 @@ func (f *partitionFetcher) read(ctx context.Context, conn *kafka.Conn, offset in
 
 // fetch reads one fetch response from offset into the pending chunk,
 // handing each full chunk over as it fills. It returns the offset to
-// fetch next, the partition's end as the response gave it, and how many
-// records it read.
-func (f *partitionFetcher) fetch(ctx context.Context, conn *kafka.Conn, offset int64) (next, hwm int64, read int, err error) {
+// fetch next, the partition's end for this reader as the response gave it
+// (its last stable offset reading committed, else its high watermark),
+// and how many records it read.
+func (f *partitionFetcher) fetch(ctx context.Context, conn *logConn, offset int64) (next, end int64, read int, err error) {
 	// One deadline for the whole fetch: the broker holds it up to maxWait,
 	// then the response has fetchReadTimeout to arrive and be read.
 	_ = conn.SetReadDeadline(time.Now().Add(f.cfg.maxWait + fetchReadTimeout))
-	if _, err := conn.Seek(offset, kafka.SeekAbsolute|kafka.SeekDontCheck); err != nil {
+	lf, err := conn.fetch(offset, fetchMaxBytes, f.cfg.maxWait, f.cfg.readCommitted)
+	if err != nil {
 		return offset, 0, 0, err
 	}
-	batch := conn.ReadBatchWith(kafka.ReadBatchConfig{MinBytes: 1, MaxBytes: fetchMaxBytes, MaxWait: f.cfg.maxWait})
-	hwm = batch.HighWaterMark()
+	end = lf.HighWatermark
+	if f.cfg.readCommitted {
+		end = lf.LastStable
+	}
+	if lf.HighWatermark > f.hwm.Load() {
+		f.hwm.Store(lf.HighWatermark)
+	}
+	if lf.LastStable > f.stable.Load() {
+		f.stable.Store(lf.LastStable)
+	}
 	for {
-		// ReadMessage allocates each key and value: a record never aliases
-		// a buffer the connection reuses.
-		m, err := batch.ReadMessage()
-		if err != nil {
-			// io.EOF ends the response (Close returns nil for it).
+		m, ok, rerr := lf.Next()
+		f.note(lf)
+		if rerr != nil {
+			err = rerr
 			break
 		}
-		if m.Offset < offset {
-			// A compressed record batch starts before the offset asked
-			// for; kafka-go skips those records already, this is a guard.
-			continue
+		if !ok {
+			break
 		}
-		offset = m.Offset + 1
 		read++
 		if f.pending == nil {
 			f.pending = make([]Record, 0, min(max(f.lastLen, 64), f.cfg.chunk))
 		}
-		f.pending = append(f.pending, Record{Key: m.Key, Value: m.Value, Time: m.Time, Coord: Coord{Partition: f.cfg.partition, Offset: m.Offset}})
+		f.pending = append(f.pending, m)
 		if len(f.pending) >= f.cfg.chunk {
 			if !f.handOver(ctx) {
 				break
@@ -310,21 +348,41 @@ func (f *partitionFetcher) fetch(ctx context.Context, conn *kafka.Conn, offset i
 			_ = conn.SetReadDeadline(time.Now().Add(fetchReadTimeout))
 		}
 	}
-	err = batch.Close()
-	// The batch's offset is past the records read, and past records
-	// compacted away at the end of the response.
-	return max(offset, batch.Offset()), hwm, read, err
+	if cerr := lf.Close(); err == nil {
+		err = cerr
+	}
+	// Past the records read, and past what the response passed after
+	// them: markers, aborted transactions, records compacted away.
+	return max(offset, f.next), end, read, err
+}
+
+// note records how far lf read, and the first entry it found.
+func (f *partitionFetcher) note(lf *logFetch) {
+	f.next = max(f.next, lf.next)
+	if f.first < 0 && !f.reported {
+		f.first = lf.first
+	}
 }
 
 // handOver hands the pending chunk to the source, waiting for it to take
-// it; false when ctx ended first.
+// it: its records, or only where the log goes on when reading passed
+// offsets that hold none since the last chunk. False when ctx ended first.
 func (f *partitionFetcher) handOver(ctx context.Context) bool {
-	if len(f.pending) == 0 {
+	if len(f.pending) == 0 && f.next <= f.handed {
 		return true
 	}
+	c := fetched{recs: f.pending, next: f.next, first: -1}
+	if !f.reported {
+		c.first = f.first
+		if c.first < 0 {
+			// Only offsets whose records were compacted away: the first
+			// entry is past them.
+			c.first = f.next
+		}
+	}
 	select {
-	case f.out <- fetched{recs: f.pending}:
-		f.lastLen, f.pending = len(f.pending), nil
+	case f.out <- c:
+		f.lastLen, f.pending, f.handed, f.reported = len(f.pending), nil, f.next, true
 		return true
 	case <-ctx.Done():
 		return false
@@ -354,41 +412,3 @@ func (f *partitionFetcher) pause(ctx context.Context, failures int) bool {
 func (f *partitionFetcher) debug(msg string, args ...any) {
 	f.cfg.log.Debug("kafka: "+msg, append([]any{"topic", f.cfg.topic, "partition", f.cfg.partition}, args...)...)
 }
-
-// fetchReadBuffer is the read buffer under a fetcher's connection.
-// kafka-go's connection reads through a 4 KiB buffer, and a fetch response
-// is read a record's key and value at a time: one read(2) per 4 KiB, about
-// 100,000 of them for a 2,000,000-event rebuild. Under it, this buffer
-// reads what the socket holds, up to 256 KiB at a time: the rebuild's CPU
-// in system calls went from 0.35 s to 0.08 s.
-const fetchReadBuffer = 256 << 10
-
-// bufferedDialer returns a copy of d whose connections read through a
-// buffer of fetchReadBuffer bytes (under TLS, when d has it, so records
-// are buffered encrypted).
-func bufferedDialer(d *kafka.Dialer) *kafka.Dialer {
-	b := *d
-	dial := d.DialFunc
-	if dial == nil {
-		dial = (&net.Dialer{
-			LocalAddr: d.LocalAddr, DualStack: d.DualStack,
-			FallbackDelay: d.FallbackDelay, KeepAlive: d.KeepAlive,
-		}).DialContext
-	}
-	b.DialFunc = func(ctx context.Context, network, address string) (net.Conn, error) {
-		c, err := dial(ctx, network, address)
-		if err != nil {
-			return nil, err
-		}
-		return &bufferedConn{Conn: c, r: bufio.NewReaderSize(c, fetchReadBuffer)}, nil
-	}
-	return &b
-}
-
-// bufferedConn is a connection whose reads go through r.
-type bufferedConn struct {
-	net.Conn
-	r *bufio.Reader
-}
-
-func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }

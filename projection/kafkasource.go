@@ -38,7 +38,8 @@ type kafkaSource struct {
 	// lost counts records deleted from the log before they were read.
 	lost *atomic.Int64
 	// moved tells the worker its position moved without a batch: records
-	// below the log start were deleted before they were read.
+	// below the log start were deleted before they were read, or reading
+	// passed offsets that hold nothing to deliver.
 	moved func(next int64)
 	// newLog is [kafkaSourceConfig.NewLog].
 	newLog func(ctx context.Context, position int64) (int64, error)
@@ -48,8 +49,11 @@ type kafkaSource struct {
 	// was (re)positioned there.
 	position          int64
 	readSincePosition bool
-	// hwm is the partition's end as last seen by a fetch.
-	hwm int64
+	// hwm and stable are the partition's end and its last stable offset
+	// as last seen by a fetch.
+	hwm, stable int64
+	// readCommitted reads committed (see [fetcherConfig]).
+	readCommitted bool
 }
 
 // kafkaSourceConfig is what [openKafkaSource] needs.
@@ -58,14 +62,17 @@ type kafkaSourceConfig struct {
 	Topic     string
 	Partition int
 	Dialer    *kafka.Dialer
-	MaxWait   time.Duration
-	BatchSize int
-	Linger    time.Duration
-	Log       *slog.Logger
-	Bounds    func(ctx context.Context) (first, last int64, err error)
-	Committed func(partition int, next int64)
-	Lost      *atomic.Int64
-	Moved     func(next int64)
+	// ReadCommitted reads committed: nothing past the last stable offset,
+	// no record of an aborted transaction.
+	ReadCommitted bool
+	MaxWait       time.Duration
+	BatchSize     int
+	Linger        time.Duration
+	Log           *slog.Logger
+	Bounds        func(ctx context.Context) (first, last int64, err error)
+	Committed     func(partition int, next int64)
+	Lost          *atomic.Int64
+	Moved         func(next int64)
 	// NewLog is told the position is past the log's end; it returns where
 	// reading goes on (the position itself to wait).
 	NewLog func(ctx context.Context, position int64) (int64, error)
@@ -84,12 +91,12 @@ func openKafkaSource(c kafkaSourceConfig, position, start int64) (*kafkaSource, 
 		batchSize: c.BatchSize, linger: c.Linger,
 		newFetcher: func(offset int64) *partitionFetcher {
 			return startPartitionFetcher(fetcherConfig{
-				dialer: bufferedDialer(c.Dialer), brokers: c.Brokers, topic: c.Topic, partition: c.Partition,
-				maxWait: c.MaxWait, chunk: c.BatchSize, log: c.Log,
+				dialer: c.Dialer, brokers: c.Brokers, topic: c.Topic, partition: c.Partition,
+				maxWait: c.MaxWait, chunk: c.BatchSize, readCommitted: c.ReadCommitted, log: c.Log,
 			}, offset)
 		},
 		bounds: c.Bounds, committed: c.Committed, lost: c.Lost, moved: c.Moved, newLog: c.NewLog,
-		position: position,
+		position: position, readCommitted: c.ReadCommitted,
 	}
 	s.fetcher = s.newFetcher(start)
 	return s, nil
@@ -118,17 +125,27 @@ func (s *kafkaSource) Fetch(ctx context.Context, wait time.Duration) ([]Record, 
 		}
 		return nil, fmt.Errorf("fetch %s/%d: %w", s.topic, s.partition, c.err)
 	}
-	recs := c.recs
-	if first := recs[0].Coord.Offset; s.position >= 0 && first > s.position && !s.readSincePosition {
-		// The first record after the stored position is further on: the
+	if c.first >= 0 && s.position >= 0 && c.first > s.position && !s.readSincePosition {
+		// The first entry after the stored position is further on: the
 		// records between were compacted away before this projection read
 		// them (a position below the log start comes back as out of range
 		// instead: see [kafkaSource.outOfRange]). Say so.
 		s.log.Error("records between the stored position and the first record read were never delivered: deleted from the log (retention or compaction) before they were read",
-			"position", s.position, "first_read", first, "lost_records", first-s.position)
-		s.lost.Add(first - s.position)
+			"position", s.position, "first_read", c.first, "lost_records", c.first-s.position)
+		s.lost.Add(c.first - s.position)
 	}
 	s.readSincePosition = true
+	if len(c.recs) == 0 {
+		// Reading passed offsets that hold nothing to deliver, with no
+		// record after them yet: the position moves past them.
+		if c.next > s.position {
+			s.position = c.next
+			s.moved(c.next)
+		}
+		return nil, nil
+	}
+	recs := c.recs
+	carrySkipped(recs, c.next)
 	if len(recs) < s.batchSize {
 		until := time.Now().Add(s.linger)
 		for len(recs) < s.batchSize {
@@ -143,9 +160,17 @@ func (s *kafkaSource) Fetch(ctx context.Context, wait time.Duration) ([]Record, 
 			// recs is the fetcher's chunk, ours now: appending to it
 			// reuses its spare room before growing.
 			recs = append(recs, c.recs...)
+			carrySkipped(recs, c.next)
 		}
 	}
 	return recs, nil
+}
+
+// carrySkipped gives the last of recs the offsets passed after it, up to
+// next.
+func carrySkipped(recs []Record, next int64) {
+	last := &recs[len(recs)-1]
+	last.Skipped = max(next-last.Coord.Offset-1, 0)
 }
 
 // receive returns what the fetcher handed over: what the last Fetch held
@@ -182,7 +207,7 @@ func (s *kafkaSource) Ack(_ context.Context, recs []Record) error {
 	if len(recs) == 0 {
 		return nil
 	}
-	next := recs[len(recs)-1].Coord.Offset + 1
+	next := recs[len(recs)-1].next()
 	s.position = next
 	s.committed(s.partition, next)
 	return nil
@@ -192,20 +217,27 @@ func (s *kafkaSource) Ack(_ context.Context, recs []Record) error {
 // fenced owner.
 func (s *kafkaSource) Ordered() bool { return true }
 
-// Lag implements [Source], from the partition's end as last fetched.
+// Lag implements [Source], from the partition's end as last fetched: its
+// last stable offset reading committed, else its high watermark.
 func (s *kafkaSource) Lag(context.Context) (int64, error) {
-	hwm := s.end()
-	if s.position < 0 {
-		return hwm, nil
+	hwm, stable := s.ends()
+	end := hwm
+	if s.readCommitted {
+		end = stable
 	}
-	return max(hwm-s.position, 0), nil
+	if s.position < 0 {
+		return end, nil
+	}
+	return max(end-s.position, 0), nil
 }
 
-// end is the partition's end as last seen by a fetch, for the status. It
-// never goes back, not even across a restart of the fetcher.
-func (s *kafkaSource) end() int64 {
+// ends is the partition's high watermark and last stable offset as last
+// seen by a fetch, for the status. They never go back, not even across a
+// restart of the fetcher.
+func (s *kafkaSource) ends() (hwm, stable int64) {
 	s.hwm = max(s.hwm, s.fetcher.hwm.Load())
-	return s.hwm
+	s.stable = max(s.stable, s.fetcher.stable.Load())
+	return s.hwm, s.stable
 }
 
 // Close implements [Source]: it stops the fetcher, a fetch in flight

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/projector/projector/store"
 )
@@ -80,7 +79,7 @@ func (w *worker) compareLog(ctx context.Context, position int64, mark *store.Log
 		switch {
 		case err != nil:
 			return keep, err
-		case m.Offset != mark.Offset:
+		case m.Coord.Offset != mark.Offset:
 			// Compacted away: nothing to compare.
 			marked = "compacted away"
 		case recordHash(m.Key, m.Value, m.Time) != mark.Hash:
@@ -105,26 +104,30 @@ func (w *worker) compareLog(ctx context.Context, position int64, mark *store.Log
 }
 
 // recordAt reads the record at offset, or the first after it when it is
-// gone (compaction).
-func (w *worker) recordAt(ctx context.Context, offset int64) (kafka.Message, error) {
+// gone (compaction). It reads uncommitted: a record read before is there
+// whatever became of its transaction.
+func (w *worker) recordAt(ctx context.Context, offset int64) (Record, error) {
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := dialLeader(dctx, w.dialer, w.cfg.Brokers, w.topic, w.partition)
+	conn, err := dialLog(dctx, w.dialer, w.cfg.Brokers, w.topic, w.partition)
 	if err != nil {
-		return kafka.Message{}, err
+		return Record{}, err
 	}
 	defer conn.Close()
 	stop := context.AfterFunc(dctx, func() { conn.Close() })
 	defer stop()
-	if _, err := conn.Seek(offset, kafka.SeekAbsolute); err != nil {
-		return kafka.Message{}, err
-	}
-	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	b := conn.ReadBatch(1, 1<<20)
-	m, err := b.ReadMessage()
-	_ = b.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	lf, err := conn.fetch(offset, 1<<20, 100*time.Millisecond, false)
 	if err != nil {
-		return kafka.Message{}, fmt.Errorf("read %s/%d at %d: %w", w.topic, w.partition, offset, err)
+		return Record{}, fmt.Errorf("read %s/%d at %d: %w", w.topic, w.partition, offset, err)
+	}
+	defer lf.Close()
+	m, ok, err := lf.Next()
+	switch {
+	case err != nil:
+		return Record{}, fmt.Errorf("read %s/%d at %d: %w", w.topic, w.partition, offset, err)
+	case !ok:
+		return Record{}, fmt.Errorf("read %s/%d at %d: no record", w.topic, w.partition, offset)
 	}
 	return m, nil
 }
@@ -181,12 +184,13 @@ func (w *worker) moveToLog(ctx context.Context, position int64, v logVerdict) (i
 	if !v.newLog {
 		w.log.Error("the partition's log ends before the stored position but still holds the records read: it was truncated (an unclean leader election?); reading on from its end",
 			"stored_position", position, "log_end", v.next, "why", v.why)
-		w.position = v.next
+		w.storedAt(v.next)
 		return v.next, nil
 	}
 	w.counters.newLogs.Add(1)
 	w.log.Error("the partition's log is not the one its position was read from (was the topic deleted and recreated?): reading the new log from its start, so none of its records is skipped; what was applied before comes back as duplicate or stale. `projector reset-positions` chooses otherwise",
 		"why", v.why, "stored_position", position, "new_position", v.next, "new_logs", resets)
-	w.position, w.last = v.next, nil
+	w.storedAt(v.next)
+	w.last = nil
 	return v.next, nil
 }

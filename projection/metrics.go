@@ -121,7 +121,10 @@ var (
 	descOldestHeld = prometheus.NewDesc("projector_oldest_held_seconds",
 		"Age of the oldest hold on this instance's partitions; 0 when nothing is held.", nil, nil)
 	descLag = prometheus.NewDesc("projector_partition_lag",
-		"Records between the stored position and the broker's high watermark, read at least every 5 s.",
+		"Records between the stored position and where this instance can read to, read at least every 5 s: the last stable offset with --kafka-isolation read_committed (a transaction still open is waited on, not lag), the high watermark with read_uncommitted.",
+		[]string{"partition"}, nil)
+	descOpenTxn = prometheus.NewDesc("projector_partition_open_transaction_seconds",
+		"How long the partition has waited on a transaction still open (read_committed: every record before it is projected, the rest waits until it commits or is aborted); 0 when it waits on none.",
 		[]string{"partition"}, nil)
 	descPosition = prometheus.NewDesc("projector_partition_position",
 		"Next offset to read, as committed in PostgreSQL (-1: none yet).", []string{"partition"}, nil)
@@ -195,6 +198,11 @@ func (c *projectorCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, ps := range s.Partitions {
 		part := strconv.Itoa(ps.Partition)
 		gauge(descLag, float64(ps.Lag), part)
+		waited := 0.0
+		if ps.OpenTransaction != nil {
+			waited = time.Since(ps.OpenTransaction.Since).Seconds()
+		}
+		gauge(descOpenTxn, waited, part)
 		gauge(descPosition, float64(ps.Position), part)
 		gauge(descEpoch, float64(ps.Epoch), part)
 		// A partition's view is sorted oldest first.

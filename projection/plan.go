@@ -80,7 +80,7 @@ func coordinatesOf(recs []Record) map[int64]store.Coordinate {
 func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resolution, now time.Time) (*plan, error) {
 	next := w.position
 	if len(msgs) > 0 {
-		next = msgs[len(msgs)-1].Coord.Offset + 1
+		next = msgs[len(msgs)-1].next()
 	}
 	p := &plan{
 		batch:    w.newBatch(next, msgs...),

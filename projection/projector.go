@@ -68,6 +68,9 @@ type Projector struct {
 	// testStallWarning, when set by a test before Run, replaces
 	// stallWarning.
 	testStallWarning time.Duration
+	// testOpenTxnLogAfter, when set by a test before Run, replaces
+	// openTxnLogAfter.
+	testOpenTxnLogAfter time.Duration
 }
 
 // New checks cfg and returns a Projector ready to [Projector.Run].
@@ -89,6 +92,7 @@ func New(cfg Config) (*Projector, error) {
 		sourceOutage:  outage{service: "Kafka", log: cfg.Logger},
 		quarantineLog: sampler{window: 10 * time.Second, burst: 10},
 	}
+	p.book.stable = cfg.Kafka().readCommitted()
 	if cfg.Source == SourceSQS {
 		// Builds the client only (the region and credential chain): the
 		// queue is first asked at Run.
@@ -486,7 +490,7 @@ func (p *Projector) StatusPage(q HeldQuery) (Status, error) {
 		c.HeldJobs += int64(ps.HeldJobs)
 	}
 	ready := p.Readiness()
-	return Status{
+	st := Status{
 		Topic:      p.cfg.Topic,
 		Group:      p.groupName(),
 		Owner:      p.cfg.Owner,
@@ -498,5 +502,12 @@ func (p *Projector) StatusPage(q HeldQuery) (Status, error) {
 		Source:     p.cfg.Source,
 		SQS:        p.sqsStatus(),
 		HeldPage:   page,
-	}, nil
+	}
+	if p.cfg.Source == SourceKafka {
+		st.Isolation, st.LagMeasuredTo = p.cfg.Isolation, lagToHighWatermark
+		if p.book.stable {
+			st.LagMeasuredTo = lagToStable
+		}
+	}
+	return st, nil
 }

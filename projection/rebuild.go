@@ -112,10 +112,17 @@ func (r *Rebuild) Run(ctx context.Context) (RebuildResult, error) {
 	}
 	defer release()
 	hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	target, err := HighWatermarks(hctx, cfg.Kafka(), cfg.Topic)
+	// The target is where the shadow can read to: reading committed, the
+	// last stable offsets (a transaction open now is read once it ends,
+	// after the swap), past the markers at the logs' ends.
+	ends, err := LogEnds(hctx, cfg.Kafka(), cfg.Topic)
 	cancel()
 	if err != nil {
 		return res, fmt.Errorf("nothing was changed: %w", err)
+	}
+	target := make(map[int]int64, len(ends))
+	for id, e := range ends {
+		target[id] = e.End
 	}
 	if err := live.CheckRebuild(ctx); err != nil {
 		var refused *store.RebuildRefusedError

@@ -7,8 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/store"
@@ -134,19 +132,23 @@ func (l *logReader) partitions(ctx context.Context) ([]int, error) {
 	return nil, fmt.Errorf("list partitions of %s: %w", cfg.Topic, errors.Join(errs...))
 }
 
-// bounds returns the first offset at or after from and the partition's end;
+// bounds returns the first offset at or after from and the partition's end
+// for the projection's reader (its last stable offset reading committed);
 // start is -1 when no record is at or after from.
 func (l *logReader) bounds(ctx context.Context, partition int, from time.Time) (start, last int64, err error) {
-	conn, err := dialLeader(ctx, l.p.dialer, l.p.cfg.Brokers, l.p.cfg.Topic, partition)
+	conn, err := dialLog(ctx, l.p.dialer, l.p.cfg.Brokers, l.p.cfg.Topic, partition)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer conn.Close()
-	first, last, err := conn.ReadOffsets()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	first, last, err := conn.bounds(l.p.cfg.Kafka().readCommitted())
 	if err != nil {
 		return 0, 0, fmt.Errorf("offsets: %w", err)
 	}
-	start, err = conn.ReadOffset(from)
+	start, err = conn.offsetAt(from)
 	if err != nil {
 		return 0, 0, fmt.Errorf("offset for %s: %w", from.UTC().Format(time.RFC3339), err)
 	}
@@ -158,40 +160,20 @@ func (l *logReader) bounds(ctx context.Context, partition int, from time.Time) (
 	return max(start, first), last, nil
 }
 
-// dialLeader connects to the leader of partition, looking it up through
-// each broker in turn.
-// leaderLookupPerBroker bounds one broker's part of a leader lookup.
-const leaderLookupPerBroker = 5 * time.Second
-
-func dialLeader(ctx context.Context, d *kafka.Dialer, brokers []string, topic string, partition int) (*kafka.Conn, error) {
-	var errs []error
-	for _, b := range brokers {
-		// Each broker gets a bound of its own: one that accepts and never
-		// answers must not spend the whole budget before the others are
-		// asked.
-		bctx, cancel := context.WithTimeout(ctx, leaderLookupPerBroker)
-		conn, err := d.DialLeader(bctx, "tcp", b, topic, partition)
-		cancel()
-		if err == nil {
-			return conn, nil
-		}
-		errs = append(errs, fmt.Errorf("%s: %w", b, err))
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	return nil, fmt.Errorf("dial the leader of %s/%d: %w", topic, partition, errors.Join(errs...))
-}
-
 // scan reads partition from start up to last (exclusive) or until budget
 // bytes were read, straight from the leader's connection in fetches of up
-// to 8 MiB; complete reports that it reached last.
+// to 8 MiB, as the projection reads ([logFetch]: reading committed, no
+// record of an aborted transaction); complete reports that it reached
+// last. Each fetch goes on from where the one before ended, past markers,
+// aborted transactions and records compacted away, never from the last
+// record read: a fetch among the removed records of a cleaned batch finds
+// no record.
 func (l *logReader) scan(ctx context.Context, partition int, start, last int64, want map[string]bool, budget int64) (out []gapfill.Input, used int64, complete bool, err error) {
 	cfg := l.p.cfg
 	if budget <= 0 {
 		return nil, 0, false, nil
 	}
-	conn, err := dialLeader(ctx, l.p.dialer, cfg.Brokers, cfg.Topic, partition)
+	conn, err := dialLog(ctx, l.p.dialer, cfg.Brokers, cfg.Topic, partition)
 	if err != nil {
 		return nil, 0, false, err
 	}
@@ -199,39 +181,43 @@ func (l *logReader) scan(ctx context.Context, partition int, start, last int64, 
 	if dl, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(dl)
 	}
+	committed := cfg.Kafka().readCommitted()
 	now := time.Now()
 	next := start
 	for next < last && used < budget {
-		if _, err := conn.Seek(next, kafka.SeekAbsolute|kafka.SeekDontCheck); err != nil {
+		lf, err := conn.fetch(next, int(max(min(budget-used, 8<<20), 1<<20)), 500*time.Millisecond, committed)
+		if err != nil {
 			return out, used, false, err
 		}
-		batch := conn.ReadBatchWith(kafka.ReadBatchConfig{
-			MinBytes: 1, MaxBytes: int(max(min(budget-used, 8<<20), 1<<20)), MaxWait: 500 * time.Millisecond,
-		})
-		read := 0
-		for next < last && used < budget {
-			m, err := batch.ReadMessage()
-			if err != nil {
+		var rerr error
+		for used < budget {
+			m, ok, err := lf.Next()
+			if err != nil || !ok {
+				rerr = err
 				break
 			}
-			read++
-			next = m.Offset + 1
+			if m.Coord.Offset >= last {
+				break
+			}
 			used += int64(len(m.Key) + len(m.Value))
 			if len(m.Key) == 0 || want[string(m.Key)] {
 				if ev, err := event.Decode(m.Key, m.Value); err == nil && want[ev.JobID] {
-					out = append(out, gapfill.Input{Event: ev, Partition: partition, Offset: m.Offset, Source: gapfill.FromReread, At: now, LogTime: m.Time})
+					out = append(out, gapfill.Input{Event: ev, Partition: partition, Offset: m.Coord.Offset, Source: gapfill.FromReread, At: now, LogTime: m.Time})
 				}
 			}
 		}
-		cerr := batch.Close()
-		if read == 0 {
-			if cerr == nil {
-				cerr = ctx.Err()
-			}
-			if cerr == nil {
-				cerr = fmt.Errorf("no record at offset %d although the log ends at %d", next, last)
-			}
-			return out, used, false, cerr
+		moved := lf.next > next
+		next = max(next, lf.next)
+		if cerr := lf.Close(); rerr == nil {
+			rerr = cerr
+		}
+		switch {
+		case rerr != nil:
+			return out, used, false, rerr
+		case !moved && ctx.Err() != nil:
+			return out, used, false, ctx.Err()
+		case !moved:
+			return out, used, false, fmt.Errorf("nothing read at offset %d although the log ends at %d", next, last)
 		}
 	}
 	return out, used, next >= last, nil

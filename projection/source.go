@@ -14,7 +14,18 @@ type Record struct {
 	// and ages held deltas.
 	Time  time.Time
 	Coord Coord
+	// Skipped counts the offsets right after the record that hold nothing
+	// to deliver (Kafka: transaction markers, records of aborted
+	// transactions, records compacted away) when the source read past
+	// them before it handed the record over: the log goes on at
+	// [Record.next], and a batch ending with the record stores that
+	// position.
+	Skipped int64
 }
+
+// next is where the log goes on after r: the position after a batch
+// that ends with it.
+func (r Record) next() int64 { return r.Coord.Offset + 1 + r.Skipped }
 
 // Coord is where a record sits in its source. A Kafka record has a
 // partition and an offset; an SQS message has an id and, on a FIFO queue,

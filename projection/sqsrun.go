@@ -66,7 +66,7 @@ func (p *Projector) runSQS(ctx context.Context) error {
 	b, alive := p.health.loop("queue worker", 0)
 	defer alive()
 	w := &worker{
-		workerDeps: p.workerDeps(), beat: b, topic: cfg.Topic, partition: 0, position: -1,
+		workerDeps: p.workerDeps(), beat: b, topic: cfg.Topic, partition: 0, position: -1, stored: -1,
 		log:       cfg.Logger.With("queue", cfg.SQS.QueueURL),
 		cache:     newJobCache(p.budget),
 		committed: func(int, int64) {},

@@ -119,11 +119,21 @@ type PartitionStatus struct {
 	// (-1: none yet); named next_offset everywhere outside Go.
 	Position int64 `json:"next_offset"`
 	// HighWatermark is the partition's end as last seen from the broker,
-	// read at least every 5 s.
-	HighWatermark int64     `json:"high_watermark"`
-	Lag           int64     `json:"lag"`
-	Epoch         int64     `json:"epoch"`
-	UpdatedAt     time.Time `json:"updated_at"`
+	// read at least every 5 s; LastStable its last stable offset, below
+	// which every transaction has committed or aborted (the first offset
+	// of the oldest one still open, else the high watermark).
+	HighWatermark int64 `json:"high_watermark"`
+	LastStable    int64 `json:"last_stable_offset"`
+	// Lag is the records between Position and where this instance can
+	// read to: the last stable offset reading committed (a transaction
+	// still open is waited on, not lag), the high watermark reading
+	// uncommitted ([Status] LagMeasuredTo).
+	Lag int64 `json:"lag"`
+	// OpenTransaction, reading committed, is the transaction still open
+	// the partition waits on: every record before it is projected.
+	OpenTransaction *OpenTransaction `json:"open_transaction,omitempty"`
+	Epoch           int64            `json:"epoch"`
+	UpdatedAt       time.Time        `json:"updated_at"`
 	// HeldJobs is how many jobs of the partition wait for missing
 	// versions.
 	HeldJobs int `json:"held_jobs"`
@@ -169,7 +179,19 @@ type Status struct {
 	SQS    *SQSStatus `json:"sqs,omitempty"`
 	// HeldPage says which held jobs the partitions' Held lists show.
 	HeldPage HeldPage `json:"held_page"`
+	// Isolation is how Kafka transactions are read (Config.Isolation);
+	// LagMeasuredTo is what the partitions' lag is measured to:
+	// last_stable_offset reading committed, high_watermark reading
+	// uncommitted. Empty for SQS.
+	Isolation     string `json:"isolation,omitempty"`
+	LagMeasuredTo string `json:"lag_measured_to,omitempty"`
 }
+
+// What lag is measured to ([Status] LagMeasuredTo).
+const (
+	lagToStable        = "last_stable_offset"
+	lagToHighWatermark = "high_watermark"
+)
 
 type partitionBook struct {
 	mu    sync.Mutex
@@ -179,6 +201,9 @@ type partitionBook struct {
 	owner map[int]any
 	// queues are the entries of SQS queues ([partitionBook.setQueue]).
 	queues map[int]bool
+	// stable measures a partition's lag to its last stable offset (read
+	// committed), not its high watermark; set before the book is used.
+	stable bool
 }
 
 // setQueue marks entry id as an SQS queue's: its Position is the offset
@@ -205,32 +230,42 @@ func (b *partitionBook) set(p PartitionStatus, by any) {
 	}
 	b.owner[p.Partition] = by
 	queue := b.queues[p.Partition]
-	if old, ok := b.parts[p.Partition]; ok && (queue || old.HighWatermark > p.HighWatermark) {
-		p.HighWatermark = old.HighWatermark
+	if old, ok := b.parts[p.Partition]; ok {
+		if queue || old.HighWatermark > p.HighWatermark {
+			p.HighWatermark = old.HighWatermark
+		}
+		p.LastStable = max(p.LastStable, old.LastStable)
 	}
-	p.Lag = lagOf(p, queue)
+	p.Lag = b.lagOf(p, queue)
 	p.UpdatedAt = time.Now()
 	b.parts[p.Partition] = p
 }
 
-func lagOf(p PartitionStatus, queue bool) int64 {
-	if p.Position < 0 || queue {
-		return p.HighWatermark
+func (b *partitionBook) lagOf(p PartitionStatus, queue bool) int64 {
+	end := p.HighWatermark
+	if b.stable && !queue {
+		end = p.LastStable
 	}
-	return max(p.HighWatermark-p.Position, 0)
+	if p.Position < 0 || queue {
+		return end
+	}
+	return max(end-p.Position, 0)
 }
 
-// setHighWatermarks records the partitions' ends as read from the broker,
-// for the partitions this instance works.
-func (b *partitionBook) setHighWatermarks(hwm map[int]int64) {
+// setEnds records the partitions' ends as read from the broker, for the
+// partitions this instance works.
+func (b *partitionBook) setEnds(ends map[int]LogEnd) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for id, p := range b.parts {
-		if h, ok := hwm[id]; ok && h > p.HighWatermark {
-			p.HighWatermark = h
-			p.Lag = lagOf(p, false)
-			b.parts[id] = p
+		e, ok := ends[id]
+		if !ok || b.queues[id] {
+			continue
 		}
+		p.HighWatermark = max(p.HighWatermark, e.HighWatermark)
+		p.LastStable = max(p.LastStable, e.LastStable)
+		p.Lag = b.lagOf(p, false)
+		b.parts[id] = p
 	}
 }
 
@@ -241,7 +276,7 @@ func (b *partitionBook) setQueueLag(id int, lag int64) {
 	defer b.mu.Unlock()
 	if p, ok := b.parts[id]; ok && b.queues[id] {
 		p.HighWatermark = lag
-		p.Lag = lagOf(p, true)
+		p.Lag = b.lagOf(p, true)
 		b.parts[id] = p
 	}
 }

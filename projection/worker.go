@@ -31,8 +31,17 @@ type worker struct {
 	log       *slog.Logger
 	cache     *jobCache
 	detector  *gapfill.Detector
-	position  int64
-	hwm       int64
+	// position is where the partition is read from: the stored position,
+	// or where the source moved it without a batch (records deleted
+	// before they were read, offsets that hold nothing to deliver), which
+	// the worker stores on its own when no batch follows; stored is the
+	// position as last committed.
+	position, stored int64
+	// hwm and stable are the partition's high watermark and last stable
+	// offset as its source last saw them.
+	hwm, stable int64
+	// open is the transaction the partition waits on, if any.
+	open openTxn
 	// last is the last record a committed batch read (from the claim
 	// until one does): what the log is compared with.
 	last      *store.LogMark
@@ -112,10 +121,12 @@ type workerConfig struct {
 	BatchSize           int
 	BatchLinger         time.Duration
 	MaxWait             time.Duration
+	ReadCommitted       bool
 	StallTimeout        time.Duration
 	SnapshotConcurrency int
-	// StallWarning, when set (by tests), replaces stallWarning.
-	StallWarning time.Duration
+	// StallWarning, when set (by tests), replaces stallWarning;
+	// OpenTxnLogAfter replaces openTxnLogAfter.
+	StallWarning, OpenTxnLogAfter time.Duration
 }
 
 // workerDeps is what p's partition workers use of it.
@@ -126,8 +137,8 @@ func (p *Projector) workerDeps() workerDeps {
 		cfg: workerConfig{
 			Owner: cfg.Owner, Start: cfg.Start, Brokers: cfg.Brokers, GapPolicy: cfg.gapPolicy(),
 			BatchSize: cfg.BatchSize, BatchLinger: cfg.BatchLinger, MaxWait: cfg.MaxWait,
-			StallTimeout: cfg.StallTimeout, SnapshotConcurrency: cfg.SnapshotConcurrency,
-			StallWarning: p.testStallWarning,
+			ReadCommitted: cfg.Kafka().readCommitted(), StallTimeout: cfg.StallTimeout, SnapshotConcurrency: cfg.SnapshotConcurrency,
+			StallWarning: p.testStallWarning, OpenTxnLogAfter: p.testOpenTxnLogAfter,
 		},
 		resolver: p.resolver, fetchers: p.fetchers, dialer: p.dialer,
 		instanceLog: cfg.Logger, counters: &p.counters, metrics: p.metrics, book: &p.book,
@@ -150,11 +161,12 @@ func (w *worker) run(ctx context.Context) error {
 	}
 	failpoint.Hit(failpoint.Claimed)
 	w.epoch = claim.Epoch
-	w.position = claim.NextOffset
+	w.storedAt(claim.NextOffset)
 	w.log = w.log.With("epoch", w.epoch)
 	if claim, err = w.checkLog(ctx, claim); err != nil {
 		return err
 	}
+	w.storedAt(claim.NextOffset)
 	w.last = claim.Last
 	if err := w.restore(ctx); err != nil {
 		return err
@@ -171,7 +183,7 @@ func (w *worker) run(ctx context.Context) error {
 	w.log.Info("partition claimed", "next_offset", claim.NextOffset, "held_jobs", w.detector.Len())
 	src, err := openKafkaSource(kafkaSourceConfig{
 		Brokers: cfg.Brokers, Topic: w.topic, Partition: w.partition, Dialer: w.dialer,
-		MaxWait: cfg.MaxWait, BatchSize: cfg.BatchSize, Linger: cfg.BatchLinger, Log: w.log,
+		ReadCommitted: cfg.ReadCommitted, MaxWait: cfg.MaxWait, BatchSize: cfg.BatchSize, Linger: cfg.BatchLinger, Log: w.log,
 		Bounds: w.logBounds, Committed: w.committed, Lost: &w.counters.lost,
 		Moved:  func(next int64) { w.position = next },
 		NewLog: w.newLogAt,
@@ -193,10 +205,13 @@ func (w *worker) run(ctx context.Context) error {
 		// and at most idleWake when none is, so no answer waits behind it.
 		msgs := w.fetch(ctx)
 		res := w.attempts.collect(w)
-		if e, ok := w.src.(interface{ end() int64 }); ok {
-			w.hwm = e.end()
+		if e, ok := w.src.(interface{ ends() (int64, int64) }); ok {
+			w.hwm, w.stable = e.ends()
 		}
-		if len(msgs) > 0 || len(res) > 0 {
+		// A position the source moved without records is stored on its
+		// own when nothing else is to be committed: the stored position
+		// passes the markers and aborted transactions at the log's end.
+		if len(msgs) > 0 || len(res) > 0 || w.position != w.stored {
 			if err := w.commit(ctx, msgs, res); err != nil {
 				return err
 			}
@@ -236,9 +251,13 @@ func (w *worker) publish() {
 		w.heldView, w.heldViewOf = sortHeld(w.partition, held), w.detector.Len()
 		w.heldVersion, w.heldBuiltAt, w.heldViewSeen = v, time.Now(), true
 	}
-	w.book.set(PartitionStatus{Partition: w.partition, Position: w.position, HighWatermark: w.hwm, Epoch: w.epoch,
+	w.book.set(PartitionStatus{Partition: w.partition, Position: w.stored, HighWatermark: w.hwm, LastStable: w.stable,
+		OpenTransaction: w.waitsOnTransaction(), Epoch: w.epoch,
 		HeldJobs: w.detector.Len(), view: w.heldView, viewOf: w.heldViewOf}, w)
 }
+
+// storedAt records that the partition's position next is committed.
+func (w *worker) storedAt(next int64) { w.position, w.stored = next, next }
 
 func errString(err error) string {
 	if err == nil {

@@ -15,9 +15,11 @@ import (
 // the host (ps, /proc) and lands in shell history.
 const saslPasswordEnv = "PROJECTOR_KAFKA_SASL_PASSWORD"
 
-// kafkaFlags secure the connections to the brokers; run, rebuild and status
-// share them.
+// kafkaFlags secure the connections to the brokers and say how
+// transactions are read; run, rebuild, status and reset-positions share
+// them.
 type kafkaFlags struct {
+	isolation    string
 	tls          bool
 	caFile       string
 	certFile     string
@@ -29,6 +31,7 @@ type kafkaFlags struct {
 }
 
 func (k *kafkaFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&k.isolation, "kafka-isolation", projection.ReadCommitted, "how records written in Kafka transactions are read: read_committed (as a Java\nconsumer with isolation.level=read_committed: committed transactions only,\nnothing past the last stable offset, lag measured to it) or read_uncommitted\n(every record as appended, those of open and aborted transactions too)")
 	fs.BoolVar(&k.tls, "kafka-tls", false, "connect to the brokers over TLS, trusting the system's root CAs\n(implied by the other --kafka-tls-* flags)")
 	fs.StringVar(&k.caFile, "kafka-tls-ca", "", "PEM file of the CA certificates that sign the brokers' certificates,\ninstead of the system's")
 	fs.StringVar(&k.certFile, "kafka-tls-cert", "", "PEM file of this client's certificate, for brokers that require one\n(with --kafka-tls-key)")
@@ -42,7 +45,12 @@ func (k *kafkaFlags) register(fs *flag.FlagSet) {
 // apply builds the TLS and SASL settings onto brokers: a bad setting or an
 // unreadable file is a usage error that names the flag.
 func (k *kafkaFlags) apply(brokers []string) (projection.Kafka, error) {
-	out := projection.Kafka{Brokers: brokers}
+	out := projection.Kafka{Brokers: brokers, Isolation: k.isolation}
+	switch k.isolation {
+	case projection.ReadCommitted, projection.ReadUncommitted:
+	default:
+		return out, usagef("--kafka-isolation %q: want %s or %s", k.isolation, projection.ReadCommitted, projection.ReadUncommitted)
+	}
 	if k.tls || k.caFile != "" || k.certFile != "" || k.keyFile != "" || k.serverName != "" {
 		c, err := k.tlsConfig()
 		if err != nil {

@@ -85,7 +85,7 @@ Example:
 		}
 		defer st.Close()
 		kctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		ends, err := projection.HighWatermarks(kctx, k, o.topic)
+		ends, err := projection.LogEnds(kctx, k, o.topic)
 		var parts []int
 		if err == nil {
 			for p := range ends {
@@ -113,7 +113,9 @@ Example:
 		for _, p := range parts {
 			next := starts[p]
 			if o.to == "latest" {
-				next = ends[p]
+				// Reading committed, the last stable offset: what a
+				// transaction open now wrote is read once it commits.
+				next = ends[p].End
 			}
 			was, err := st.ResetPosition(ctx, o.topic, p, next, owner, o.newLog)
 			if err != nil {
@@ -121,8 +123,8 @@ Example:
 			}
 			from := max(was, starts[p])
 			switch {
-			case was > ends[p]:
-				fmt.Fprintf(env.stdout, "partition %d: %d -> %d (the stored position was past the log's end %d: another log)\n", p, was, next, ends[p])
+			case was > ends[p].HighWatermark:
+				fmt.Fprintf(env.stdout, "partition %d: %d -> %d (the stored position was past the log's end %d: another log)\n", p, was, next, ends[p].HighWatermark)
 			case next > from:
 				fmt.Fprintf(env.stdout, "partition %d: %d -> %d: offsets %d to %d skipped (%d records)\n", p, was, next, from, next-1, next-from)
 			case was > next:

@@ -386,7 +386,7 @@ func (o *runOpts) kafkaConfig() projection.Kafka {
 func (o *runOpts) config(st *store.Store, logger *slog.Logger) projection.Config {
 	k := o.kafkaConfig()
 	cfg := projection.Config{
-		Brokers: o.brokers, TLS: k.TLS, SASL: k.SASL, Topic: o.topic, Group: o.group, Start: o.start,
+		Brokers: o.brokers, TLS: k.TLS, SASL: k.SASL, Isolation: k.Isolation, Topic: o.topic, Group: o.group, Start: o.start,
 		BatchSize: o.batchSize, BatchLinger: o.batchLinger, Owner: o.owner, ReadyMaxLag: o.readyMaxLag, StallTimeout: o.stallTimeout,
 		Store: st, Logger: logger, CacheBytes: int64(o.cacheBytes),
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -44,6 +45,11 @@ type statusReport struct {
 	// SQS is the queue's approximate counts, with --sqs-queue-url; their
 	// sum is then Lag.
 	SQS *queueReport `json:"sqs,omitempty"`
+	// Isolation and LagMeasuredTo, with --brokers, say how transactions
+	// are read and what the lag is measured to: the last stable offset
+	// reading committed, the high watermark reading uncommitted.
+	Isolation     string `json:"isolation,omitempty"`
+	LagMeasuredTo string `json:"lag_measured_to,omitempty"`
 }
 
 type queueReport struct {
@@ -54,7 +60,12 @@ type queueReport struct {
 type partitionReport struct {
 	store.Position
 	HighWatermark *int64 `json:"high_watermark,omitempty"`
+	LastStable    *int64 `json:"last_stable_offset,omitempty"`
 	Lag           *int64 `json:"lag,omitempty"`
+	// OpenTransaction, reading committed, is the offset of the transaction
+	// still open the partition waits on: its position is at the last
+	// stable offset and records follow it.
+	OpenTransaction *int64 `json:"open_transaction,omitempty"`
 }
 
 type quarantineReport struct {
@@ -75,7 +86,10 @@ var statusCommand = &command{
 	usage: `projector status reads the projection's state from PostgreSQL: each partition's
 next offset, epoch and owner, the jobs held behind a gap (with the versions
 they hold and since when), and the quarantine. With --brokers it also asks Kafka
-for the high watermarks and reports the lag of every partition; with
+for where each log ends and reports the lag of every partition (to the last
+stable offset with --kafka-isolation read_committed, the default: a
+transaction still open is waited on, not lag; to the high watermark with
+read_uncommitted); with
 --sqs-queue-url (a projection fed by 'run --source sqs') it asks the queue for
 its approximate visible and in-flight messages, which are the lag.
 
@@ -143,7 +157,7 @@ func buildStatus(ctx context.Context, st *store.Store, o *statusOpts) (*statusRe
 	if err != nil {
 		return nil, err
 	}
-	var hwm map[int]int64
+	var ends map[int]projection.LogEnd
 	if len(o.brokers) > 0 {
 		hctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 		k, kerr := o.kafka.apply(o.brokers)
@@ -151,10 +165,14 @@ func buildStatus(ctx context.Context, st *store.Store, o *statusOpts) (*statusRe
 			cancel()
 			return nil, kerr
 		}
-		hwm, err = projection.HighWatermarks(hctx, k, o.topic)
+		ends, err = projection.LogEnds(hctx, k, o.topic)
 		cancel()
 		if err != nil {
 			return nil, err
+		}
+		rep.Isolation, rep.LagMeasuredTo = k.Isolation, "high_watermark"
+		if k.Isolation == projection.ReadCommitted {
+			rep.LagMeasuredTo = "last_stable_offset"
 		}
 		var total int64
 		rep.Lag = &total
@@ -165,7 +183,7 @@ func buildStatus(ctx context.Context, st *store.Store, o *statusOpts) (*statusRe
 			}
 		}
 		// Partitions never projected lag by their whole length.
-		for p := range hwm {
+		for p := range ends {
 			if !seen[p] {
 				pos = append(pos, store.Position{Topic: o.topic, Partition: p, NextOffset: -1})
 			}
@@ -179,9 +197,12 @@ func buildStatus(ctx context.Context, st *store.Store, o *statusOpts) (*statusRe
 	}
 	for _, p := range pos {
 		pr := partitionReport{Position: p}
-		if h, ok := hwm[p.Partition]; ok && p.Topic == o.topic {
-			lag := h - max(p.NextOffset, 0)
-			pr.HighWatermark, pr.Lag = &h, &lag
+		if e, ok := ends[p.Partition]; ok && p.Topic == o.topic {
+			lag := max(e.End-max(p.NextOffset, 0), 0)
+			pr.HighWatermark, pr.LastStable, pr.Lag = &e.HighWatermark, &e.LastStable, &lag
+			if k := rep.Isolation; k == projection.ReadCommitted && p.NextOffset >= e.LastStable && e.LastStable < e.HighWatermark {
+				pr.OpenTransaction = &e.LastStable
+			}
 			*rep.Lag += lag
 		}
 		rep.Partitions = append(rep.Partitions, pr)
@@ -230,11 +251,11 @@ func printStatus(env *cmdEnv, rep *statusReport) {
 	if len(rep.Partitions) == 0 {
 		fmt.Fprintln(w, "no partition has been claimed yet")
 	} else {
-		fmt.Fprintln(w, "TOPIC\tPARTITION\tNEXT OFFSET\tHIGH WATERMARK\tLAG\tEPOCH\tOWNER\tUPDATED")
+		fmt.Fprintln(w, "TOPIC\tPARTITION\tNEXT OFFSET\tHIGH WATERMARK\tLAST STABLE\tLAG\tEPOCH\tOWNER\tUPDATED")
 		for _, p := range rep.Partitions {
-			hw, lag := "-", "-"
+			hw, stable, lag := "-", "-", "-"
 			if p.HighWatermark != nil {
-				hw, lag = fmt.Sprint(*p.HighWatermark), fmt.Sprint(*p.Lag)
+				hw, stable, lag = fmt.Sprint(*p.HighWatermark), fmt.Sprint(*p.LastStable), fmt.Sprint(*p.Lag)
 			}
 			position := fmt.Sprint(p.NextOffset)
 			if p.NextOffset < 0 {
@@ -244,14 +265,24 @@ func printStatus(env *cmdEnv, rep *statusReport) {
 			if !p.UpdatedAt.IsZero() {
 				updated = p.UpdatedAt.UTC().Format(time.RFC3339)
 			}
-			fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\n", printable(p.Topic), p.Partition, position, hw, lag, p.Epoch, printable(p.Owner), updated)
+			fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", printable(p.Topic), p.Partition, position, hw, stable, lag, p.Epoch, printable(p.Owner), updated)
+		}
+		for _, p := range rep.Partitions {
+			if p.OpenTransaction != nil {
+				fmt.Fprintf(w, "partition %d waits on a transaction still open at offset %d: every record before it is projected; %d offsets after it are read once it commits or is aborted\n",
+					p.Partition, *p.OpenTransaction, *p.HighWatermark-*p.OpenTransaction)
+			}
 		}
 	}
 	if rep.SQS != nil {
 		fmt.Fprintf(w, "queue %s: %d visible, %d in flight\n", printable(rep.SQS.QueueURL), rep.SQS.Visible, rep.SQS.InFlight)
 	}
 	if rep.Lag != nil {
-		fmt.Fprintf(w, "total lag: %d\n", *rep.Lag)
+		fmt.Fprintf(w, "total lag: %d", *rep.Lag)
+		if rep.LagMeasuredTo != "" {
+			fmt.Fprintf(w, " (to the %s: --kafka-isolation %s)", strings.ReplaceAll(rep.LagMeasuredTo, "_", " "), rep.Isolation)
+		}
+		fmt.Fprintln(w)
 	}
 	fmt.Fprintf(w, "\nheld jobs: %d\n", rep.HeldJobs)
 	if len(rep.Held) > 0 {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // statusJSON is `projector status --json`, as docs/operations.md lists it.
@@ -151,4 +152,64 @@ func TestStatusFreshSchema(t *testing.T) {
 		require.Equal(t, int64(-1), *p.NextOffset, "never projected")
 	}
 	require.Equal(t, int64(0), *st.Jobs)
+}
+
+// TestStatusWithAnOpenTransaction: with --kafka-isolation read_committed
+// (the default) status measures the lag to the last stable offset and says
+// which partition waits on a transaction still open; with
+// read_uncommitted the records after it are lag, measured to the high
+// watermark.
+func TestStatusWithAnOpenTransaction(t *testing.T) {
+	t.Parallel()
+	s := newStory(t, 1)
+	s.produce(rec(0, "before", snapshotValue("before", 1, map[string]any{"status": "queued"})))
+	p := startBin(t, "run", dbEnv(), s.runArgs("g-open", "inst-open", "--http-addr", "off")...)
+	s.caughtUp(joinWithin, p)
+	p.stop(stopWithin)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.kafka.Addrs()...), kgo.TransactionalID(s.topic+"-txn"), kgo.DefaultProduceTopic(s.topic),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	require.NoError(t, err)
+	defer cl.Close()
+	require.NoError(t, cl.BeginTransaction())
+	require.NoError(t, cl.ProduceSync(t.Context(), &kgo.Record{Partition: 0, Key: []byte("open"), Value: []byte(`{}`)}).FirstErr())
+	defer cl.EndTransaction(context.WithoutCancel(t.Context()), kgo.TryAbort)
+
+	args := []string{"status", "--schema", s.schema, "--brokers", s.brokers(), "--topic", s.topic}
+	var st struct {
+		statusJSON
+		Isolation     string `json:"isolation"`
+		LagMeasuredTo string `json:"lag_measured_to"`
+		Partitions    []struct {
+			HighWatermark   int64  `json:"high_watermark"`
+			LastStable      int64  `json:"last_stable_offset"`
+			Lag             int64  `json:"lag"`
+			OpenTransaction *int64 `json:"open_transaction"`
+		} `json:"partitions"`
+	}
+	r := runBin(t, 30*time.Second, dbEnv(), append(args, "--json")...)
+	require.Equal(t, 0, r.code, "%s", r)
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st), "%s", r)
+	require.Equal(t, "read_committed", st.Isolation)
+	require.Equal(t, "last_stable_offset", st.LagMeasuredTo)
+	require.Zero(t, *st.Lag, "waiting on an open transaction is not lag")
+	require.Len(t, st.Partitions, 1)
+	part := st.Partitions[0]
+	require.Equal(t, int64(2), part.HighWatermark)
+	require.Equal(t, int64(1), part.LastStable)
+	require.NotNil(t, part.OpenTransaction)
+	require.Equal(t, int64(1), *part.OpenTransaction)
+
+	text := runBin(t, 30*time.Second, dbEnv(), args...)
+	require.Equal(t, 0, text.code, "%s", text)
+	require.Contains(t, text.stdout, "LAST STABLE")
+	require.Contains(t, text.stdout, "partition 0 waits on a transaction still open at offset 1")
+	require.Contains(t, text.stdout, "total lag: 0 (to the last stable offset: --kafka-isolation read_committed)")
+
+	r = runBin(t, 30*time.Second, dbEnv(), append(args, "--json", "--kafka-isolation", "read_uncommitted")...)
+	require.Equal(t, 0, r.code, "%s", r)
+	st.Partitions = nil
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st), "%s", r)
+	require.Equal(t, "high_watermark", st.LagMeasuredTo)
+	require.Equal(t, int64(1), *st.Lag)
+	require.Nil(t, st.Partitions[0].OpenTransaction)
 }
