@@ -194,7 +194,9 @@ func (c *projectorCollector) Collect(ch chan<- prometheus.Metric) {
 	var oldest time.Time
 	for _, ps := range s.Partitions {
 		part := strconv.Itoa(ps.Partition)
-		gauge(descLag, float64(ps.Lag), part)
+		if !ps.LagUnknown {
+			gauge(descLag, float64(ps.Lag), part)
+		}
 		gauge(descPosition, float64(ps.Position), part)
 		gauge(descEpoch, float64(ps.Epoch), part)
 		for _, h := range ps.Held {

@@ -120,10 +120,14 @@ type PartitionStatus struct {
 	Position int64 `json:"next_offset"`
 	// HighWatermark is the partition's end as last seen from the broker,
 	// read at least every 5 s.
-	HighWatermark int64     `json:"high_watermark"`
-	Lag           int64     `json:"lag"`
-	Epoch         int64     `json:"epoch"`
-	UpdatedAt     time.Time `json:"updated_at"`
+	HighWatermark int64 `json:"high_watermark"`
+	Lag           int64 `json:"lag"`
+	// LagUnknown says the lag could not be read (an SQS queue whose
+	// counts are refused or failing): Lag and HighWatermark are 0 then,
+	// and count as no lag.
+	LagUnknown bool      `json:"lag_unknown,omitempty"`
+	Epoch      int64     `json:"epoch"`
+	UpdatedAt  time.Time `json:"updated_at"`
 	// Held lists the jobs whose deltas wait for missing versions.
 	Held []HeldJob `json:"held"`
 }
@@ -163,8 +167,9 @@ type partitionBook struct {
 	// owner is the worker that last published each partition, so a worker
 	// of an ended generation cannot remove its successor's entry.
 	owner map[int]any
-	// queues are the entries of SQS queues ([partitionBook.setQueue]).
-	queues map[int]bool
+	// queues are the entries of SQS queues ([partitionBook.setQueue]);
+	// unknown those whose lag could not be read last time.
+	queues, unknown map[int]bool
 }
 
 // setQueue marks entry id as an SQS queue's: its Position is the offset
@@ -195,6 +200,7 @@ func (b *partitionBook) set(p PartitionStatus, by any) {
 		p.HighWatermark = old.HighWatermark
 	}
 	p.Lag = lagOf(p, queue)
+	p.LagUnknown = b.unknown[p.Partition]
 	p.UpdatedAt = time.Now()
 	b.parts[p.Partition] = p
 }
@@ -225,11 +231,45 @@ func (b *partitionBook) setHighWatermarks(hwm map[int]int64) {
 func (b *partitionBook) setQueueLag(id int, lag int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	delete(b.unknown, id)
 	if p, ok := b.parts[id]; ok && b.queues[id] {
 		p.HighWatermark = lag
 		p.Lag = lagOf(p, true)
+		p.LagUnknown = false
 		b.parts[id] = p
 	}
+}
+
+// setQueueLagUnknown records that a queue's counts could not be read: its
+// lag is unknown, and counts as none, for the watchdog and ReadyMaxLag
+// (neither may act on a figure that is no longer true).
+func (b *partitionBook) setQueueLagUnknown(id int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.queues[id] {
+		return
+	}
+	if b.unknown == nil {
+		b.unknown = map[int]bool{}
+	}
+	b.unknown[id] = true
+	if p, ok := b.parts[id]; ok {
+		p.HighWatermark, p.Lag, p.LagUnknown = 0, 0, true
+		b.parts[id] = p
+	}
+}
+
+// lagUnknown reports whether the lag of an entry this instance works could
+// not be read.
+func (b *partitionBook) lagUnknown() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, p := range b.parts {
+		if p.LagUnknown {
+			return true
+		}
+	}
+	return false
 }
 
 // totalLag is the lag of every partition this instance works.
