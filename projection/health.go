@@ -183,8 +183,14 @@ func (p *Projector) Readiness() Health {
 	checks = append(checks, db)
 	if p.cfg.ReadyMaxLag > 0 {
 		lag := p.book.totalLag()
-		checks = append(checks, Check{Name: "lag", OK: lag <= p.cfg.ReadyMaxLag,
-			Detail: fmt.Sprintf("total lag %d records (ready at %d or less)", lag, p.cfg.ReadyMaxLag)})
+		c := Check{Name: "lag", OK: lag <= p.cfg.ReadyMaxLag,
+			Detail: fmt.Sprintf("total lag %d records (ready at %d or less)", lag, p.cfg.ReadyMaxLag)}
+		if p.book.lagUnknown() {
+			// The queue's counts cannot be read: not a reason to stop
+			// routing to an instance that receives.
+			c.Detail = fmt.Sprintf("lag unknown: the queue's counts cannot be read (ready at %d or less when known)", p.cfg.ReadyMaxLag)
+		}
+		checks = append(checks, c)
 	}
 	return healthOf(checks)
 }

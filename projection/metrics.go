@@ -197,7 +197,9 @@ func (c *projectorCollector) Collect(ch chan<- prometheus.Metric) {
 	var oldest time.Time
 	for _, ps := range s.Partitions {
 		part := strconv.Itoa(ps.Partition)
-		gauge(descLag, float64(ps.Lag), part)
+		if !ps.LagUnknown {
+			gauge(descLag, float64(ps.Lag), part)
+		}
 		waited := 0.0
 		if ps.OpenTransaction != nil {
 			waited = time.Since(ps.OpenTransaction.Since).Seconds()

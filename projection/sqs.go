@@ -197,14 +197,29 @@ func (m sqsMessage) Offset() int64 {
 	return int64(h.Sum64() >> 1)
 }
 
+// The SDK's HTTP client has no timeout of its own: a request on a
+// connection that died without closing (a blackhole: a NAT or load
+// balancer that forgot it, a peer gone) waits for ever. Every request is
+// bounded. SQS answers a receive by the end of its long poll, so one still
+// open receiveSlack after it is given up, and counted as a failed receive;
+// a delete or a visibility change is bounded at sqsCallTimeout a request.
+const (
+	receiveSlack   = 10 * time.Second
+	sqsCallTimeout = 10 * time.Second
+)
+
 // receive long-polls for up to MaxMessages messages, each hidden from other
-// consumers for the visibility timeout.
+// consumers for the visibility timeout. It gives up receiveSlack after the
+// long poll.
 func (c *sqsClient) receive(ctx context.Context) ([]sqsMessage, error) {
 	wait := int32(c.cfg.Wait / time.Second)
 	if c.cfg.Wait == NoSQSWait {
 		wait = 0
 	}
-	out, err := c.client.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
+	bound := time.Duration(wait)*time.Second + receiveSlack
+	rctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	out, err := c.client.ReceiveMessage(rctx, &sqs.ReceiveMessageInput{
 		QueueUrl:                    aws.String(c.cfg.QueueURL),
 		MaxNumberOfMessages:         int32(c.cfg.MaxMessages),
 		WaitTimeSeconds:             wait,
@@ -212,6 +227,9 @@ func (c *sqsClient) receive(ctx context.Context) ([]sqsMessage, error) {
 		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
 	})
 	if err != nil {
+		if ctx.Err() == nil && errors.Is(rctx.Err(), context.DeadlineExceeded) {
+			return nil, fmt.Errorf("receive from %s: no answer within %s (the long poll and %s): %w", c.cfg.QueueURL, bound, receiveSlack, err)
+		}
 		return nil, fmt.Errorf("receive from %s: %w", c.cfg.QueueURL, err)
 	}
 	msgs := make([]sqsMessage, 0, len(out.Messages))
@@ -286,7 +304,9 @@ func (c *sqsClient) deleteMessages(ctx context.Context, msgs []sqsMessage) (fail
 		for j, m := range chunk {
 			entries[j] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i + j)), ReceiptHandle: aws.String(m.Receipt)}
 		}
-		out, err := c.client.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(c.cfg.QueueURL), Entries: entries})
+		cctx, cancel := context.WithTimeout(ctx, sqsCallTimeout)
+		out, err := c.client.DeleteMessageBatch(cctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(c.cfg.QueueURL), Entries: entries})
+		cancel()
 		if err != nil {
 			for _, m := range msgs[i:] {
 				failed[m.ID] = err.Error()
@@ -314,7 +334,9 @@ func (c *sqsClient) changeVisibility(ctx context.Context, msgs []sqsMessage, vis
 		for j, m := range chunk {
 			entries[j] = types.ChangeMessageVisibilityBatchRequestEntry{Id: aws.String(strconv.Itoa(i + j)), ReceiptHandle: aws.String(m.Receipt), VisibilityTimeout: secs}
 		}
-		out, err := c.client.ChangeMessageVisibilityBatch(ctx, &sqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(c.cfg.QueueURL), Entries: entries})
+		cctx, cancel := context.WithTimeout(ctx, sqsCallTimeout)
+		out, err := c.client.ChangeMessageVisibilityBatch(cctx, &sqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(c.cfg.QueueURL), Entries: entries})
+		cancel()
 		if err != nil {
 			return failed, fmt.Errorf("extend visibility in %s: %w", c.cfg.QueueURL, err)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -81,14 +82,23 @@ func (p *Projector) queueOwnerUnchecked(err error) error {
 	return nil
 }
 
+// maxTagValue is the longest tag value SQS takes: 256 characters. A value
+// of at most 256 bytes is within it however SQS counts.
+const maxTagValue = 256
+
 // ownerTag is the value of QueueOwnerTag for a projection: its ID, then
-// its name (tag values are at most 256 characters).
+// its name, cut to maxTagValue bytes on a character boundary (SQS refuses
+// a value that is not UTF-8, and a refused tag turns the check off).
 func ownerTag(id store.Identity) string {
 	v := id.ID + " " + id.Name
-	if len(v) > 256 {
-		v = v[:256]
+	if len(v) <= maxTagValue {
+		return v
 	}
-	return v
+	n := maxTagValue
+	for n > 0 && !utf8.RuneStart(v[n]) {
+		n--
+	}
+	return v[:n]
 }
 
 // ownerName is the projection a QueueOwnerTag value names.

@@ -4,24 +4,35 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/aws/smithy-go"
 
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/store"
 )
 
 // sqsState is an SQS-fed engine's queue side: its client, its reader, the
-// queue's last counts, and when the queue last answered. Its failures are
-// the instance's source outage ([Projector] sourceOutage).
+// queue's last counts, and when the queue last answered. The receiver's
+// failures are the instance's source outage ([Projector] sourceOutage),
+// which only a receive that answers ends: the counts are read on another
+// path, whose failures say nothing about receiving (a role without
+// sqs:GetQueueAttributes receives fine; a queue whose KMS key refuses the
+// role still answers its counts).
 type sqsState struct {
 	client *sqsClient
 	reader *sqsReader
-	// counts are the queue's approximate counts as last read; countsAt is
-	// when (unix nanoseconds), and answeredAt when the queue last answered
-	// any request.
-	counts     atomic.Pointer[SQSCounts]
+	// counts are the queue's approximate counts as last read, nil while
+	// unknown (not read yet, or the last read failed: countsErr says why).
+	counts    atomic.Pointer[SQSCounts]
+	countsErr atomic.Pointer[string]
+	// answeredAt is when SQS last answered this instance (unix
+	// nanoseconds): a receive, or a read of the counts, even one SQS
+	// refused. It tells a queue that is silent (a connection that hangs)
+	// from one that answers; whether receiving works is the outage's say.
 	answeredAt atomic.Int64
 	// noKeep, set by a test before Run, turns the visibility keeper off, so
 	// messages come back to other consumers while their batch is in flight.
@@ -35,11 +46,10 @@ type sqsState struct {
 const queuePollEvery = 5 * time.Second
 
 // queueFresh is how recently the queue must have answered for /readyz,
-// and queueFailingFor how long an outage of the queue may last before
-// /readyz fails: a failed receive or count has already been retried by
-// the SDK, and the receiver retries it within a second or so, so a
-// passing error does not reach readiness; PostgreSQL is given as long
-// (databaseFresh).
+// and queueFailingFor how long the receives may fail before /readyz
+// fails: a failed receive has already been retried by the SDK, and the
+// receiver retries it within a second or so, so a passing error does not
+// reach readiness; PostgreSQL is given as long (databaseFresh).
 const (
 	queueFresh      = 30 * time.Second
 	queueFailingFor = 5 * time.Second
@@ -55,7 +65,6 @@ func (p *Projector) runSQS(ctx context.Context) error {
 	cfg := p.cfg
 	q := p.sqs
 	q.reader.failed = p.sourceOutage.failed
-	q.reader.wait = p.sourceOutage.wait
 	q.reader.ok = func() {
 		q.answeredAt.Store(time.Now().UnixNano())
 		p.sourceOutage.ok()
@@ -208,30 +217,46 @@ func (w *worker) adoptHeld(ctx context.Context) error {
 }
 
 // watchQueue reads the queue's approximate counts every queuePollEvery:
-// visible and in-flight messages are the lag.
+// visible and in-flight messages are the lag. A read that fails leaves the
+// lag unknown and is warned of ([countsFailures]); it is no outage, and
+// readiness does not follow it: receiving is what the instance does.
 func (p *Projector) watchQueue(ctx context.Context) {
 	b, done := p.health.loop("queue monitor", 2*(queuePollEvery+queuePollEvery))
 	defer done()
 	t := time.NewTicker(queuePollEvery)
 	defer t.Stop()
 	progress := progressLog{at: time.Now(), consumed: p.counters.consumed.Load()}
+	var failures countsFailures
 	for {
 		b.now()
 		qctx, cancel := context.WithTimeout(ctx, queuePollEvery)
 		n, err := p.sqs.client.counts(qctx)
 		cancel()
+		now := time.Now()
 		switch {
 		case ctx.Err() != nil:
 			return
 		case err != nil:
-			p.sourceOutage.failed(err, queuePollEvery)
+			var api smithy.APIError
+			if errors.As(err, &api) {
+				p.sqs.answeredAt.Store(now.UnixNano())
+			}
+			msg := err.Error()
+			p.sqs.counts.Store(nil)
+			p.sqs.countsErr.Store(&msg)
+			p.book.setQueueLagUnknown(0)
+			failures.failed(p.cfg.Logger, err, now)
 		default:
-			p.sqs.answeredAt.Store(time.Now().UnixNano())
-			p.sourceOutage.ok()
+			p.sqs.answeredAt.Store(now.UnixNano())
 			p.sqs.counts.Store(&n)
+			p.sqs.countsErr.Store(nil)
 			p.book.setQueueLag(0, n.Visible+n.InFlight)
+			failures.ok(p.cfg.Logger, now)
+			if p.sourceOutage.failing() {
+				p.sqs.reader.nudge()
+			}
 		}
-		if now := time.Now(); now.Sub(progress.at) >= progressEvery-queuePollEvery/2 {
+		if now.Sub(progress.at) >= progressEvery-queuePollEvery/2 {
 			progress.log(p, now)
 			p.quarantineLog.flush(now)
 		}
@@ -243,13 +268,49 @@ func (p *Projector) watchQueue(ctx context.Context) {
 	}
 }
 
-// queueCheck is the readiness of the queue: it answered recently, and
-// has not been failing for queueFailingFor.
+// countsFailures turns the failed reads of the queue's counts into few
+// warnings: one when they start failing, at most one per outageLogEvery
+// while they go on, and one line when a read answers again. One goroutine
+// uses it (watchQueue).
+type countsFailures struct {
+	since, logged time.Time // zero since: the last read answered
+	n             int
+}
+
+func (f *countsFailures) failed(log *slog.Logger, err error, now time.Time) {
+	f.n++
+	switch {
+	case f.since.IsZero():
+		f.since, f.logged = now, now
+	case now.Sub(f.logged) >= outageLogEvery:
+		f.logged = now
+	default:
+		return
+	}
+	msg := "cannot read the queue's counts; its lag is unknown until they are read again (receiving goes on)"
+	if sqsAuthError(err) != nil {
+		msg = "cannot read the queue's counts: SQS refused them (grant sqs:GetQueueAttributes on the queue); its lag is unknown (receiving goes on)"
+	}
+	log.Warn(msg, "err", err, "failed_reads", f.n, "failing_for", now.Sub(f.since).Round(time.Millisecond))
+}
+
+func (f *countsFailures) ok(log *slog.Logger, now time.Time) {
+	if f.since.IsZero() {
+		return
+	}
+	log.Info("the queue's counts are read again", "failed_for", now.Sub(f.since).Round(time.Millisecond), "failed_reads", f.n)
+	f.since, f.logged, f.n = time.Time{}, time.Time{}, 0
+}
+
+// queueCheck is the readiness of the queue: its receives have not been
+// failing for queueFailingFor, and it answered within queueFresh. The
+// counts do not count here beyond that answer: a read of them that fails
+// leaves the lag unknown, not the instance unready.
 func (p *Projector) queueCheck() Check {
 	url := p.cfg.SQS.QueueURL
 	now := time.Now()
 	if d, why := p.sourceOutage.failingFor(now); d >= queueFailingFor {
-		return Check{Name: "queue", Detail: fmt.Sprintf("queue %s has been failing for %s: %s", url, d.Round(time.Second), why)}
+		return Check{Name: "queue", Detail: fmt.Sprintf("receives from queue %s have been failing for %s: %s", url, d.Round(time.Second), why)}
 	}
 	at := p.sqs.answeredAt.Load()
 	if at == 0 {
@@ -267,9 +328,11 @@ func (p *Projector) queueCheck() Check {
 type SQSStatus struct {
 	QueueURL string `json:"queue_url"`
 	// Counts are the queue's approximate counts as last read (every 5 s);
-	// nil before the first read.
-	Counts   *SQSCounts  `json:"counts"`
-	Counters SQSCounters `json:"counters"`
+	// nil while unknown: before the first read, or since a read failed,
+	// with CountsError saying why.
+	Counts      *SQSCounts  `json:"counts"`
+	CountsError string      `json:"counts_error,omitempty"`
+	Counters    SQSCounters `json:"counters"`
 }
 
 func (p *Projector) sqsStatus() *SQSStatus {
@@ -277,6 +340,9 @@ func (p *Projector) sqsStatus() *SQSStatus {
 		return nil
 	}
 	s := &SQSStatus{QueueURL: p.cfg.SQS.QueueURL, Counts: p.sqs.counts.Load()}
+	if e := p.sqs.countsErr.Load(); e != nil {
+		s.CountsError = *e
+	}
 	if r := p.sqs.reader; r != nil {
 		s.Counters = r.stats.snapshot()
 	}

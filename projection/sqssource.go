@@ -27,12 +27,12 @@ type sqsReader struct {
 	log *slog.Logger
 	// ahead bounds the messages received and not yet taken.
 	queue chan sqsMessage
-	// failed reports receive failures (an SQS outage), ok their end, and
-	// wait sleeps between two attempts, shorter if the outage ends (the
-	// queue answered another request).
+	// failed reports receive failures (an SQS outage), and ok a receive
+	// that answered: only that ends the outage.
 	failed func(err error, next time.Duration)
 	ok     func()
-	wait   func(ctx context.Context, d time.Duration)
+	// retry cuts the receiver's backoff short ([sqsReader.nudge]).
+	retry chan struct{}
 	// refused is closed, and refusal set, when SQS refused the
 	// credentials: the receiver stopped for good.
 	refused chan struct{}
@@ -83,7 +83,7 @@ func newSQSReader(c *sqsClient, log *slog.Logger, ahead int) *sqsReader {
 	return &sqsReader{
 		c: c, log: log, queue: make(chan sqsMessage, max(ahead, c.cfg.MaxMessages)),
 		inFlight: map[string]sqsMessage{}, keep: c.cfg.Visibility / 3,
-		failed: func(error, time.Duration) {}, ok: func() {}, wait: sleep, refused: make(chan struct{}),
+		failed: func(error, time.Duration) {}, ok: func() {}, retry: make(chan struct{}, 1), refused: make(chan struct{}),
 	}
 }
 
@@ -109,7 +109,7 @@ func (r *sqsReader) run(ctx context.Context) {
 			}
 			d := bo.NextBackOff()
 			r.failed(err, d)
-			r.wait(ctx, d)
+			r.backoff(ctx, d)
 			continue
 		}
 		bo.Reset()
@@ -127,6 +127,28 @@ func (r *sqsReader) run(ctx context.Context) {
 				return
 			}
 		}
+	}
+}
+
+// backoff waits d between two failed receives, or less if ctx ends or
+// the receiver is nudged.
+func (r *sqsReader) backoff(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	case <-r.retry:
+	}
+}
+
+// nudge makes a receiver waiting out its backoff try again at once: the
+// queue answered another request (its counts), so a receive may work
+// again. It ends no outage: only a receive that answers does.
+func (r *sqsReader) nudge() {
+	select {
+	case r.retry <- struct{}{}:
+	default:
 	}
 }
 

@@ -129,6 +129,10 @@ type PartitionStatus struct {
 	// still open is waited on, not lag), the high watermark reading
 	// uncommitted ([Status] LagMeasuredTo).
 	Lag int64 `json:"lag"`
+	// LagUnknown says the lag could not be read (an SQS queue whose
+	// counts are refused or failing): Lag and HighWatermark are 0 then,
+	// and count as no lag.
+	LagUnknown bool `json:"lag_unknown,omitempty"`
 	// OpenTransaction, reading committed, is the transaction still open
 	// the partition waits on: every record before it is projected.
 	OpenTransaction *OpenTransaction `json:"open_transaction,omitempty"`
@@ -199,8 +203,9 @@ type partitionBook struct {
 	// owner is the worker that last published each partition, so a worker
 	// of an ended generation cannot remove its successor's entry.
 	owner map[int]any
-	// queues are the entries of SQS queues ([partitionBook.setQueue]).
-	queues map[int]bool
+	// queues are the entries of SQS queues ([partitionBook.setQueue]);
+	// unknown those whose lag could not be read last time.
+	queues, unknown map[int]bool
 	// stable measures a partition's lag to its last stable offset (read
 	// committed), not its high watermark; set before the book is used.
 	stable bool
@@ -237,6 +242,7 @@ func (b *partitionBook) set(p PartitionStatus, by any) {
 		p.LastStable = max(p.LastStable, old.LastStable)
 	}
 	p.Lag = b.lagOf(p, queue)
+	p.LagUnknown = b.unknown[p.Partition]
 	p.UpdatedAt = time.Now()
 	b.parts[p.Partition] = p
 }
@@ -274,11 +280,45 @@ func (b *partitionBook) setEnds(ends map[int]LogEnd) {
 func (b *partitionBook) setQueueLag(id int, lag int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	delete(b.unknown, id)
 	if p, ok := b.parts[id]; ok && b.queues[id] {
 		p.HighWatermark = lag
 		p.Lag = b.lagOf(p, true)
+		p.LagUnknown = false
 		b.parts[id] = p
 	}
+}
+
+// setQueueLagUnknown records that a queue's counts could not be read: its
+// lag is unknown, and counts as none, for the watchdog and ReadyMaxLag
+// (neither may act on a figure that is no longer true).
+func (b *partitionBook) setQueueLagUnknown(id int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.queues[id] {
+		return
+	}
+	if b.unknown == nil {
+		b.unknown = map[int]bool{}
+	}
+	b.unknown[id] = true
+	if p, ok := b.parts[id]; ok {
+		p.HighWatermark, p.Lag, p.LagUnknown = 0, 0, true
+		b.parts[id] = p
+	}
+}
+
+// lagUnknown reports whether the lag of an entry this instance works could
+// not be read.
+func (b *partitionBook) lagUnknown() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, p := range b.parts {
+		if p.LagUnknown {
+			return true
+		}
+	}
+	return false
 }
 
 // totalLag is the lag of every partition this instance works.
