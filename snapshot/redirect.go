@@ -59,7 +59,15 @@ func (c *Client) httpClient(target string) *http.Client {
 	origin := originOf(target)
 	mode := c.Redirects
 	own.CheckRedirect = func(req *http.Request, via []*http.Request) error {
-		to := req.URL.Redacted()
+		// Where it would have gone, without its query (a presigned
+		// URL's signature) and bounded: this text reaches logs, held rows
+		// and /status.
+		u := *req.URL
+		u.RawQuery, u.Fragment, u.User = "", "", nil
+		to := u.String()
+		if len(to) > 200 {
+			to = to[:200] + "..."
+		}
 		switch {
 		case mode == NoRedirects:
 			return &RedirectError{To: to, Why: "redirects are turned off"}

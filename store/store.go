@@ -327,14 +327,29 @@ func (s *Store) Pending(ctx context.Context) ([]string, error) {
 // this connection may not migrate: the owner must run the migrations.
 type BehindError struct {
 	Schema, Table string
-	// Pending names the migrations not yet run.
+	// Pending names the migrations not yet run; New says they are all
+	// of them: the projection does not exist.
 	Pending []string
+	New     bool
 	Err     error
 }
 
 func (e *BehindError) Error() string {
+	if e.New {
+		return fmt.Sprintf("there is no projection %s.%s yet, and this role may not create it (%v): check --schema and --table; to create it, run `projector migrate --schema %s --table %s` as the role that will own the tables",
+			e.Schema, e.Table, e.Err, e.Schema, e.Table)
+	}
+	names := make([]string, len(e.Pending))
+	for i, p := range e.Pending {
+		names[i] = MigrationName(p)
+	}
 	return fmt.Sprintf("the tables of %s.%s are behind this version (migrations not run: %s) and this role may not migrate them (%v): run `projector migrate --schema %s --table %s` as the tables' owner, then start again",
-		e.Schema, e.Table, strings.Join(e.Pending, ", "), e.Err, e.Schema, e.Table)
+		e.Schema, e.Table, strings.Join(names, ", "), e.Err, e.Schema, e.Table)
+}
+
+// MigrationName is a migration as people name it: 009_log_identity.
+func MigrationName(path string) string {
+	return strings.TrimSuffix(strings.TrimPrefix(path, "migrations/"), ".sql")
 }
 
 func (e *BehindError) Unwrap() error { return e.Err }
@@ -348,14 +363,90 @@ func (s *Store) EnsureCurrent(ctx context.Context) error {
 		return err
 	}
 	if len(pending) == 0 {
-		return nil
+		return s.checkPrivileges(ctx)
 	}
 	err = s.Migrate(ctx)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
-		return &BehindError{Schema: s.schema, Table: s.projection, Pending: pending, Err: err}
+		names, _ := migrationNames()
+		return &BehindError{Schema: s.schema, Table: s.projection, Pending: pending, New: len(pending) == len(names), Err: err}
 	}
 	return err
+}
+
+// PrivilegeError is a role that lacks rights a projector needs on the
+// projection's tables: it would fail at its first write of that kind.
+type PrivilegeError struct {
+	Schema, Table string
+	// Missing names each table or sequence and what is missing on it.
+	Missing []string
+	// Grants are the statements that give them.
+	Grants []string
+}
+
+func (e *PrivilegeError) Error() string {
+	return fmt.Sprintf("this role lacks rights on the tables of %s.%s (%s); as their owner, run: %s",
+		e.Schema, e.Table, strings.Join(e.Missing, "; "), strings.Join(e.Grants, " "))
+}
+
+// checkPrivileges says which of the rights a projector needs the role
+// lacks: SELECT, INSERT, UPDATE and DELETE on the read model and the
+// projector's tables, USAGE on their sequences. Without it a missing
+// grant (a table a later migration added, without default privileges)
+// showed as a database outage retried for ever.
+func (s *Store) checkPrivileges(ctx context.Context) error {
+	rows, err := s.pool.Query(ctx, `SELECT c.relname::text, c.relkind::text,
+			has_table_privilege(c.oid, 'SELECT'), has_table_privilege(c.oid, 'INSERT'),
+			has_table_privilege(c.oid, 'UPDATE'), has_table_privilege(c.oid, 'DELETE'),
+			c.relkind = 'S' AND has_sequence_privilege(c.oid, 'USAGE')
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'S')
+			AND (c.relname = $2 OR (c.relname LIKE 'projector\_%'
+				AND c.relname NOT LIKE 'projector\_rebuild\_%' AND c.relname NOT LIKE 'projector\_old\_%'))
+		ORDER BY 1`, s.schema, s.projection)
+	if err != nil {
+		return fmt.Errorf("store: check privileges: %w", err)
+	}
+	var e PrivilegeError
+	var name, kind string
+	var sel, ins, upd, del, usage bool
+	if _, err := pgx.ForEachRow(rows, []any{&name, &kind, &sel, &ins, &upd, &del, &usage}, func() error {
+		q := pgx.Identifier{s.schema, name}.Sanitize()
+		if kind == "S" {
+			if !usage {
+				e.Missing = append(e.Missing, name+": USAGE")
+				e.Grants = append(e.Grants, "GRANT USAGE, SELECT ON SEQUENCE "+q+" TO current_role_name;")
+			}
+			return nil
+		}
+		var lack []string
+		for _, p := range []struct {
+			ok   bool
+			name string
+		}{{sel, "SELECT"}, {ins, "INSERT"}, {upd, "UPDATE"}, {del, "DELETE"}} {
+			if !p.ok {
+				lack = append(lack, p.name)
+			}
+		}
+		if len(lack) > 0 {
+			e.Missing = append(e.Missing, name+": "+strings.Join(lack, ", "))
+			e.Grants = append(e.Grants, "GRANT SELECT, INSERT, UPDATE, DELETE ON "+q+" TO current_role_name;")
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("store: check privileges: %w", err)
+	}
+	if len(e.Missing) == 0 {
+		return nil
+	}
+	var role string
+	if err := s.pool.QueryRow(ctx, `SELECT current_user`).Scan(&role); err == nil {
+		for i := range e.Grants {
+			e.Grants[i] = strings.Replace(e.Grants[i], "current_role_name", pgx.Identifier{role}.Sanitize(), 1)
+		}
+	}
+	e.Schema, e.Table = s.schema, s.projection
+	return &e
 }
 
 func migrationNames() ([]string, error) {
@@ -386,7 +477,24 @@ func migrateIn(ctx context.Context, tx pgx.Tx, schema, projection string) error 
 		}
 	}
 	mig := pgx.Identifier{schema, "projector_migrations"}.Sanitize()
-	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+mig+` (
+	var migExists bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, mig).Scan(&migExists); err != nil {
+		return fmt.Errorf("store: migrate: %w", err)
+	}
+	if migExists {
+		// Another instance may have migrated while this one waited for
+		// the lock: with nothing left, no DDL at all (a role with DML
+		// rights only gets here when it started during a migration).
+		var left int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM unnest($2::text[]) AS n(name)
+			WHERE NOT EXISTS (SELECT 1 FROM `+mig+` AS m WHERE m.projection = $1 AND m.name = n.name)`,
+			projection, names).Scan(&left); err != nil {
+			return fmt.Errorf("store: migrate: %w", err)
+		}
+		if left == 0 {
+			return nil
+		}
+	} else if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+mig+` (
 		projection text NOT NULL, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(),
 		PRIMARY KEY (projection, name))`); err != nil {
 		return fmt.Errorf("store: migrate: %w", err)
@@ -474,6 +582,10 @@ var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
 // password, missing database, no privilege): the first is worth waiting
 // out, the second is a configuration to fix.
 func IsUnreachable(err error) bool {
+	var priv *PrivilegeError
+	if errors.As(err, &priv) {
+		return false
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		// An answer from the server: only "starting up" or "too many

@@ -30,7 +30,7 @@ func TLSRisk(databaseURL string) string {
 // tlsRisk is [TLSRisk] of a parsed configuration: its first host and
 // every fallback pgx may try after it, each with the TLS it would use.
 func tlsRisk(cc *pgconn.Config) string {
-	type way struct{ plain, unverified, verified int }
+	type way struct{ plain, unverified, anyCA, verified int }
 	var order []string
 	ways := map[string]*way{}
 	note := func(host string, port uint16, tc *tls.Config) {
@@ -50,6 +50,10 @@ func tlsRisk(cc *pgconn.Config) string {
 		case tc.InsecureSkipVerify && tc.VerifyPeerCertificate == nil:
 			// sslmode=require, prefer or allow: any certificate passes.
 			w.unverified++
+		case tc.InsecureSkipVerify && tc.RootCAs == nil:
+			// verify-ca without sslrootcert: any certificate a public CA
+			// signed passes, whatever name it is for.
+			w.anyCA++
 		default:
 			// verify-full checks the chain and the name; verify-ca (or
 			// require with sslrootcert) checks the chain in
@@ -71,6 +75,8 @@ func tlsRisk(cc *pgconn.Config) string {
 			risks = append(risks, addr+" with unverified TLS that falls back to plaintext (sslmode=prefer or allow)")
 		case w.unverified > 0:
 			risks = append(risks, addr+" with TLS whose certificate is not verified (sslmode=require)")
+		case w.anyCA > 0:
+			risks = append(risks, addr+" with TLS that accepts any certificate a public CA signed, for any name (sslmode=verify-ca without sslrootcert)")
 		}
 	}
 	return strings.Join(risks, "; ")

@@ -37,6 +37,7 @@ func TestTLSRisk(t *testing.T) {
 		{"postgres://u@10.0.0.7:5432/app?sslmode=require", "10.0.0.7:5432 with TLS whose certificate is not verified"},
 		{"postgres://u@db.example.com:5432/app?sslmode=require&sslrootcert=" + ca, ""}, // libpq's verify-ca
 		{"postgres://u@db.example.com:5432/app?sslmode=verify-ca&sslrootcert=" + ca, ""},
+		{"postgres://u@db.example.com:5432/app?sslmode=verify-ca", "db.example.com:5432 with TLS that accepts any certificate a public CA signed, for any name (sslmode=verify-ca without sslrootcert)"},
 		{"postgres://u@db.example.com:5432/app?sslmode=verify-full&sslrootcert=" + ca, ""},
 		{"postgres://u@db.example.com:5432/app?sslmode=verify-full", ""}, // the system's roots
 		{"postgres://u@db.example.com:5432/app?sslrootcert=system", ""},  // verify-full

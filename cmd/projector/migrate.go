@@ -56,7 +56,7 @@ Example:
 		}
 		names := make([]string, len(pending))
 		for i, p := range pending {
-			names[i] = strings.TrimSuffix(strings.TrimPrefix(p, "migrations/"), ".sql")
+			names[i] = store.MigrationName(p)
 		}
 		fmt.Fprintf(env.stdout, "%s.%s migrated: %s\n", o.schema, o.table, strings.Join(names, ", "))
 		return nil

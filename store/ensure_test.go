@@ -1,0 +1,77 @@
+package store_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/projector/projector/internal/pgtest"
+	"github.com/projector/projector/store"
+)
+
+// A role with DML rights only that starts while the tables' owner
+// migrates them waits for the migration, then finds nothing left to do:
+// it must not run DDL of its own (it would fail, and report the tables as
+// behind although they are current by then).
+func TestEnsureCurrentDuringAMigrationByTheOwner(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	owner := pgtest.Store(t)
+	schema := owner.Schema()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	role := "dml_" + hex.EncodeToString(b[:])
+	pool := pgtest.Pool(t)
+	s, r := pgx.Identifier{schema}.Sanitize(), pgx.Identifier{role}.Sanitize()
+	for _, sql := range []string{
+		`CREATE ROLE ` + r + ` LOGIN`, `GRANT USAGE ON SCHEMA ` + s + ` TO ` + r,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA ` + s + ` TO ` + r,
+		`GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA ` + s + ` TO ` + r,
+	} {
+		_, err := pool.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.WithoutCancel(ctx), `DROP OWNED BY `+r)
+		_, _ = pool.Exec(context.WithoutCancel(ctx), `DROP ROLE `+r)
+	})
+	u, err := url.Parse(pgtest.URL())
+	require.NoError(t, err)
+	u.User = url.User(role)
+	dml, err := store.Open(ctx, u.String(), store.Config{Schema: schema})
+	require.NoError(t, err)
+	defer dml.Close()
+
+	// The owner's migration: holds the lock, then records the last one.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('projector.migrate:' || $1, 0))`, schema)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `DELETE FROM `+s+`.projector_migrations WHERE name = 'migrations/009_log_identity.sql'`)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `INSERT INTO `+s+`.projector_migrations (projection, name) VALUES ('jobs', 'migrations/009_log_identity.sql')`)
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() { done <- dml.EnsureCurrent(ctx) }()
+	// The DML role's migration waits for the lock.
+	require.Eventually(t, func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE usename = $1 AND wait_event_type = 'Lock'`, role).Scan(&n)
+		return n > 0
+	}, 30*time.Second, 10*time.Millisecond)
+	require.NoError(t, tx.Commit(ctx))
+	select {
+	case err := <-done:
+		require.NoError(t, err, "the tables are current once the owner's migration committed")
+	case <-time.After(30 * time.Second):
+		t.Fatal("EnsureCurrent did not return")
+	}
+}
