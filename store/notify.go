@@ -1,0 +1,40 @@
+package store
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// Channel is the PostgreSQL notification channel on which every batch of
+// the projection is announced once it commits (see [Notice]). Its name is
+// derived from the schema and table, hashed because a channel is an
+// identifier of at most 63 bytes: two projections of one database whose
+// hashes meet share a channel, and their listeners only wake more often.
+func (s *Store) Channel() string { return s.channel }
+
+func channelOf(schema, table string) string {
+	return fmt.Sprintf("projector_%08x", uint32(lockClassOf(schema, table)))
+}
+
+// Notice is the payload of a batch's notification: where a Kafka batch
+// left its partition, or, for a source with no positions (SQS), only that
+// job versions may have changed. A listener reads the model again rather
+// than trusting the notice for more than a hint of what changed.
+type Notice struct {
+	// Topic, Partition and NextOffset are the Kafka batch's position
+	// after it committed; Topic is empty for an unfenced batch.
+	Topic      string `json:"topic,omitempty"`
+	Partition  int    `json:"partition"`
+	NextOffset int64  `json:"next_offset"`
+}
+
+// notice is b's notification payload, a few dozen bytes (PostgreSQL
+// takes up to 8000).
+func (b *Batch) notice() string {
+	n := Notice{Topic: b.Topic, Partition: b.Partition, NextOffset: b.NextOffset}
+	if b.Unfenced {
+		n = Notice{Partition: -1, NextOffset: -1}
+	}
+	out, _ := json.Marshal(n)
+	return string(out)
+}
