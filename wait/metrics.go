@@ -47,5 +47,9 @@ func (m *metrics) observe(outcome string, d time.Duration) {
 
 // Collectors are the Waiter's metrics, for the instance's /metrics.
 func (w *Waiter) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{w.metrics.waits, w.metrics.duration}
+	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "projector_waiters",
+		Help: "Waits held now, at most --api-max-waiters.",
+	}, func() float64 { return float64(w.Waiting()) })
+	return []prometheus.Collector{w.metrics.waits, w.metrics.duration, held}
 }
