@@ -1,8 +1,11 @@
 package store
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Channel is the PostgreSQL notification channel on which every batch of
@@ -31,10 +34,24 @@ type Notice struct {
 // notice is b's notification payload, a few dozen bytes (PostgreSQL
 // takes up to 8000).
 func (b *Batch) notice() string {
-	n := Notice{Topic: b.Topic, Partition: b.Partition, NextOffset: b.NextOffset}
 	if b.Unfenced {
-		n = Notice{Partition: -1, NextOffset: -1}
+		return jobsChanged
 	}
-	out, _ := json.Marshal(n)
+	out, _ := json.Marshal(Notice{Topic: b.Topic, Partition: b.Partition, NextOffset: b.NextOffset})
 	return string(out)
+}
+
+// jobsChanged is the notice of a write outside a partition's batches (a
+// replay, a heal): job versions may have changed, no position did.
+var jobsChanged = func() string {
+	out, _ := json.Marshal(Notice{Partition: -1, NextOffset: -1})
+	return string(out)
+}()
+
+// notifyJobs announces, in tx, a write outside a partition's batches.
+func (s *Store) notifyJobs(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, s.channel, jobsChanged); err != nil {
+		return fmt.Errorf("notify: %w", err)
+	}
+	return nil
 }

@@ -236,3 +236,22 @@ func TestManyWaiters(t *testing.T) {
 		require.NoError(t, err)
 	}
 }
+
+// TestWaitJobIsAnsweredByAHeal: a write outside a partition's batches
+// (verify --repair) announces itself too.
+func TestWaitJobIsAnsweredByAHeal(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, wait.Config{})
+	got := make(chan wait.JobState, 1)
+	go func() {
+		st, _ := r.waiter.WaitJob(context.Background(), "x", 2)
+		got <- st
+	}()
+	require.Eventually(t, func() bool { return r.waiter.Waiting() == 1 }, 5*time.Second, time.Millisecond)
+	applied, _, err := r.writer.Heal(context.Background(), "x", 2, json.RawMessage(`{}`), "", false)
+	require.NoError(t, err)
+	require.True(t, applied)
+	st := <-got
+	require.True(t, st.Reached)
+	require.Equal(t, int64(2), st.Version)
+}
