@@ -56,6 +56,8 @@ type JobState struct {
 	// Missing are the first versions the job's held deltas wait for
 	// (empty when none are held).
 	Missing []int64 `json:"missing"`
+	// Held is the number of held deltas, for [Seen].
+	Held int `json:"-"`
 }
 
 // PositionKey names a partition of the projection.
@@ -67,47 +69,64 @@ type PositionKey struct {
 // maxMissingShown bounds the missing versions a [JobState] lists.
 const maxMissingShown = 10
 
-// Reached reads, in one query, the state of the jobs ids and the stored
-// next offset of the partitions parts (-1 for a partition with no row).
-// A job with no row, no tombstone and no held delta is at version 0.
-func (s *Store) Reached(ctx context.Context, ids []string, parts []PositionKey) (map[string]JobState, map[PositionKey]int64, error) {
+// Seen is what a reader last read of a job: its version and how many
+// held deltas it had. [Unseen] has it read again whatever it is.
+type Seen struct {
+	Version int64
+	Held    int
+}
+
+// Unseen is the Seen of a job not read yet.
+var Unseen = Seen{Version: -1}
+
+// Reached reads, in one query, the jobs of seen whose version or held
+// deltas differ from what seen says (a job with no row, no tombstone and
+// no held delta is at version 0), and the stored next offset of the
+// partitions parts (-1 for a partition with no row). Only the jobs that
+// changed come back: a reader of many jobs that mostly did not move
+// receives, and decodes, little.
+func (s *Store) Reached(ctx context.Context, seen map[string]Seen, parts []PositionKey) (map[string]JobState, map[PositionKey]int64, error) {
 	topics := make([]string, len(parts))
 	nums := make([]int32, len(parts))
 	for i, k := range parts {
 		topics[i], nums[i] = k.Topic, int32(k.Partition)
 	}
-	if ids == nil {
-		ids = []string{}
+	ids := make([]string, 0, len(seen))
+	vers := make([]int64, 0, len(seen))
+	held := make([]int32, 0, len(seen))
+	for id, sn := range seen {
+		ids, vers, held = append(ids, id), append(vers, sn.Version), append(held, int32(sn.Held))
 	}
 	rows, err := s.pool.Query(ctx, `SELECT true, i.id, 0, coalesce(j.version, t.version, 0),
 			j.job_id IS NULL AND t.job_id IS NOT NULL, coalesce(h.versions, '{}')
-		FROM unnest($1::text[]) AS i(id)
+		FROM unnest($1::text[], $5::bigint[], $6::int[]) AS i(id, seen, seen_held)
 		LEFT JOIN `+s.jobs+` j ON j.job_id = i.id
 		LEFT JOIN `+s.tombstones+` t ON t.projection = $2 AND t.job_id = i.id
 		LEFT JOIN LATERAL (SELECT array_agg(version ORDER BY version) AS versions
 			FROM `+s.held+` WHERE projection = $2 AND job_id = i.id) h ON true
+		WHERE coalesce(j.version, t.version, 0) <> i.seen OR coalesce(cardinality(h.versions), 0) <> i.seen_held
 		UNION ALL
 		SELECT false, k.topic, k.part, coalesce(p.next_offset, -1), false, '{}'
 		FROM unnest($3::text[], $4::int[]) AS k(topic, part)
 		LEFT JOIN `+s.partitions+` p ON p.projection = $2 AND p.topic = k.topic AND p.partition = k.part`,
-		ids, s.projection, topics, nums)
+		ids, s.projection, topics, nums, vers, held)
 	if err != nil {
 		return nil, nil, fmt.Errorf("store: progress of %d jobs, %d partitions: %w", len(ids), len(parts), err)
 	}
 	defer rows.Close()
-	jobs := make(map[string]JobState, len(ids))
+	jobs := make(map[string]JobState)
 	positions := make(map[PositionKey]int64, len(parts))
 	for rows.Next() {
 		var isJob, deleted bool
 		var key string
 		var part int32
 		var n int64
-		var held []int64
-		if err := rows.Scan(&isJob, &key, &part, &n, &deleted, &held); err != nil {
+		var versions []int64
+		if err := rows.Scan(&isJob, &key, &part, &n, &deleted, &versions); err != nil {
 			return nil, nil, fmt.Errorf("store: progress: %w", err)
 		}
 		if isJob {
-			jobs[key] = JobState{JobID: key, Version: n, Deleted: deleted, Missing: missing(n, held, maxMissingShown)}
+			jobs[key] = JobState{JobID: key, Version: n, Deleted: deleted, Missing: missing(n, versions, maxMissingShown), Held: len(versions)}
 		} else {
 			positions[PositionKey{Topic: key, Partition: int(part)}] = n
 		}

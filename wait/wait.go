@@ -112,8 +112,10 @@ type waiter struct {
 	// done is closed once the wait is over: reached, or stopped.
 	done chan struct{}
 
-	// Under Waiter.mu.
+	// Under Waiter.mu. state is what the last read found, seen its
+	// summary (store.Unseen before the first read).
 	state    store.JobState
+	seen     store.Seen
 	position int64
 	reached  bool
 }
@@ -150,7 +152,7 @@ func (w *Waiter) WaitJob(ctx context.Context, job string, version int64) (JobSta
 	if job == "" || version < 1 {
 		return JobState{}, fmt.Errorf("wait: job %q at version %d: a job id and a version of at least 1 are needed", job, version)
 	}
-	wt := &waiter{byJob: true, job: job, version: version, state: store.JobState{JobID: job, Missing: []int64{}}}
+	wt := &waiter{byJob: true, job: job, version: version, state: store.JobState{JobID: job, Missing: []int64{}}, seen: store.Unseen}
 	err := w.wait(ctx, wt)
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -31,7 +31,7 @@ type rig struct {
 	next   int64
 }
 
-func newRig(t *testing.T, cfg wait.Config) *rig {
+func newRig(t testing.TB, cfg wait.Config) *rig {
 	t.Helper()
 	ctx := context.Background()
 	writer := pgtest.Store(t)
@@ -57,7 +57,7 @@ func newRig(t *testing.T, cfg wait.Config) *rig {
 
 // apply commits one batch of snapshots (job, version pairs) and held
 // deltas, moving the position by one record per write.
-func (r *rig) apply(t *testing.T, snaps map[string]int64, hold ...store.Held) {
+func (r *rig) apply(t testing.TB, snaps map[string]int64, hold ...store.Held) {
 	t.Helper()
 	b := &store.Batch{Topic: "t", Partition: 0, Epoch: r.epoch, Hold: hold}
 	for id, v := range snaps {
