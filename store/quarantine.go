@@ -147,7 +147,7 @@ func (s *Store) Unquarantine(ctx context.Context, q QuarantineRecord, w *Write) 
 			return fmt.Errorf("store: unquarantine %d: %w", q.ID, err)
 		}
 		if w != nil {
-			if err := s.notifyJobs(ctx, tx); err != nil {
+			if err := s.notifyJobs(ctx, tx, w.JobID); err != nil {
 				return fmt.Errorf("store: unquarantine %d: %w", q.ID, err)
 			}
 		}

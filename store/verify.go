@@ -119,7 +119,7 @@ func (s *Store) Heal(ctx context.Context, jobID string, version int64, state jso
 		if err != nil {
 			return err
 		}
-		return s.notifyJobs(ctx, tx)
+		return s.notifyJobs(ctx, tx, jobID)
 	})
 	if err != nil {
 		return false, 0, fmt.Errorf("store: heal %q at v%d: %w", jobID, version, err)

@@ -2,6 +2,7 @@ package wait
 
 import (
 	"context"
+	"encoding/json"
 	"sync"
 	"time"
 
@@ -46,109 +47,179 @@ func (w *Waiter) listen(ctx context.Context) error {
 		wg.Wait()
 		_ = l.Close(context.WithoutCancel(ctx))
 	}()
-	notes := make(chan struct{}, 1)
+	heard := &notices{ready: make(chan struct{}, 1)}
 	failed := make(chan error, 1)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		for {
-			if _, err := l.Next(ctx); err != nil {
+			payload, err := l.Next(ctx)
+			if err != nil {
 				failed <- err
 				return
 			}
-			select {
-			case notes <- struct{}{}:
-			default: // a check is due already: it reads this batch too
-			}
+			heard.add(payload)
 		}
 	}()
 	// Listening now: whatever commits from here on is heard, so one check
 	// of every waiter covers what was missed before.
-	all, due := true, true
+	sel, due := selection{all: true}, true
 	var retry, later <-chan time.Time
-	// nextAll paces the checks of every waiter: however fast batches
+	// nextNoticed paces the checks after notices: however fast batches
 	// commit, the loop reads at most a share of the time (see pace).
-	var nextAll time.Time
+	var nextNoticed time.Time
 	for {
 		if due {
 			start := time.Now()
-			err := w.check(ctx, all)
-			if all {
-				nextAll = time.Now().Add(pace(time.Since(start)))
+			read, err := w.check(ctx, sel)
+			if !sel.fresh {
+				nextNoticed = time.Now().Add(pace(read, time.Since(start)))
 			}
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil
 				}
-				w.log.Warn("waiters: check failed; checking again", "err", err, "in", w.retry)
+				w.log.Warn("waiters: check failed; checking all again", "err", err, "in", w.retry)
 				retry = time.After(w.retry)
 			}
 		}
+		due = false
 		select {
 		case <-ctx.Done():
 			return nil
 		case err := <-failed:
 			return err
-		case <-notes:
-			if wait := time.Until(nextAll); wait > 0 {
+		case <-heard.ready:
+			if wait := time.Until(nextNoticed); wait > 0 {
 				// Checked a moment ago: once the pause ends, one check
 				// covers this batch and any that commit meanwhile.
 				if later == nil {
 					later = time.After(wait)
 				}
-				due = false
 				continue
 			}
-			all, due = true, true
+			sel, due = heard.take(), true
 		case <-later:
-			later, all, due = nil, true, true
+			later, sel, due = nil, heard.take(), true
 		case <-w.kick:
-			all, due = false, true
+			sel, due = selection{fresh: true}, true
 		case <-retry:
-			retry, all, due = nil, true, true
+			retry, sel, due = nil, selection{all: true}, true
 		}
 	}
 }
 
-// Pacing of the checks of every waiter after a notification: the next
-// waits pauseFactor times as long as the last took, at most maxPause, so
-// that waking waiters takes at most about 1/(1+pauseFactor) of a core and
-// of a connection however fast batches commit. With few waiters a check
-// takes well under a millisecond and the pause is nothing; with 10,000 it
-// adds a few tens of milliseconds to an answer.
+// Pacing of the checks after notices: after one that read at least
+// paceAbove waiters, the next waits pauseFactor times as long as it took,
+// at most maxPause, so that waking many waiters takes about
+// 1/(1+pauseFactor) of a core and of a connection at most however fast
+// batches commit (until a check takes longer than maxPause/4). A check of
+// the few waiters a batch may concern is not paced: its time is mostly
+// the round trip, and a pause would only delay the answer.
 const (
+	paceAbove   = 1000
 	pauseFactor = 4
 	maxPause    = 100 * time.Millisecond
 )
 
-func pace(took time.Duration) time.Duration { return min(pauseFactor*took, maxPause) }
+func pace(read int, took time.Duration) time.Duration {
+	if read < paceAbove {
+		return 0
+	}
+	return min(pauseFactor*took, maxPause)
+}
 
-// check reads the progress of the fresh waiters, or of all, in one query,
-// and answers those reached.
-func (w *Waiter) check(ctx context.Context, all bool) error {
+// selection says which waiters a check reads.
+type selection struct {
+	// fresh: the waiters not read yet; all: every waiter; else those the
+	// notices may concern.
+	fresh, all bool
+	notices    []store.Notice
+}
+
+// wants reports whether the selection may concern wt (fresh apart).
+func (sel selection) wants(wt *waiter) bool {
+	if sel.all {
+		return true
+	}
+	for _, n := range sel.notices {
+		if wt.byJob && n.MayHaveChanged(wt.hash) {
+			return true
+		}
+		if !wt.byJob && n.Topic == wt.pos.Topic && n.Partition == wt.pos.Partition {
+			return true
+		}
+	}
+	return false
+}
+
+// maxNotices bounds the notices kept between two checks; beyond, the next
+// check reads every waiter.
+const maxNotices = 64
+
+// notices are those heard since the last check.
+type notices struct {
+	mu   sync.Mutex
+	list []store.Notice
+	all  bool
+	// ready holds a signal while notices wait.
+	ready chan struct{}
+}
+
+func (h *notices) add(payload string) {
+	var n store.Notice
+	h.mu.Lock()
+	switch {
+	case h.all:
+	case len(h.list) >= maxNotices || json.Unmarshal([]byte(payload), &n) != nil:
+		h.all, h.list = true, nil
+	default:
+		h.list = append(h.list, n)
+	}
+	h.mu.Unlock()
+	select {
+	case h.ready <- struct{}{}:
+	default:
+	}
+}
+
+func (h *notices) take() selection {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	sel := selection{all: h.all, notices: h.list}
+	h.all, h.list = false, nil
+	return sel
+}
+
+// check reads the progress of the waiters sel selects in one query, and
+// answers those reached. It returns how many waiters it read.
+func (w *Waiter) check(ctx context.Context, sel selection) (int, error) {
 	w.mu.Lock()
 	var batch []*waiter
-	if all {
-		batch = make([]*waiter, 0, len(w.all))
-		for wt := range w.all {
-			batch = append(batch, wt)
-		}
-	} else {
+	if sel.fresh {
 		for _, wt := range w.fresh {
 			if _, ok := w.all[wt]; ok {
 				batch = append(batch, wt)
 			}
 		}
+		w.fresh = nil
+	} else {
+		for wt := range w.all {
+			if sel.wants(wt) {
+				batch = append(batch, wt)
+			}
+		}
+		if sel.all {
+			w.fresh = nil
+		}
 	}
-	w.fresh = nil
-	w.mu.Unlock()
 	if len(batch) == 0 {
-		return nil
+		w.mu.Unlock()
+		return 0, nil
 	}
 	// What each job's waiters last saw: only the jobs that moved since
 	// come back. Waiters of one job that saw different things (one new)
 	// have it read in full.
-	w.mu.Lock()
 	seen := make(map[string]store.Seen)
 	var parts []store.PositionKey
 	seenPart := map[store.PositionKey]bool{}
@@ -170,8 +241,7 @@ func (w *Waiter) check(ctx context.Context, all bool) error {
 	w.mu.Unlock()
 	jobs, positions, err := w.store.Reached(ctx, seen, parts)
 	if err != nil {
-		// The batch is checked again on the next wake-up (all waiters).
-		return err
+		return len(batch), err
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -195,7 +265,7 @@ func (w *Waiter) check(ctx context.Context, all bool) error {
 			close(wt.done)
 		}
 	}
-	return nil
+	return len(batch), nil
 }
 
 // stop refuses new waiters, checks those held once more, and answers the
@@ -206,7 +276,7 @@ func (w *Waiter) stop() {
 	w.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), finalCheck)
 	defer cancel()
-	if err := w.check(ctx, true); err != nil {
+	if _, err := w.check(ctx, selection{all: true}); err != nil {
 		w.log.Warn("waiters: last check failed", "err", err)
 	}
 	w.mu.Lock()

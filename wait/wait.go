@@ -106,6 +106,7 @@ type Waiter struct {
 type waiter struct {
 	byJob   bool
 	job     string
+	hash    store.JobHash
 	version int64
 	pos     store.PositionKey
 	offset  int64
@@ -152,7 +153,7 @@ func (w *Waiter) WaitJob(ctx context.Context, job string, version int64) (JobSta
 	if job == "" || version < 1 {
 		return JobState{}, fmt.Errorf("wait: job %q at version %d: a job id and a version of at least 1 are needed", job, version)
 	}
-	wt := &waiter{byJob: true, job: job, version: version, state: store.JobState{JobID: job, Missing: []int64{}}, seen: store.Unseen}
+	wt := &waiter{byJob: true, job: job, hash: store.HashJob(job), version: version, state: store.JobState{JobID: job, Missing: []int64{}}, seen: store.Unseen}
 	err := w.wait(ctx, wt)
 	w.mu.Lock()
 	defer w.mu.Unlock()
