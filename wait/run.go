@@ -249,6 +249,7 @@ func (w *Waiter) check(ctx context.Context, sel selection) (int, error) {
 		if _, ok := w.all[wt]; !ok || wt.reached {
 			continue
 		}
+		wt.read = true
 		if wt.byJob {
 			st, moved := jobs[wt.job]
 			if !moved {

@@ -114,7 +114,9 @@ type waiter struct {
 	done chan struct{}
 
 	// Under Waiter.mu. state is what the last read found, seen its
-	// summary (store.Unseen before the first read).
+	// summary (store.Unseen before the first read); read says whether a
+	// check read it at all.
+	read     bool
 	state    store.JobState
 	seen     store.Seen
 	position int64
@@ -206,8 +208,11 @@ func (w *Waiter) wait(ctx context.Context, wt *waiter) error {
 	}
 	w.mu.Lock()
 	delete(w.all, wt)
-	reached, stopped := wt.reached, w.stopped
+	reached, stopped, read := wt.reached, w.stopped, wt.read
 	w.mu.Unlock()
+	if !reached && !read {
+		reached = w.readOnce(ctx, wt)
+	}
 	switch {
 	case reached:
 		w.metrics.observe(outcomeReached, time.Since(start))
@@ -221,4 +226,39 @@ func (w *Waiter) wait(ctx context.Context, wt *waiter) error {
 		w.metrics.observe(outcomeCancelled, time.Since(start))
 	}
 	return ctx.Err()
+}
+
+// lastReadTimeout bounds the read of a waiter that ended before any check
+// read it.
+const lastReadTimeout = time.Second
+
+// readOnce reads wt once, for a waiter whose wait ended before any check
+// read it (a very short timeout, or Run not listening), so that its answer
+// says where the job or partition is rather than nothing. The wait is
+// over: the pooled connection is held for the one query.
+func (w *Waiter) readOnce(ctx context.Context, wt *waiter) (reached bool) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lastReadTimeout)
+	defer cancel()
+	seen := map[string]store.Seen{}
+	var parts []store.PositionKey
+	if wt.byJob {
+		seen[wt.job] = store.Unseen
+	} else {
+		parts = []store.PositionKey{wt.pos}
+	}
+	jobs, positions, err := w.store.Reached(ctx, seen, parts)
+	if err != nil {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	wt.read = true
+	if wt.byJob {
+		wt.state = jobs[wt.job]
+		wt.reached = wt.state.Version >= wt.version
+	} else {
+		wt.position = positions[wt.pos]
+		wt.reached = wt.position > wt.offset
+	}
+	return wt.reached
 }

@@ -255,3 +255,35 @@ func TestWaitJobIsAnsweredByAHeal(t *testing.T) {
 	require.True(t, st.Reached)
 	require.Equal(t, int64(2), st.Version)
 }
+
+// TestAWaitNoCheckReadIsReadOnceAtItsEnd: a wait that ends before any
+// check read it (Run not started here) still answers where the job and
+// the partition are.
+func TestAWaitNoCheckReadIsReadOnceAtItsEnd(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.Store(t)
+	c, err := s.Claim(ctx, "t", 0, "me")
+	require.NoError(t, err)
+	_, err = s.Apply(ctx, &store.Batch{Topic: "t", Partition: 0, Epoch: c.Epoch, NextOffset: 5,
+		Snapshots: []store.Write{{JobID: "x", Version: 2, State: json.RawMessage(`{}`)}},
+		Hold:      []store.Held{{JobID: "x", Version: 4, Ops: json.RawMessage(`[]`), Since: time.Now()}}})
+	require.NoError(t, err)
+	w, err := wait.New(wait.Config{Store: s})
+	require.NoError(t, err)
+	short := func() context.Context {
+		c, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		t.Cleanup(cancel)
+		return c
+	}
+
+	st, err := w.WaitJob(short(), "x", 4)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Equal(t, wait.JobState{JobState: store.JobState{JobID: "x", Version: 2, Missing: []int64{3}, Held: 1}}, st)
+	st, err = w.WaitJob(short(), "x", 2)
+	require.NoError(t, err, "reached, though no check ran")
+	require.True(t, st.Reached)
+	pos, err := w.WaitPosition(short(), "t", 0, 5)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Equal(t, int64(5), pos.Position)
+}
