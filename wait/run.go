@@ -17,7 +17,8 @@ const finalCheck = 2 * time.Second
 // ends; then it checks them once more and answers every one left with
 // [ErrStopped]. A lost connection is listened again after Config.Retry,
 // and every waiter checked, since notifications may have been missed
-// meanwhile. It returns nil once stopped.
+// meanwhile. It returns nil once stopped; a Waiter runs once, and once
+// stopped answers every new wait with [ErrStopped].
 func (w *Waiter) Run(ctx context.Context) error {
 	defer w.stop()
 	for ctx.Err() == nil {

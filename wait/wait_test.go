@@ -287,3 +287,29 @@ func TestAWaitNoCheckReadIsReadOnceAtItsEnd(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Equal(t, int64(5), pos.Position)
 }
+
+// TestALostListenerIsReplaced: the LISTEN connection cut by the server is
+// opened again, and a commit made meanwhile still answers its waiter.
+func TestALostListenerIsReplaced(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, wait.Config{Retry: 50 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	got := make(chan error, 1)
+	go func() {
+		_, err := r.waiter.WaitJob(ctx, "x", 1)
+		got <- err
+	}()
+	require.Eventually(t, func() bool { return r.waiter.Waiting() == 1 }, 5*time.Second, time.Millisecond)
+	// Run may not be listening yet: cut the connection once it is.
+	require.Eventually(t, func() bool {
+		var cut int
+		err := pgtest.Pool(t).QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE query = 'LISTEN "' || $1 || '"'`, r.writer.Channel()).Scan(&cut)
+		require.NoError(t, err)
+		require.LessOrEqual(t, cut, 1, "one listening connection for the process")
+		return cut == 1
+	}, 5*time.Second, 5*time.Millisecond)
+	r.apply(t, map[string]int64{"x": 1})
+	require.NoError(t, <-got)
+}
