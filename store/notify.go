@@ -36,7 +36,16 @@ type Notice struct {
 	// write may have changed (see [Notice.MayHaveChanged]); empty when
 	// any job may have.
 	Jobs []byte `json:"jobs,omitempty"`
+	// All says that every job and every position may have changed (a
+	// rebuild's swap).
+	All bool `json:"all,omitempty"`
 }
+
+// everything is the notice of a rebuild's swap.
+var everything = func() string {
+	out, _ := json.Marshal(Notice{Partition: -1, NextOffset: -1, All: true})
+	return string(out)
+}()
 
 // Bounds of a notice's filter: 16 bits a job, so one in about a hundred
 // jobs not written is taken for written, up to 32768 bits (4 KiB, 5.5 KB
@@ -63,7 +72,7 @@ func HashJob(id string) JobHash {
 // MayHaveChanged reports whether the write the notice announces may have
 // changed the job hashed to h: false means it did not.
 func (n Notice) MayHaveChanged(h JobHash) bool {
-	if len(n.Jobs) == 0 {
+	if n.All || len(n.Jobs) == 0 {
 		return true
 	}
 	bits := uint32(len(n.Jobs)) * 8

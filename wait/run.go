@@ -144,7 +144,7 @@ func (sel selection) wants(wt *waiter) bool {
 		return true
 	}
 	for _, n := range sel.notices {
-		if wt.byJob && n.MayHaveChanged(wt.hash) {
+		if n.All || wt.byJob && n.MayHaveChanged(wt.hash) {
 			return true
 		}
 		if !wt.byJob && n.Topic == wt.pos.Topic && n.Partition == wt.pos.Partition {

@@ -313,3 +313,36 @@ func TestALostListenerIsReplaced(t *testing.T) {
 	r.apply(t, map[string]int64{"x": 1})
 	require.NoError(t, <-got)
 }
+
+// TestARebuildsSwapAnswersWaiters: the swap moves every row and position
+// at once, and says so: waiters by job and by position are read again.
+func TestARebuildsSwapAnswersWaiters(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, wait.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	byJob, byPos := make(chan error, 1), make(chan error, 1)
+	go func() {
+		_, err := r.waiter.WaitJob(ctx, "x", 2)
+		byJob <- err
+	}()
+	go func() {
+		_, err := r.waiter.WaitPosition(ctx, "t", 0, 5)
+		byPos <- err
+	}()
+	require.Eventually(t, func() bool { return r.waiter.Waiting() == 2 }, 5*time.Second, time.Millisecond)
+
+	shadow, err := r.writer.Shadow()
+	require.NoError(t, err)
+	require.NoError(t, shadow.Reset(ctx))
+	require.NoError(t, shadow.Migrate(ctx))
+	sc, err := shadow.Claim(ctx, "t", 0, "rebuild")
+	require.NoError(t, err)
+	_, err = shadow.Apply(ctx, &store.Batch{Topic: "t", Epoch: sc.Epoch, NextOffset: 9,
+		Snapshots: []store.Write{{JobID: "x", Version: 2, State: json.RawMessage(`{}`)}}})
+	require.NoError(t, err)
+	_, err = r.writer.Swap(ctx, shadow, false)
+	require.NoError(t, err)
+	require.NoError(t, <-byJob)
+	require.NoError(t, <-byPos)
+}
