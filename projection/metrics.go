@@ -3,6 +3,7 @@ package projection
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -59,6 +60,17 @@ func newMetrics(p *Projector) *metrics {
 // Metrics is the Projector's registry: what /metrics serves. A program
 // embedding the Projector may gather it into its own endpoint.
 func (p *Projector) Metrics() prometheus.Gatherer { return p.metrics.reg }
+
+// RegisterMetrics adds collectors of a program embedding the Projector
+// (the waiters of package wait) to its registry, served on /metrics.
+func (p *Projector) RegisterMetrics(cs ...prometheus.Collector) error {
+	for _, c := range cs {
+		if err := p.metrics.reg.Register(c); err != nil {
+			return fmt.Errorf("projection: register metrics: %w", err)
+		}
+	}
+	return nil
+}
 
 func (m *metrics) handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})

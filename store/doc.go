@@ -11,7 +11,9 @@
 // that may create a row, a delete), the batch's job stripe locks order the
 // writers, so a deleted job never comes back below its delete's version.
 // Every batch commits in one transaction together with the partition
-// position it covers, and that transaction starts with the fence. The
+// position it covers, and that transaction starts with the fence. Each
+// batch also announces itself on the projection's [Store.Channel], sent
+// with the fence, so listeners hear of it once it commits. The
 // writes made outside a partition ([Store.Unquarantine] for a replay,
 // [Store.Heal] for a repair) touch no position and no epoch, and rely on
 // the same version conditions alone.

@@ -166,7 +166,11 @@ func (s *Store) fence(ctx context.Context, tx pgx.Tx, b *Batch) error {
 			WHERE projection = $1 AND topic = $2 AND partition = $3 AND epoch = $4`,
 			s.projection, b.Topic, b.Partition, b.Epoch, b.NextOffset, lastOffset, lastHash)
 	}
-	pipe.Queue(`SELECT set_config('lock_timeout', current_setting('projector.lock_timeout'), true)`)
+	// The batch's notification rides on a statement the pipeline sends
+	// anyway: PostgreSQL delivers it only if the transaction commits, so
+	// a listener hears of the batch exactly when its writes are visible.
+	pipe.Queue(`SELECT set_config('lock_timeout', current_setting('projector.lock_timeout'), true), pg_notify($1, $2)`,
+		s.channel, b.notice())
 	lockSQL, lockArgs, lock := s.lockJobsStatement(b)
 	if lock {
 		pipe.Queue(lockSQL, lockArgs...)

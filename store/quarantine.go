@@ -146,6 +146,11 @@ func (s *Store) Unquarantine(ctx context.Context, q QuarantineRecord, w *Write) 
 		if _, err := tx.Exec(ctx, `DELETE FROM `+s.quarantine+` WHERE projection = $1 AND id = $2`, s.projection, q.ID); err != nil {
 			return fmt.Errorf("store: unquarantine %d: %w", q.ID, err)
 		}
+		if w != nil {
+			if err := s.notifyJobs(ctx, tx, w.JobID); err != nil {
+				return fmt.Errorf("store: unquarantine %d: %w", q.ID, err)
+			}
+		}
 		return nil
 	})
 }

@@ -619,7 +619,9 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool, catchUp C
 				return err
 			}
 		}
-		return nil
+		// Every row and position may have moved: listeners read all.
+		_, err = exec(`SELECT pg_notify($1, $2)`, s.channel, everything)
+		return err
 	})
 	return res, err
 }

@@ -130,6 +130,8 @@ type Store struct {
 	jobs, partitions, quarantine, held, tombstones, gapLog, identity string
 	// lockClass keys the projection's job lock stripes (see lockJobs).
 	lockClass int32
+	// channel is where every committed batch is announced ([Store.Channel]).
+	channel string
 	// bounds of the transactions that lock a partition row
 	claimLockTimeout, idleTimeout, statementTimeout time.Duration
 }
@@ -236,6 +238,7 @@ func newStore(pool *pgxpool.Pool, cfg Config) *Store {
 		held:             q("projector_held"),
 		tombstones:       q("projector_tombstones"),
 		lockClass:        lockClassOf(cfg.Schema, cfg.Table),
+		channel:          channelOf(cfg.Schema, cfg.Table),
 		gapLog:           q("projector_gap_log"),
 		identity:         q("projector_identity"),
 	}

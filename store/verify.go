@@ -116,7 +116,10 @@ func (s *Store) Heal(ctx context.Context, jobID string, version int64, state jso
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO `+s.gapLog+` (projection, job_id, opened_at, step, from_version, to_version)
 			VALUES ($1, $2, now(), 'verify', $3, $4)`, s.projection, jobID, before, version)
-		return err
+		if err != nil {
+			return err
+		}
+		return s.notifyJobs(ctx, tx, jobID)
 	})
 	if err != nil {
 		return false, 0, fmt.Errorf("store: heal %q at v%d: %w", jobID, version, err)

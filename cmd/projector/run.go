@@ -40,6 +40,8 @@ type runOpts struct {
 	bounds             boundFlags
 	// sqs chooses the source (run only; rebuild reads Kafka).
 	sqs sqsFlags
+	// api is the read-your-writes long-poll (run only).
+	api apiFlags
 }
 
 // boundFlags are the bounds on the transactions that lock a partition's
@@ -238,6 +240,7 @@ Example:
 		o.register(fs, d.Group, "")
 		fs.StringVar(&o.start, "start", d.Start, "where a partition never projected before starts: earliest or latest")
 		o.sqs.register(fs)
+		o.api.register(fs)
 		return o
 	},
 	run: func(ctx context.Context, env *cmdEnv, opts any) error {
@@ -247,6 +250,9 @@ Example:
 			return err
 		}
 		if err := o.validate(); err != nil {
+			return err
+		}
+		if err := o.api.validate(); err != nil {
 			return err
 		}
 		warnUnverifiedTLS(logger, o.databaseURL)
@@ -271,6 +277,15 @@ Example:
 			return err
 		}
 		defer stop()
+		positions := o.topic // what /wait?partition= means; SQS stores no positions
+		if o.sqs.source == sourceSQS {
+			positions = ""
+		}
+		stopAPI, err := o.api.serve(ctx, st, p, positions, logger)
+		if err != nil {
+			return err
+		}
+		defer stopAPI()
 		return refusedGroup(p.Run(ctx))
 	},
 }

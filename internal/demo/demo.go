@@ -172,6 +172,15 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	}
 
 	waitErr := waitDone(ctx, cfg, src, st, p, start)
+	var own string
+	if waitErr == nil {
+		job, version, took, err := ownWrite(ctx, src, st, stream, gen.Partitions, sum)
+		if err != nil {
+			waitErr = err
+		} else {
+			own = fmt.Sprintf("read your own write: %s v%d published and read back %s later (waited for, not polled)", job, version, took.Round(100*time.Microsecond))
+		}
+	}
 	stopEngine()
 	wg.Wait()
 	if runErr != nil {
@@ -187,6 +196,9 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 		return nil, err
 	}
 	printSummary(cfg.Out, sum, auth.Requests.Load())
+	if own != "" {
+		say("%s", own)
+	}
 	if waitErr != nil {
 		say("did not finish: %v", waitErr)
 	}

@@ -26,6 +26,7 @@ func TestDemoVerifiesEveryJobAndShowsEveryFault(t *testing.T) {
 	require.True(t, sum.OK(), "mismatches: %v", sum.Mismatches)
 	require.Equal(t, 300, sum.Verified)
 	require.Contains(t, out.String(), "verified: 300/300 jobs match")
+	require.Contains(t, out.String(), "read your own write: ", "a client waits for its own write")
 
 	f := sum.Faults
 	for name, n := range map[string]int{"late": f.Late, "duplicate": f.Duplicate, "missing": f.Missing, "misrouted": f.Misrouted, "bad": f.Bad,

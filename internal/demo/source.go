@@ -155,6 +155,9 @@ func (f *queueFeed) produce(ctx context.Context, recs []jobgen.Record) error {
 		lanes[h.Sum32()%senders] = append(lanes[h.Sum32()%senders], i)
 	}
 	c := f.client
+	// Deduplication ids run on across calls: a record of a later call
+	// is not a duplicate of the one an earlier call sent at its index.
+	base := f.sent.Load()
 	g, gctx := errgroup.WithContext(ctx)
 	for _, lane := range lanes {
 		g.Go(func() error {
@@ -164,7 +167,7 @@ func (f *queueFeed) produce(ctx context.Context, recs []jobgen.Record) error {
 				for k, i := range lane[:n] {
 					entries[k] = types.SendMessageBatchRequestEntry{
 						Id: aws.String(strconv.Itoa(k)), MessageBody: aws.String(string(recs[i].Value)),
-						MessageGroupId: aws.String(group(recs[i])), MessageDeduplicationId: aws.String(strconv.Itoa(i)),
+						MessageGroupId: aws.String(group(recs[i])), MessageDeduplicationId: aws.String(strconv.FormatInt(base+int64(i), 10)),
 					}
 				}
 				out, err := c.SendMessageBatch(gctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(f.url), Entries: entries})

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/projector/projector/projection"
+	"github.com/projector/projector/store"
+	"github.com/projector/projector/wait"
+)
+
+// apiFlags configure the read-your-writes long-poll (run only).
+type apiFlags struct {
+	// addr is where /wait is served; empty: not served.
+	addr       string
+	maxWaiters int
+}
+
+func (a *apiFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&a.addr, "api-addr", "", "address of the read-your-writes long-poll GET /wait (by job and version, or\nby partition and offset); empty: not served. Unlike --http-addr, an address\nthat cannot be bound stops the start (exit 1): clients depend on it")
+	fs.IntVar(&a.maxWaiters, "api-max-waiters", wait.DefaultMaxWaiters, "most requests /wait holds at once on this instance; beyond, it answers 503")
+}
+
+func (a *apiFlags) validate() error {
+	if a.addr != "" {
+		_, port, err := net.SplitHostPort(a.addr)
+		if err != nil {
+			return usagef("--api-addr %q: want [host]:port such as :8081 or 127.0.0.1:8081", a.addr)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+			return usagef("--api-addr %q: the port %q is not a number from 0 to 65535", a.addr, port)
+		}
+	}
+	if a.maxWaiters < 1 {
+		return usagef("--api-max-waiters %d: must be at least 1", a.maxWaiters)
+	}
+	return nil
+}
+
+// serve starts the waiters and /wait when --api-addr is set; stop answers
+// the requests held (they are not dropped), then closes the server.
+func (a *apiFlags) serve(ctx context.Context, st *store.Store, p *projection.Projector, topic string, logger *slog.Logger) (stop func(), err error) {
+	if a.addr == "" {
+		return func() {}, nil
+	}
+	w, err := wait.New(wait.Config{Store: st, MaxWaiters: a.maxWaiters, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	if err := p.RegisterMetrics(w.Collectors()...); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", a.addr)
+	if err != nil {
+		return nil, fmt.Errorf("--api-addr %s: %w", a.addr, err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		_ = w.Run(runCtx)
+	}()
+	// No write timeout: a request waits up to wait.MaxTimeout by design.
+	srv := &http.Server{Handler: wait.Handler(w, topic), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = srv.Serve(ln)
+	}()
+	logger.Info("serving /wait", "addr", ln.Addr().String(), "max_waiters", a.maxWaiters)
+	return func() {
+		cancel()
+		<-ran
+		sctx, done := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer done()
+		_ = srv.Shutdown(sctx)
+		<-served
+	}, nil
+}

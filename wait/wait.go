@@ -1,0 +1,264 @@
+package wait
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/projector/projector/store"
+)
+
+// ErrTooManyWaiters is returned at once when the [Waiter] already holds
+// [Config.MaxWaiters] waiters.
+var ErrTooManyWaiters = errors.New("wait: too many waiters")
+
+// ErrStopped is returned to the waiters of a [Waiter] whose Run returned
+// before their version or offset was reached.
+var ErrStopped = errors.New("wait: stopped")
+
+// Config sets up a [Waiter].
+type Config struct {
+	Store *store.Store
+	// MaxWaiters bounds the waiters held at once. Default
+	// [DefaultMaxWaiters].
+	MaxWaiters int
+	// Retry is how long Run waits before listening again after the
+	// connection failed, or checking again after a check failed.
+	// Default 1s.
+	Retry  time.Duration
+	Logger *slog.Logger
+}
+
+// DefaultMaxWaiters is the default bound on waiters.
+const DefaultMaxWaiters = 10_000
+
+// WithDefaults returns c with empty fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if c.MaxWaiters == 0 {
+		c.MaxWaiters = DefaultMaxWaiters
+	}
+	if c.Retry == 0 {
+		c.Retry = time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Validate reports settings a Waiter cannot take.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
+	var errs []error
+	if c.Store == nil {
+		errs = append(errs, errors.New("Store: required"))
+	}
+	if c.MaxWaiters < 1 {
+		errs = append(errs, fmt.Errorf("MaxWaiters %d: must be at least 1", c.MaxWaiters))
+	}
+	if c.Retry < 0 {
+		errs = append(errs, fmt.Errorf("Retry %s: must not be negative", c.Retry))
+	}
+	return errors.Join(errs...)
+}
+
+// JobState is a job's progress as a waiter on it was last told.
+type JobState struct {
+	Reached bool `json:"reached"`
+	store.JobState
+}
+
+// PositionState is a partition's progress as a waiter on it was last told.
+type PositionState struct {
+	Reached   bool   `json:"reached"`
+	Topic     string `json:"topic"`
+	Partition int    `json:"partition"`
+	// Offset is the offset waited for.
+	Offset int64 `json:"offset"`
+	// Position is the partition's stored next offset; -1 when the
+	// partition has none yet.
+	Position int64 `json:"position"`
+}
+
+// Waiter holds the waiters of one process. Run must be running for any
+// of them to be answered.
+type Waiter struct {
+	store   *store.Store
+	max     int
+	retry   time.Duration
+	log     *slog.Logger
+	metrics *metrics
+
+	// kick wakes Run to check fresh waiters; one pending kick is enough.
+	kick chan struct{}
+
+	mu      sync.Mutex
+	all     map[*waiter]struct{}
+	fresh   []*waiter
+	stopped bool
+}
+
+// waiter is one caller's wait, a few hundred bytes.
+type waiter struct {
+	byJob   bool
+	job     string
+	hash    store.JobHash
+	version int64
+	pos     store.PositionKey
+	offset  int64
+	// done is closed once the wait is over: reached, or stopped.
+	done chan struct{}
+
+	// Under Waiter.mu. state is what the last read found, seen its
+	// summary (store.Unseen before the first read); read says whether a
+	// check read it at all.
+	read     bool
+	state    store.JobState
+	seen     store.Seen
+	position int64
+	reached  bool
+}
+
+// New returns a Waiter; it answers no one until [Waiter.Run].
+func New(cfg Config) (*Waiter, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("wait: %w", err)
+	}
+	cfg = cfg.WithDefaults()
+	return &Waiter{
+		store:   cfg.Store,
+		max:     cfg.MaxWaiters,
+		retry:   cfg.Retry,
+		log:     cfg.Logger,
+		metrics: newMetrics(),
+		kick:    make(chan struct{}, 1),
+		all:     make(map[*waiter]struct{}),
+	}, nil
+}
+
+// Waiting is the number of waiters held now.
+func (w *Waiter) Waiting() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.all)
+}
+
+// WaitJob waits until job's row is at version or above, or the job is
+// deleted at or above it. The state returned is the last one read: with
+// ctx's error when ctx ended first, [ErrStopped] when Run returned first,
+// [ErrTooManyWaiters] (and no state) when the bound is reached.
+func (w *Waiter) WaitJob(ctx context.Context, job string, version int64) (JobState, error) {
+	if job == "" || version < 1 {
+		return JobState{}, fmt.Errorf("wait: job %q at version %d: a job id and a version of at least 1 are needed", job, version)
+	}
+	wt := &waiter{byJob: true, job: job, hash: store.HashJob(job), version: version, state: store.JobState{JobID: job, Missing: []int64{}}, seen: store.Unseen}
+	err := w.wait(ctx, wt)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return JobState{Reached: wt.reached, JobState: wt.state}, err
+}
+
+// WaitPosition waits until the stored position of topic's partition has
+// passed offset (its next offset is above it), whatever became of the
+// record there (applied, a duplicate, quarantined). Results as for
+// [Waiter.WaitJob].
+func (w *Waiter) WaitPosition(ctx context.Context, topic string, partition int, offset int64) (PositionState, error) {
+	if topic == "" || partition < 0 || offset < 0 {
+		return PositionState{}, fmt.Errorf("wait: %s/%d@%d: a topic, a partition and an offset, neither negative, are needed", topic, partition, offset)
+	}
+	wt := &waiter{pos: store.PositionKey{Topic: topic, Partition: partition}, offset: offset, position: -1}
+	err := w.wait(ctx, wt)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return PositionState{Reached: wt.reached, Topic: topic, Partition: partition, Offset: offset, Position: wt.position}, err
+}
+
+func (w *Waiter) wait(ctx context.Context, wt *waiter) error {
+	start := time.Now()
+	wt.done = make(chan struct{})
+	w.mu.Lock()
+	switch {
+	case w.stopped:
+		w.mu.Unlock()
+		w.metrics.observe(outcomeStopped, 0)
+		return ErrStopped
+	case len(w.all) >= w.max:
+		w.mu.Unlock()
+		w.metrics.observe(outcomeRefused, 0)
+		return ErrTooManyWaiters
+	}
+	w.all[wt] = struct{}{}
+	if len(w.fresh) >= 2*w.max {
+		// Run is not checking: keep only the waiters still held.
+		w.fresh = slices.DeleteFunc(w.fresh, func(f *waiter) bool { _, ok := w.all[f]; return !ok })
+	}
+	w.fresh = append(w.fresh, wt)
+	w.mu.Unlock()
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+	select {
+	case <-wt.done:
+	case <-ctx.Done():
+	}
+	w.mu.Lock()
+	delete(w.all, wt)
+	reached, stopped, read := wt.reached, w.stopped, wt.read
+	w.mu.Unlock()
+	if !reached && !read {
+		reached = w.readOnce(ctx, wt)
+	}
+	switch {
+	case reached:
+		w.metrics.observe(outcomeReached, time.Since(start))
+		return nil
+	case ctx.Err() == nil && stopped:
+		w.metrics.observe(outcomeStopped, time.Since(start))
+		return ErrStopped
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		w.metrics.observe(outcomeTimeout, time.Since(start))
+	default:
+		w.metrics.observe(outcomeCancelled, time.Since(start))
+	}
+	return ctx.Err()
+}
+
+// lastReadTimeout bounds the read of a waiter that ended before any check
+// read it.
+const lastReadTimeout = time.Second
+
+// readOnce reads wt once, for a waiter whose wait ended before any check
+// read it (a very short timeout, or Run not listening), so that its answer
+// says where the job or partition is rather than nothing. The wait is
+// over: the pooled connection is held for the one query.
+func (w *Waiter) readOnce(ctx context.Context, wt *waiter) (reached bool) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lastReadTimeout)
+	defer cancel()
+	seen := map[string]store.Seen{}
+	var parts []store.PositionKey
+	if wt.byJob {
+		seen[wt.job] = store.Unseen
+	} else {
+		parts = []store.PositionKey{wt.pos}
+	}
+	jobs, positions, err := w.store.Reached(ctx, seen, parts)
+	if err != nil {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	wt.read = true
+	if wt.byJob {
+		wt.state = jobs[wt.job]
+		wt.reached = wt.state.Version >= wt.version
+	} else {
+		wt.position = positions[wt.pos]
+		wt.reached = wt.position > wt.offset
+	}
+	return wt.reached
+}
