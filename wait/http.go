@@ -73,6 +73,9 @@ type query struct {
 	timeout   time.Duration
 }
 
+// maxJobIDBytes bounds a waited-for job id, and so what one waiter holds.
+const maxJobIDBytes = 512
+
 func parseQuery(r *http.Request, topic string) (query, error) {
 	v := r.URL.Query()
 	q := query{timeout: DefaultTimeout, topic: topic}
@@ -91,6 +94,9 @@ func parseQuery(r *http.Request, topic string) (query, error) {
 		q.byJob, q.job = true, v.Get("job")
 		if q.job == "" {
 			return q, errors.New("job: missing; e.g. job=job-42&version=7")
+		}
+		if len(q.job) > maxJobIDBytes {
+			return q, fmt.Errorf("job: %d bytes; a job id is at most %d", len(q.job), maxJobIDBytes)
 		}
 		n, err := strconv.ParseInt(v.Get("version"), 10, 64)
 		if err != nil || n < 1 {

@@ -60,14 +60,18 @@ func (a *apiFlags) serve(ctx context.Context, st *store.Store, p *projection.Pro
 	if err != nil {
 		return nil, fmt.Errorf("--api-addr %s: %w", a.addr, err)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
+	// The waiter stops with stop, after the projector's last batches
+	// (run calls stop once Run returned), not at the signal: a wait that
+	// the final commit reaches is answered 200.
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	ran := make(chan struct{})
 	go func() {
 		defer close(ran)
 		_ = w.Run(runCtx)
 	}()
 	// No write timeout: a request waits up to wait.MaxTimeout by design.
-	srv := &http.Server{Handler: wait.Handler(w, topic), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv := &http.Server{Handler: wait.Handler(w, topic), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute,
+		MaxHeaderBytes: 16 << 10}
 	served := make(chan struct{})
 	go func() {
 		defer close(served)

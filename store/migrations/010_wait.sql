@@ -13,7 +13,7 @@
 CREATE OR REPLACE FUNCTION {{schema}}.projector_wait_job(projection text, job_id text, version bigint, timeout_ms integer)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
-    deadline timestamptz := clock_timestamp() + make_interval(secs => greatest(timeout_ms, 0) / 1000.0);
+    deadline timestamptz := clock_timestamp() + make_interval(secs => least(greatest(timeout_ms, 0), 60000) / 1000.0);
     pause    float8 := 0.005;
     at       bigint;
 BEGIN
@@ -35,7 +35,7 @@ $fn$;
 CREATE OR REPLACE FUNCTION {{schema}}.projector_wait_position(projection text, topic text, part integer, after_offset bigint, timeout_ms integer)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
-    deadline timestamptz := clock_timestamp() + make_interval(secs => greatest(timeout_ms, 0) / 1000.0);
+    deadline timestamptz := clock_timestamp() + make_interval(secs => least(greatest(timeout_ms, 0), 60000) / 1000.0);
     pause    float8 := 0.005;
     at       bigint;
 BEGIN
