@@ -310,25 +310,7 @@ func LogStarts(ctx context.Context, k Kafka, topic string, partitions []int) (ma
 	}
 	defer c.close()
 	c.watch.round(ctx)
-	reqs := make([]kafka.OffsetRequest, len(partitions))
-	for i, id := range partitions {
-		reqs[i] = kafka.FirstOffsetOf(id)
-	}
-	res, err := c.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
-	if err != nil {
-		if ae := c.k.authError(err); ae != nil {
-			return nil, ae
-		}
-		return nil, fmt.Errorf("projection: list offsets of %s: %w", topic, err)
-	}
-	out := map[int]int64{}
-	for _, po := range res.Topics[topic] {
-		if po.Error != nil {
-			return nil, fmt.Errorf("projection: offsets of %s/%d: %w", topic, po.Partition, po.Error)
-		}
-		out[po.Partition] = po.FirstOffset
-	}
-	return out, nil
+	return c.listOffsets(ctx, topic, partitions, kafka.ReadUncommitted, true)
 }
 
 // errTopicMissing is a topic the brokers do not know.
@@ -407,9 +389,18 @@ func (c *kafkaClients) logEnds(ctx context.Context, topic string) (map[int]LogEn
 // isolation level: their high watermarks reading uncommitted, their last
 // stable offsets reading committed.
 func (c *kafkaClients) lastOffsets(ctx context.Context, topic string, ids []int, iso kafka.IsolationLevel) (map[int]int64, error) {
+	return c.listOffsets(ctx, topic, ids, iso, false)
+}
+
+// listOffsets lists the first (first) or the latest offsets of partitions
+// ids of topic at an isolation level.
+func (c *kafkaClients) listOffsets(ctx context.Context, topic string, ids []int, iso kafka.IsolationLevel, first bool) (map[int]int64, error) {
 	reqs := make([]kafka.OffsetRequest, len(ids))
 	for i, id := range ids {
 		reqs[i] = kafka.LastOffsetOf(id)
+		if first {
+			reqs[i] = kafka.FirstOffsetOf(id)
+		}
 	}
 	res, err := c.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}, IsolationLevel: iso})
 	if err != nil {
@@ -424,6 +415,9 @@ func (c *kafkaClients) lastOffsets(ctx context.Context, topic string, ids []int,
 			return nil, fmt.Errorf("projection: offsets of %s/%d: %w", topic, po.Partition, po.Error)
 		}
 		out[po.Partition] = po.LastOffset
+		if first {
+			out[po.Partition] = po.FirstOffset
+		}
 	}
 	return out, nil
 }

@@ -2,9 +2,6 @@ package store_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"net/url"
 	"testing"
 	"time"
 
@@ -24,27 +21,10 @@ func TestEnsureCurrentDuringAMigrationByTheOwner(t *testing.T) {
 	ctx := context.Background()
 	owner := pgtest.Store(t)
 	schema := owner.Schema()
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	role := "dml_" + hex.EncodeToString(b[:])
 	pool := pgtest.Pool(t)
-	s, r := pgx.Identifier{schema}.Sanitize(), pgx.Identifier{role}.Sanitize()
-	for _, sql := range []string{
-		`CREATE ROLE ` + r + ` LOGIN`, `GRANT USAGE ON SCHEMA ` + s + ` TO ` + r,
-		`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA ` + s + ` TO ` + r,
-		`GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA ` + s + ` TO ` + r,
-	} {
-		_, err := pool.Exec(ctx, sql)
-		require.NoError(t, err, sql)
-	}
-	t.Cleanup(func() {
-		_, _ = pool.Exec(context.WithoutCancel(ctx), `DROP OWNED BY `+r)
-		_, _ = pool.Exec(context.WithoutCancel(ctx), `DROP ROLE `+r)
-	})
-	u, err := url.Parse(pgtest.URL())
-	require.NoError(t, err)
-	u.User = url.User(role)
-	dml, err := store.Open(ctx, u.String(), store.Config{Schema: schema})
+	s := pgx.Identifier{schema}.Sanitize()
+	role, dmlURL := pgtest.DMLRole(t, schema)
+	dml, err := store.Open(ctx, dmlURL, store.Config{Schema: schema})
 	require.NoError(t, err)
 	defer dml.Close()
 

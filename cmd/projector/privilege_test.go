@@ -2,9 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"net/url"
 	"testing"
 	"time"
 
@@ -13,39 +10,6 @@ import (
 
 	"github.com/projector/projector/internal/pgtest"
 )
-
-// dmlRole creates a login role with SELECT, INSERT, UPDATE and DELETE on
-// schema's tables and USAGE on its sequences, nothing more, and returns a
-// DATABASE_URL for it. The role is dropped at cleanup.
-func dmlRole(t *testing.T, schema string) string {
-	t.Helper()
-	ctx := context.Background()
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	role := "dml_" + hex.EncodeToString(b[:])
-	pool := pgtest.Pool(t)
-	s, r := pgx.Identifier{schema}.Sanitize(), pgx.Identifier{role}.Sanitize()
-	for _, sql := range []string{
-		`CREATE ROLE ` + r + ` LOGIN`,
-		`GRANT USAGE ON SCHEMA ` + s + ` TO ` + r,
-		`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA ` + s + ` TO ` + r,
-		`GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA ` + s + ` TO ` + r,
-	} {
-		_, err := pool.Exec(ctx, sql)
-		require.NoError(t, err, sql)
-	}
-	t.Cleanup(func() {
-		for _, sql := range []string{`DROP OWNED BY ` + r, `DROP ROLE ` + r} {
-			if _, err := pool.Exec(context.WithoutCancel(ctx), sql); err != nil {
-				t.Errorf("%s: %v", sql, err)
-			}
-		}
-	})
-	u, err := url.Parse(pgtest.URL())
-	require.NoError(t, err)
-	u.User = url.User(role)
-	return u.String()
-}
 
 // Teams migrate as the tables' owner in a deploy step and run the daemon
 // with DML rights only: `projector migrate` creates the tables and brings
@@ -67,18 +31,17 @@ func TestRunNeedsOnlyDMLOnACurrentSchema(t *testing.T) {
 	require.Equal(t, 0, res.code, res.String())
 	require.Contains(t, res.stdout, "up to date")
 
-	dmlURL := dmlRole(t, s.schema)
+	roleName, dmlURL := pgtest.DMLRole(t, s.schema)
 	dml := baseEnv("DATABASE_URL=" + dmlURL)
 	// Without the sequences' grant: run says what to grant, at start,
 	// instead of retrying its first quarantine write for ever.
-	role, _ := url.Parse(dmlURL)
-	_, err := pgtest.Pool(t).Exec(context.Background(), `REVOKE USAGE, SELECT ON ALL SEQUENCES IN SCHEMA `+pgx.Identifier{s.schema}.Sanitize()+` FROM `+pgx.Identifier{role.User.Username()}.Sanitize())
+	_, err := pgtest.Pool(t).Exec(context.Background(), `REVOKE USAGE, SELECT ON ALL SEQUENCES IN SCHEMA `+pgx.Identifier{s.schema}.Sanitize()+` FROM `+pgx.Identifier{roleName}.Sanitize())
 	require.NoError(t, err)
 	res = runBin(t, 30*time.Second, dml, s.runArgs("g-dml", "inst-dml", "--http-addr", "off")...)
 	require.Equal(t, 1, res.code, res.String())
 	require.Contains(t, res.stderr, "projector_quarantine_id_seq: USAGE")
 	require.Contains(t, res.stderr, "GRANT USAGE, SELECT ON SEQUENCE")
-	_, err = pgtest.Pool(t).Exec(context.Background(), `GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA `+pgx.Identifier{s.schema}.Sanitize()+` TO `+pgx.Identifier{role.User.Username()}.Sanitize())
+	_, err = pgtest.Pool(t).Exec(context.Background(), `GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA `+pgx.Identifier{s.schema}.Sanitize()+` TO `+pgx.Identifier{roleName}.Sanitize())
 	require.NoError(t, err)
 
 	p := startBin(t, "run as DML", dml, s.runArgs("g-dml", "inst-dml", "--http-addr", "off")...)
