@@ -73,25 +73,6 @@ func (b *brokerWatch) guard(dial func(ctx context.Context, network, address stri
 	}
 }
 
-// ordered returns brokers with those that answer first.
-func (b *brokerWatch) ordered(brokers []string) []string {
-	if b == nil {
-		return brokers
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	out := make([]string, 0, len(brokers))
-	var later []string
-	for _, a := range brokers {
-		if _, down := b.down[a]; down {
-			later = append(later, a)
-		} else {
-			out = append(out, a)
-		}
-	}
-	return append(out, later...)
-}
-
 // run probes the known brokers until ctx ends.
 func (b *brokerWatch) run(ctx context.Context) {
 	t := time.NewTicker(brokerProbeEvery)

@@ -219,20 +219,10 @@ func (p *Projector) groupConflict(ctx context.Context, group string) error {
 func (p *Projector) recordGroup(ctx context.Context) error {
 	cfg := p.cfg
 	st := cfg.Store
-	var c store.Consumer
-	if err := p.retryDatabase(ctx, func() error {
-		var err error
-		c, err = st.RecordConsumer(ctx, store.KafkaGroup, cfg.Group, DefaultGroup(st.Schema(), st.Projection()), LegacyGroup)
-		var taken *store.ConsumerTakenError
-		if errors.As(err, &taken) {
-			return backoff.Permanent(&GroupConflictError{Group: taken.Consumer, Ours: taken.Identity.Name, Theirs: taken.Projection,
-				Suggest: p.ownGroup()})
-		}
-		return err
-	}); err != nil {
+	c, err := p.recordConsumer(ctx, store.KafkaGroup, cfg.Group, DefaultGroup(st.Schema(), st.Projection()), LegacyGroup)
+	if err != nil {
 		return err
 	}
-	p.identity = c.Identity
 	p.group.Store(&c.Name)
 	switch {
 	case c.Previous != "":
@@ -242,6 +232,32 @@ func (p *Projector) recordGroup(ctx context.Context) error {
 		cfg.Logger.Info("the projection keeps the consumer group it ran in before groups were recorded", "group", c.Name)
 	}
 	return nil
+}
+
+// recordConsumer records the projection's consumer group or queue (see
+// [store.Store.RecordConsumer]), waiting out the database, and sets the
+// projection's identity; one another projection of the schema recorded is
+// a *GroupConflictError.
+func (p *Projector) recordConsumer(ctx context.Context, src store.ConsumerSource, explicit, fresh, legacy string) (store.Consumer, error) {
+	var c store.Consumer
+	err := p.retryDatabase(ctx, func() error {
+		var err error
+		c, err = p.cfg.Store.RecordConsumer(ctx, src, explicit, fresh, legacy)
+		var taken *store.ConsumerTakenError
+		if errors.As(err, &taken) {
+			ge := &GroupConflictError{Group: taken.Consumer, Ours: taken.Identity.Name, Theirs: taken.Projection, Queue: src == store.SQSQueue}
+			if !ge.Queue {
+				ge.Suggest = p.ownGroup()
+			}
+			return backoff.Permanent(ge)
+		}
+		return err
+	})
+	if err != nil {
+		return store.Consumer{}, err
+	}
+	p.identity = c.Identity
+	return c, nil
 }
 
 // retryDatabase runs op until it succeeds or ctx ends, reporting each

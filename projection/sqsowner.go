@@ -2,7 +2,6 @@ package projection
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
-	"github.com/cenkalti/backoff/v4"
 
 	"github.com/projector/projector/store"
 )
@@ -29,19 +27,10 @@ const queueOwnerSettle = 2 * time.Second
 // permissions check it.
 func (p *Projector) claimQueue(ctx context.Context) error {
 	cfg := p.cfg
-	var c store.Consumer
-	if err := p.retryDatabase(ctx, func() error {
-		var err error
-		c, err = cfg.Store.RecordConsumer(ctx, store.SQSQueue, cfg.SQS.QueueURL, "", "")
-		var taken *store.ConsumerTakenError
-		if errors.As(err, &taken) {
-			return backoff.Permanent(&GroupConflictError{Group: taken.Consumer, Queue: true, Ours: taken.Identity.Name, Theirs: taken.Projection})
-		}
-		return err
-	}); err != nil {
+	c, err := p.recordConsumer(ctx, store.SQSQueue, cfg.SQS.QueueURL, "", "")
+	if err != nil {
 		return err
 	}
-	p.identity = c.Identity
 	if c.Previous != "" {
 		cfg.Logger.Warn("the projection reads another queue than the one it recorded", "queue", c.Name, "recorded_queue", c.Previous)
 	}
