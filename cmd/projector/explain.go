@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"strconv"
@@ -10,43 +9,13 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/projector/projector/store"
+	"github.com/projector/projector/projection"
 )
 
 type explainOpts struct {
 	store storeFlags
 	json  bool
 	gaps  int
-}
-
-// explainReport is what `projector explain --json` prints.
-type explainReport struct {
-	JobID string `json:"job_id"`
-	// Version is the row's version, or the delete's for a deleted job; 0
-	// when there is neither.
-	Version int64 `json:"version"`
-	// Deleted reports a deleted job: Tombstone says when and from where.
-	Deleted   bool                `json:"deleted"`
-	Tombstone *store.TombstoneRow `json:"tombstone"`
-	State     json.RawMessage     `json:"state"`
-	Updated   *time.Time          `json:"updated"`
-	Source    *explainSource      `json:"source"`
-	Held      []explainHeld       `json:"held"`
-	// WaitingFor are the versions the held deltas wait for.
-	WaitingFor []int64             `json:"waiting_for"`
-	Gaps       []store.GapLogEntry `json:"gaps"`
-}
-
-type explainSource struct {
-	Topic     string `json:"topic"`
-	Partition *int   `json:"partition"`
-	Offset    *int64 `json:"offset"`
-	EventID   string `json:"event_id"`
-}
-
-type explainHeld struct {
-	store.HeldDelta
-	WaitingFor []int64 `json:"waiting_for"`
 }
 
 var explainCommand = &command{
@@ -67,7 +36,7 @@ Example:
 		o := &explainOpts{}
 		o.store.register(fs)
 		fs.BoolVar(&o.json, "json", false, "print one JSON object instead of text")
-		fs.IntVar(&o.gaps, "gaps", 10, "most recent gap log entries to show")
+		fs.IntVar(&o.gaps, "gaps", projection.DefaultExplainGaps, "most recent gap log entries to show")
 		return o
 	},
 	run: func(ctx context.Context, env *cmdEnv, opts any) error {
@@ -88,10 +57,10 @@ Example:
 		if err != nil {
 			return err
 		}
-		if ex.Row == nil && ex.Tombstone == nil && len(ex.Held) == 0 {
+		if !projection.Known(ex) {
 			return fmt.Errorf("job %s is neither in %s.%s nor held nor deleted", strconv.QuoteToGraphic(job), o.store.schema, o.store.table)
 		}
-		rep := explainOf(job, ex)
+		rep := projection.ExplanationOf(job, ex)
 		if o.json {
 			return printJSON(env, rep)
 		}
@@ -100,39 +69,14 @@ Example:
 	},
 }
 
-func explainOf(job string, ex *store.Explanation) *explainReport {
-	rep := &explainReport{JobID: job, Held: []explainHeld{}, WaitingFor: ex.Waiting, Gaps: ex.Gaps}
-	if rep.WaitingFor == nil {
-		rep.WaitingFor = []int64{}
-	}
-	if t := ex.Tombstone; t != nil && ex.Row == nil {
-		rep.Version, rep.Deleted, rep.Tombstone = t.Version, true, t
-	}
-	if r := ex.Row; r != nil {
-		updated := r.UpdatedAt.UTC()
-		rep.Version, rep.State, rep.Updated = r.Version, json.RawMessage(r.State), &updated
-		rep.Source = &explainSource{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, EventID: r.EventID}
-	}
-	for _, h := range ex.Held {
-		eh := explainHeld{HeldDelta: h, WaitingFor: []int64{}}
-		for _, v := range ex.Waiting {
-			if v < h.Version {
-				eh.WaitingFor = append(eh.WaitingFor, v)
-			}
-		}
-		rep.Held = append(rep.Held, eh)
-	}
-	return rep
-}
-
-func printExplain(env *cmdEnv, sf storeFlags, rep *explainReport) {
+func printExplain(env *cmdEnv, sf storeFlags, rep *projection.Explanation) {
 	w := tabwriter.NewWriter(env.stdout, 0, 4, 2, ' ', 0)
 	defer w.Flush()
 	fmt.Fprintf(w, "job %s in %s.%s\n", printable(rep.JobID), sf.schema, sf.table)
 	switch t := rep.Tombstone; {
 	case t != nil:
 		fmt.Fprintf(w, "  deleted\tat version %d, %s\n", t.Version, t.DeletedAt.UTC().Format(time.RFC3339Nano))
-		fmt.Fprintf(w, "  written from\t%s\n", sourceText(&explainSource{Topic: t.Topic, Partition: t.Partition, Offset: t.Offset, EventID: t.EventID}))
+		fmt.Fprintf(w, "  written from\t%s\n", sourceText(&projection.ExplainSource{Topic: t.Topic, Partition: t.Partition, Offset: t.Offset, EventID: t.EventID}))
 		fmt.Fprintln(w, "  (a tombstone: no row; events at or below this version cannot bring the job back)")
 	case rep.Updated == nil:
 		fmt.Fprintln(w, "  no row: the job has only held deltas")
@@ -176,7 +120,7 @@ func printExplain(env *cmdEnv, sf storeFlags, rep *explainReport) {
 	}
 }
 
-func sourceText(s *explainSource) string {
+func sourceText(s *projection.ExplainSource) string {
 	switch {
 	case s == nil:
 		return "-"

@@ -3,12 +3,9 @@ package main
 import (
 	"flag"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
+	"github.com/projector/projector/projection"
 	"github.com/projector/projector/store"
 )
 
@@ -28,25 +25,9 @@ func (f *storeFlags) register(fs *flag.FlagSet) {
 // config is the store's configuration the flags name.
 func (f storeFlags) config() store.Config { return store.Config{Schema: f.schema, Table: f.table} }
 
-// printable escapes what a terminal would interpret in text that comes from
-// records or the database (job ids, keys, errors): control characters,
-// invalid UTF-8 and other non-graphic runes are written as Go escapes; the
-// rest is left as is.
-func printable(s string) string {
-	clean := true
-	for _, r := range s {
-		if r == utf8.RuneError || r == '\\' || !unicode.IsGraphic(r) {
-			clean = false
-			break
-		}
-	}
-	if clean {
-		return s
-	}
-	q := strconv.QuoteToGraphic(s)
-	q = q[1 : len(q)-1]
-	return strings.ReplaceAll(q, `\"`, `"`)
-}
+// printable escapes what a terminal would interpret in text from records
+// or the database; the status page escapes the same way.
+func printable(s string) string { return projection.Printable(s) }
 
 // timeFlag is a point in time given as RFC 3339 (2026-11-30T09:00:00Z), a
 // date (2026-11-30, UTC midnight) or a duration before now (24h, 90m).
