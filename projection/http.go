@@ -16,6 +16,9 @@ import (
 // the oldest held jobs, held_limit of them (default DefaultHeldLimit, at
 // most MaxHeldLimit) after the cursor held_after, so that its size and
 // cost do not grow with the number held; a bad query is answered 400.
+// GET / is the status page: /status as HTML for a browser, each held job
+// linking to GET /explain/{job_id}, what projector explain says of it as
+// JSON.
 func (p *Projector) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -38,6 +41,8 @@ func (p *Projector) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, s)
 	})
 	mux.Handle("GET /metrics", p.metrics.handler())
+	mux.HandleFunc("GET /{$}", p.serveStatusPage)
+	mux.HandleFunc("GET /explain/{job_id}", p.serveExplain)
 	return mux
 }
 
