@@ -118,6 +118,7 @@ func TestMetricsRecordOutcomes(t *testing.T) {
 		"projector_database_errors_total":                 0,
 		"projector_fenced_total":                          0,
 		"projector_ready":                                 1,
+		fmt.Sprintf(`projector_info{group="%s-group",schema="%s",table="jobs",topic="%s"}`, r.topic, r.store.Schema(), r.topic): 1,
 	})
 	require.Positive(t, m[`projector_partition_epoch{partition="0"}`])
 	require.Positive(t, m["projector_batch_duration_seconds_count"])

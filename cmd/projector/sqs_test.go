@@ -110,7 +110,9 @@ func TestRunSQS(t *testing.T) {
 		}
 		for _, m := range []string{`projector_sqs_messages_total{event="deleted"} 42`, `projector_sqs_messages_total{event="received"} 42`,
 			`projector_sqs_queue_messages{state="visible"} 0`, `projector_sqs_queue_messages{state="in_flight"} 0`,
-			`projector_partition_lag{partition="0"} 0`} {
+			`projector_partition_lag{partition="0"} 0`,
+			// The queue's name stands for the topic; SQS has no group.
+			fmt.Sprintf(`projector_info{group="",schema=%q,table="jobs",topic=%q} 1`, schema, queue[strings.LastIndexByte(queue, '/')+1:])} {
 			if !strings.Contains(string(body), m) {
 				return false, "no " + m
 			}
