@@ -125,7 +125,7 @@ func newFamily(kind prometheus.ValueType, name, help string, labels ...string) *
 
 var (
 	descInfo = newFamily(prometheus.GaugeValue, "projector_info",
-		"Always 1; the labels name what the instance projects: the read model's schema and table, the topic (with --source sqs the queue's name, which stands for the topic in the store's rows) and the Kafka consumer group (empty with --source sqs, which has none). Join on instance to filter any other metric by projection.",
+		"Always 1; the labels name what the instance projects: the read model's schema and table, the topic (with --source sqs, sqs:QUEUE_NAME, which stands for the topic in the store's rows) and the Kafka consumer group (empty with --source sqs, which has none). Join on instance to filter any other metric by projection.",
 		"schema", "table", "topic", "group")
 	descRecords = newFamily(prometheus.CounterValue, "projector_records_total",
 		"Records by outcome: applied (changed the read model), stale (snapshot at or below the row's version), duplicate (delta at or below it), conflict (same version, other content; the first won), held (delta waiting behind a gap), quarantined (broke the contract; stored with its error), deleted (a delete removed the job).", "outcome")

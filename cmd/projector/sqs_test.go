@@ -112,7 +112,7 @@ func TestRunSQS(t *testing.T) {
 			`projector_sqs_queue_messages{state="visible"} 0`, `projector_sqs_queue_messages{state="in_flight"} 0`,
 			`projector_partition_lag{partition="0"} 0`,
 			// The queue's name stands for the topic; SQS has no group.
-			fmt.Sprintf(`projector_info{group="",schema=%q,table="jobs",topic=%q} 1`, schema, queue[strings.LastIndexByte(queue, '/')+1:])} {
+			fmt.Sprintf(`projector_info{group="",schema=%q,table="jobs",topic=%q} 1`, schema, "sqs:"+queue[strings.LastIndexByte(queue, '/')+1:])} {
 			if !strings.Contains(string(body), m) {
 				return false, "no " + m
 			}
