@@ -43,6 +43,7 @@ func (p *Projector) Handler() http.Handler {
 	mux.Handle("GET /metrics", p.metrics.handler())
 	mux.HandleFunc("GET /{$}", p.serveStatusPage)
 	mux.HandleFunc("GET /explain/{job_id}", p.serveExplain)
+	mux.HandleFunc("GET /explain", p.serveExplain)
 	return mux
 }
 

@@ -18,7 +18,7 @@ import (
 
 var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{
 	"p":       Printable,
-	"explain": func(job string) string { return "explain/" + url.PathEscape(job) },
+	"explain": explainLink,
 	"since":   func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
 	"ago":     func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
 	"join": func(vs []int64) string {
@@ -62,6 +62,16 @@ var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{
 </table>
 </body></html>
 `))
+
+// explainLink is the page's link to a job's explanation, relative to it:
+// explain/{job_id}, or explain?job_id= for an id that a path cannot
+// carry (. and .., which a URL's path resolves away).
+func explainLink(job string) string {
+	if job == "." || job == ".." {
+		return "explain?" + url.Values{"job_id": {job}}.Encode()
+	}
+	return "explain/" + url.PathEscape(job)
+}
 
 // statusView is a [Status] as the page lays it out.
 type statusView struct {
@@ -111,10 +121,18 @@ func (p *Projector) serveStatusPage(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// serveExplain answers GET /explain/{job_id} with what explain says of
-// the job, as JSON; 404 when the store knows nothing of it.
+// serveExplain answers GET /explain/{job_id} (or /explain?job_id=) with
+// what explain says of the job, as JSON; 404 when the store knows nothing
+// of it.
 func (p *Projector) serveExplain(w http.ResponseWriter, r *http.Request) {
 	job := r.PathValue("job_id")
+	if job == "" {
+		job = r.URL.Query().Get("job_id")
+	}
+	if job == "" {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "want a job id: /explain/{job_id} or /explain?job_id="})
+		return
+	}
 	if len(job) > maxExplainJobID {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("job id of %d bytes: at most %d", len(job), maxExplainJobID)})
 		return

@@ -6,11 +6,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/projector/projector/internal/pgtest"
 )
 
 func getBody(t *testing.T, u string) (int, http.Header, string) {
@@ -103,4 +106,25 @@ func TestStatusPageShowsHeldGapEscaped(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, code, body)
 	code, _, body = getBody(t, srv.URL+"/?held_limit=0")
 	require.Equal(t, http.StatusBadRequest, code, body)
+}
+
+// TestExplainLink: a job id of any bytes, slashes and dots included, is
+// one link that the instance's GET /explain answers for that very id.
+func TestExplainLink(t *testing.T) {
+	t.Parallel()
+	p, err := New(Config{Brokers: []string{"127.0.0.1:9"}, Topic: "t", Store: pgtest.Store(t)})
+	require.NoError(t, err)
+	srv := httptest.NewServer(p.Handler())
+	defer srv.Close()
+	base, err := url.Parse(srv.URL + "/")
+	require.NoError(t, err)
+	for _, job := range []string{"job-42", "a/b", "x y?z#w", ".", "..", "../x", "%2F", "job\x1b[2J\n\u202e"} {
+		ref, err := url.Parse(explainLink(job))
+		require.NoError(t, err, "%q", job)
+		code, _, body := getBody(t, base.ResolveReference(ref).String())
+		require.Equal(t, http.StatusNotFound, code, "%q: %s", job, body)
+		var answer map[string]string
+		require.NoError(t, json.Unmarshal([]byte(body), &answer))
+		require.Equal(t, "job "+strconv.QuoteToGraphic(job)+" is neither in the read model nor held nor deleted", answer["error"])
+	}
 }
