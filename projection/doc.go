@@ -34,7 +34,11 @@
 // [Projector.Readiness] say, check by check, whether its loops are alive and
 // whether it does its work (topic, group generation, a recent PostgreSQL
 // answer, lag); [Projector.Metrics] is a Prometheus registry of its own per
-// Projector, read from the same counters as [Projector.Status]; outages are
+// Projector, read from the same counters as [Projector.Status], whose every
+// family [MetricFamilies] lists for the generated reference;
+// [Projector.Handler] serves them with /status, the status page
+// (statuspage.go: /status as HTML, record text through [Printable]) and a
+// job's [Explanation] as JSON; outages are
 // logged when they start, at most every 30 s while they last, and when they
 // end. It never logs or returns a SASL password.
 package projection
