@@ -8,6 +8,8 @@ import (
 	"maps"
 	"time"
 
+	kafkasrc "github.com/projector/projector/source/kafka"
+
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/projector/projector/delta"
@@ -338,11 +340,11 @@ func (w *worker) latestStart(ctx context.Context) (int64, error) {
 func (w *worker) logBounds(ctx context.Context) (first, last int64, err error) {
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := dialLog(dctx, w.dialer, w.cfg.Brokers, w.topic, w.partition)
+	conn, err := kafkasrc.DialLog(dctx, w.dialer, w.cfg.Brokers, w.topic, w.partition)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	return conn.bounds(false)
+	return conn.Bounds(false)
 }

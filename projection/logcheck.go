@@ -8,6 +8,8 @@ import (
 	"hash/fnv"
 	"time"
 
+	kafkasrc "github.com/projector/projector/source/kafka"
+
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/projector/projector/store"
@@ -109,7 +111,7 @@ func (w *worker) compareLog(ctx context.Context, position int64, mark *store.Log
 func (w *worker) recordAt(ctx context.Context, offset int64) (Record, error) {
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := dialLog(dctx, w.dialer, w.cfg.Brokers, w.topic, w.partition)
+	conn, err := kafkasrc.DialLog(dctx, w.dialer, w.cfg.Brokers, w.topic, w.partition)
 	if err != nil {
 		return Record{}, err
 	}
@@ -117,7 +119,7 @@ func (w *worker) recordAt(ctx context.Context, offset int64) (Record, error) {
 	stop := context.AfterFunc(dctx, func() { conn.Close() })
 	defer stop()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	lf, err := conn.fetch(offset, 1<<20, 100*time.Millisecond, false)
+	lf, err := conn.Fetch(offset, 1<<20, 100*time.Millisecond, false)
 	if err != nil {
 		return Record{}, fmt.Errorf("read %s/%d at %d: %w", w.topic, w.partition, offset, err)
 	}

@@ -170,7 +170,7 @@ func (p *Projector) groupConflict(ctx context.Context, group string) error {
 	var res *kafka.DescribeGroupsResponse
 	for {
 		var err error
-		res, err = p.kafka.client.DescribeGroups(dctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
+		res, err = p.kafka.Client.DescribeGroups(dctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
 		if err != nil || len(res.Groups) == 0 {
 			if err != nil {
 				p.cfg.Logger.Debug("describing the consumer group failed; the join decides", "group", group, "err", err)

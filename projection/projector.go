@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	kafkasrc "github.com/projector/projector/source/kafka"
+
 	"github.com/segmentio/kafka-go"
 
 	"github.com/projector/projector/gapfill"
@@ -20,7 +22,7 @@ import (
 // Projector runs the projection of one topic into one store.
 type Projector struct {
 	cfg   Config
-	kafka *kafkaClients
+	kafka *kafkasrc.Clients
 	// dialer is kafka's, for every Conn and Reader.
 	dialer   *kafka.Dialer
 	resolver *gapfill.Resolver
@@ -79,20 +81,20 @@ func New(cfg Config) (*Projector, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	kc, err := cfg.Kafka().clients()
+	kc, err := cfg.Kafka().Connect()
 	if err != nil {
 		return nil, err
 	}
 	p := &Projector{
 		cfg:           cfg,
 		kafka:         kc,
-		dialer:        kc.dialer,
+		dialer:        kc.Dialer,
 		budget:        newCacheBudget(cfg.CacheBytes),
 		dbOutage:      outage{service: "PostgreSQL", log: cfg.Logger},
 		sourceOutage:  outage{service: "Kafka", log: cfg.Logger},
 		quarantineLog: sampler{window: 10 * time.Second, burst: 10},
 	}
-	p.book.stable = cfg.Kafka().readCommitted()
+	p.book.stable = cfg.Kafka().ReadsCommitted()
 	if cfg.Source == SourceSQS {
 		// Builds the client only (the region and credential chain): the
 		// queue is first asked at Run.
@@ -164,7 +166,7 @@ func (p *Projector) Run(ctx context.Context) error {
 
 func (p *Projector) run(ctx context.Context) error {
 	cfg := p.cfg
-	defer p.kafka.close()
+	defer p.kafka.Close()
 	mctx, stopMonitors := context.WithCancel(ctx)
 	var monitors sync.WaitGroup
 	monitors.Go(func() { p.watchDatabase(mctx) })
@@ -172,8 +174,7 @@ func (p *Projector) run(ctx context.Context) error {
 		monitors.Go(func() { p.watchQueue(mctx) })
 	} else {
 		monitors.Go(func() { p.watchBrokers(mctx) })
-		p.kafka.watch.log = cfg.Logger
-		monitors.Go(func() { p.kafka.watch.run(mctx) })
+		monitors.Go(func() { p.kafka.Watch.Run(mctx, cfg.Logger) })
 	}
 	monitors.Go(func() { p.pruneGapLog(mctx) })
 	monitors.Go(func() { p.pruneTombstones(mctx) })
@@ -207,7 +208,7 @@ func (p *Projector) run(ctx context.Context) error {
 		if err = p.waitTopic(ctx); err != nil {
 			break
 		}
-		if err = p.runGroup(ctx); errors.Is(err, errTopicMissing) {
+		if err = p.runGroup(ctx); errors.Is(err, kafkasrc.ErrTopicMissing) {
 			err = nil
 		}
 	}
@@ -232,7 +233,7 @@ func (p *Projector) waitTopic(ctx context.Context) error {
 	var logged time.Time
 	for {
 		lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		_, err := p.kafka.partitionsFresh(lctx, p.cfg.Topic)
+		_, err := p.kafka.PartitionsFresh(lctx, p.cfg.Topic)
 		cancel()
 		var ae *AuthError
 		switch {
@@ -247,7 +248,7 @@ func (p *Projector) waitTopic(ctx context.Context) error {
 			return ctx.Err()
 		case errors.As(err, &ae):
 			return ae
-		case errors.Is(err, errTopicMissing):
+		case errors.Is(err, kafkasrc.ErrTopicMissing):
 			p.health.topic.Store(topicMissing)
 			p.sourceOutage.ok()
 			if time.Since(logged) >= missingTopicLogEvery {
@@ -263,7 +264,7 @@ func (p *Projector) waitTopic(ctx context.Context) error {
 }
 
 // runGroup joins the group and works its generations until ctx ends (nil),
-// the topic disappears (errTopicMissing) or the brokers refuse us
+// the topic disappears (kafkasrc.ErrTopicMissing) or the brokers refuse us
 // (*AuthError). It leaves the group and waits for its workers before
 // returning.
 func (p *Projector) runGroup(ctx context.Context) error {
@@ -310,7 +311,7 @@ func (p *Projector) runGroup(ctx context.Context) error {
 				return nil
 			}
 			p.health.inGroup.Store(false)
-			if ae := p.kafka.k.authError(err); ae != nil {
+			if ae := cfg.Kafka().AsAuthError(err); ae != nil {
 				return ae
 			}
 			p.sourceOutage.failed(fmt.Errorf("joining consumer group %q: %w", groupID, err), cfg.JoinGroupBackoff)
@@ -321,9 +322,9 @@ func (p *Projector) runGroup(ctx context.Context) error {
 		// find the topic, and joins again at once: check the topic at
 		// every generation, and wait for it outside the group.
 		lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		_, err = p.kafka.partitionsFresh(lctx, cfg.Topic)
+		_, err = p.kafka.PartitionsFresh(lctx, cfg.Topic)
 		cancel()
-		if errors.Is(err, errTopicMissing) {
+		if errors.Is(err, kafkasrc.ErrTopicMissing) {
 			p.health.topic.Store(topicMissing)
 			cfg.Logger.Error("topic does not exist any more; leaving the group to wait for it (not ready)", "topic", cfg.Topic)
 			return err

@@ -355,9 +355,9 @@ func (s *sqsSource) Close() error {
 	return nil
 }
 
-// sqs is the SQS message c names, for a held or quarantine row; zero for
+// sqsCoordinate is the SQS message c names, for a held or quarantine row; zero for
 // a Kafka record.
-func (c Coord) sqs() store.Coordinate {
+func sqsCoordinate(c Coord) store.Coordinate {
 	return store.Coordinate{MessageID: c.MessageID, SequenceNumber: c.Sequence}
 }
 

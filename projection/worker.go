@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	kafkasrc "github.com/projector/projector/source/kafka"
+
 	"github.com/cenkalti/backoff/v4"
 	"github.com/segmentio/kafka-go"
 
@@ -137,7 +139,7 @@ func (p *Projector) workerDeps() workerDeps {
 		cfg: workerConfig{
 			Owner: cfg.Owner, Start: cfg.Start, Brokers: cfg.Brokers, GapPolicy: cfg.gapPolicy(),
 			BatchSize: cfg.BatchSize, BatchLinger: cfg.BatchLinger, MaxWait: cfg.MaxWait,
-			ReadCommitted: cfg.Kafka().readCommitted(), StallTimeout: cfg.StallTimeout, SnapshotConcurrency: cfg.SnapshotConcurrency,
+			ReadCommitted: cfg.Kafka().ReadsCommitted(), StallTimeout: cfg.StallTimeout, SnapshotConcurrency: cfg.SnapshotConcurrency,
 			StallWarning: p.testStallWarning, OpenTxnLogAfter: p.testOpenTxnLogAfter,
 		},
 		resolver: p.resolver, fetchers: p.fetchers, dialer: p.dialer,
@@ -181,7 +183,7 @@ func (w *worker) run(ctx context.Context) error {
 		}
 	}
 	w.log.Info("partition claimed", "next_offset", claim.NextOffset, "held_jobs", w.detector.Len())
-	src, err := openKafkaSource(kafkaSourceConfig{
+	src, err := kafkasrc.OpenPartition(kafkasrc.PartitionConfig{
 		Brokers: cfg.Brokers, Topic: w.topic, Partition: w.partition, Dialer: w.dialer,
 		ReadCommitted: cfg.ReadCommitted, MaxWait: cfg.MaxWait, BatchSize: cfg.BatchSize, Linger: cfg.BatchLinger, Log: w.log,
 		Bounds: w.logBounds, Committed: w.committed, Lost: &w.counters.lost,
@@ -205,8 +207,8 @@ func (w *worker) run(ctx context.Context) error {
 		// and at most idleWake when none is, so no answer waits behind it.
 		msgs := w.fetch(ctx)
 		res := w.attempts.collect(w)
-		if e, ok := w.src.(interface{ ends() (int64, int64) }); ok {
-			w.hwm, w.stable = e.ends()
+		if e, ok := w.src.(interface{ Ends() (int64, int64) }); ok {
+			w.hwm, w.stable = e.Ends()
 		}
 		// A position the source moved without records is stored on its
 		// own when nothing else is to be committed: the stored position
