@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	sqssrc "github.com/projector/projector/source/sqs"
+
 	"github.com/cenkalti/backoff/v4"
 	"github.com/segmentio/kafka-go"
 
@@ -31,7 +33,7 @@ func DefaultGroup(schema, table string) string { return "projector-" + schema + 
 
 // QueueOwnerTag is the SQS queue tag that names the projection whose
 // instances receive from the queue (its [store.Identity] ID and name).
-const QueueOwnerTag = "projector-projection"
+const QueueOwnerTag = sqssrc.OwnerTag
 
 // GroupConflictError is a consumer group, or an SQS queue, that another
 // projection's instances already work: this instance was refused rather

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	sqssrc "github.com/projector/projector/source/sqs"
+
 	kafkasrc "github.com/projector/projector/source/kafka"
 
 	"github.com/segmentio/kafka-go"
@@ -98,13 +100,13 @@ func New(cfg Config) (*Projector, error) {
 	if cfg.Source == SourceSQS {
 		// Builds the client only (the region and credential chain): the
 		// queue is first asked at Run.
-		qc, err := cfg.SQS.client(context.Background())
+		qc, err := cfg.SQS.Connect(context.Background())
 		if err != nil {
 			return nil, err
 		}
 		p.sourceOutage.service = "SQS"
 		p.sqs = &sqsState{client: qc, adoptEvery: heldAdoptEvery}
-		p.sqs.reader = newSQSReader(qc, cfg.Logger, cfg.BatchSize)
+		p.sqs.reader = sqssrc.NewReader(qc, cfg.Logger, cfg.BatchSize)
 	}
 	p.metrics = newMetrics(p)
 	pol := cfg.gapPolicy()
@@ -194,7 +196,7 @@ func (p *Projector) run(ctx context.Context) error {
 	var err error
 	if p.sqs != nil {
 		cfg.Logger.Info("projector started", "source", cfg.Source, "queue", cfg.SQS.QueueURL, "owner", cfg.Owner, "projection", cfg.Store.Projection())
-		defer p.sqs.client.close()
+		defer p.sqs.client.Close()
 		if err = p.claimQueue(ctx); err == nil {
 			err = p.runSQS(ctx)
 		}

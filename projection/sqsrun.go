@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	sqssrc "github.com/projector/projector/source/sqs"
+
 	"github.com/aws/smithy-go"
 
 	"github.com/projector/projector/gapfill"
@@ -23,8 +25,8 @@ import (
 // sqs:GetQueueAttributes receives fine; a queue whose KMS key refuses the
 // role still answers its counts).
 type sqsState struct {
-	client *sqsClient
-	reader *sqsReader
+	client *sqssrc.Client
+	reader *sqssrc.Reader
 	// counts are the queue's approximate counts as last read, nil while
 	// unknown (not read yet, or the last read failed: countsErr says why).
 	counts    atomic.Pointer[SQSCounts]
@@ -64,13 +66,13 @@ const (
 func (p *Projector) runSQS(ctx context.Context) error {
 	cfg := p.cfg
 	q := p.sqs
-	q.reader.failed = p.sourceOutage.failed
-	q.reader.ok = func() {
+	q.reader.Failed = p.sourceOutage.failed
+	q.reader.OK = func() {
 		q.answeredAt.Store(time.Now().UnixNano())
 		p.sourceOutage.ok()
 	}
 	if q.noKeep {
-		q.reader.keep = 0
+		q.reader.Keep = 0
 	}
 	b, alive := p.health.loop("queue worker", 0)
 	defer alive()
@@ -90,9 +92,9 @@ func (p *Projector) runSQS(ctx context.Context) error {
 // runQueue is [worker.run] for a queue, which has no claim: restore the
 // held deltas, then fetch batches, commit them unfenced, and acknowledge
 // (delete) their messages once committed.
-func (w *worker) runQueue(ctx context.Context, r *sqsReader, q SQS, adoptEvery time.Duration) error {
+func (w *worker) runQueue(ctx context.Context, r *sqssrc.Reader, q SQS, adoptEvery time.Duration) error {
 	w.detector = gapfill.NewDetector(w.cfg.GapPolicy)
-	src := &sqsSource{r: r, batchSize: w.cfg.BatchSize, linger: w.cfg.BatchLinger}
+	src := sqssrc.NewSource(r, w.cfg.BatchSize, w.cfg.BatchLinger)
 	w.src = src
 	if err := w.restore(ctx); err != nil {
 		return err
@@ -110,7 +112,7 @@ func (w *worker) runQueue(ctx context.Context, r *sqsReader, q SQS, adoptEvery t
 		wg.Wait()
 		_ = src.Close()
 	}()
-	wg.Go(func() { r.run(rctx) })
+	wg.Go(func() { r.Run(rctx) })
 	w.attempts = w.startAttempts(rctx, &wg)
 	adopted := time.Now()
 	for {
@@ -122,7 +124,7 @@ func (w *worker) runQueue(ctx context.Context, r *sqsReader, q SQS, adoptEvery t
 			}
 		}
 		msgs := w.fetch(ctx)
-		if err := r.err(); err != nil && len(msgs) == 0 {
+		if err := r.Err(); err != nil && len(msgs) == 0 {
 			w.log.Error("SQS refused the credentials; stopping", "err", err)
 			return err
 		}
@@ -230,7 +232,7 @@ func (p *Projector) watchQueue(ctx context.Context) {
 	for {
 		b.now()
 		qctx, cancel := context.WithTimeout(ctx, queuePollEvery)
-		n, err := p.sqs.client.counts(qctx)
+		n, err := p.sqs.client.Counts(qctx)
 		cancel()
 		now := time.Now()
 		switch {
@@ -253,7 +255,7 @@ func (p *Projector) watchQueue(ctx context.Context) {
 			p.book.setQueueLag(0, n.Visible+n.InFlight)
 			failures.ok(p.cfg.Logger, now)
 			if p.sourceOutage.failing() {
-				p.sqs.reader.nudge()
+				p.sqs.reader.Nudge()
 			}
 		}
 		if now.Sub(progress.at) >= progressEvery-queuePollEvery/2 {
@@ -288,7 +290,7 @@ func (f *countsFailures) failed(log *slog.Logger, err error, now time.Time) {
 		return
 	}
 	msg := "cannot read the queue's counts; its lag is unknown until they are read again (receiving goes on)"
-	if sqsAuthError(err) != nil {
+	if sqssrc.AsAuthError(err) != nil {
 		msg = "cannot read the queue's counts: SQS refused them (grant sqs:GetQueueAttributes on the queue); its lag is unknown (receiving goes on)"
 	}
 	log.Warn(msg, "err", err, "failed_reads", f.n, "failing_for", now.Sub(f.since).Round(time.Millisecond))
@@ -344,7 +346,13 @@ func (p *Projector) sqsStatus() *SQSStatus {
 		s.CountsError = *e
 	}
 	if r := p.sqs.reader; r != nil {
-		s.Counters = r.stats.snapshot()
+		s.Counters = r.Counters()
 	}
 	return s
+}
+
+// sqsCoordinate is the SQS message c names, for a held or quarantine row; zero for
+// a Kafka record.
+func sqsCoordinate(c Coord) store.Coordinate {
+	return store.Coordinate{MessageID: c.MessageID, SequenceNumber: c.Sequence}
 }

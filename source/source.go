@@ -45,4 +45,3 @@ type Coord struct {
 	// empty for Kafka, whose ordering scope is the partition.
 	Group string
 }
-
