@@ -37,7 +37,9 @@ func TestSpilledHeldDeltaReleasedElsewhereIsNotAnOutage(t *testing.T) {
 	w := &worker{workerDeps: p.workerDeps(), beat: &beat{}, topic: p.Config().Topic, position: -1,
 		log: p.cfg.Logger, cache: newJobCache(newCacheBudget(1)), committed: func(int, int64) {}}
 	w.detector = gapfill.NewDetector(w.cfg.GapPolicy)
-	w.src = sqssrc.NewSource(sqssrc.NewReader(p.sqs.client, p.cfg.Logger, 10), 0, 0)
+	r := sqssrc.NewReader(p.sqs.client, p.cfg.Logger, 10)
+	w.lane = &sqsLane{name: w.topic, reader: r}
+	w.src = &sqsLaneReader{Source: sqssrc.NewSource(r, 0, 0), reader: r, stop: func() {}}
 	ctx := t.Context()
 
 	other := func(b store.Batch) {

@@ -37,6 +37,3 @@ func LogEnds(ctx context.Context, k Kafka, topic string) (map[int]LogEnd, error)
 func LogStarts(ctx context.Context, k Kafka, topic string, partitions []int) (map[int]int64, error) {
 	return kafkasrc.LogStarts(ctx, k, topic, partitions)
 }
-
-// A Kafka partition is an engine [Source].
-var _ Source = (*kafkasrc.Partition)(nil)

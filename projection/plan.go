@@ -56,7 +56,9 @@ func (w *worker) newBatch(next int64, recs ...Record) *store.Batch {
 // unowned reports whether the worker's records are not its alone: its
 // source has no ordered positions and no owners to fence (an SQS queue),
 // or a failpoints build turned the fence off.
-func (w *worker) unowned() bool { return (w.src != nil && !w.src.Ordered()) || failpoint.Unfenced() }
+func (w *worker) unowned() bool {
+	return (w.lane != nil && !w.lane.Caps().Fenced) || failpoint.Unfenced()
+}
 
 // coordinatesOf names the SQS messages among recs by the offsets that
 // stand for them; nil when there are none (Kafka).

@@ -368,15 +368,19 @@ func (p *Projector) startGeneration(gen *kafka.Generation) {
 	})
 	for _, a := range assigned {
 		b, alive := p.health.loop(fmt.Sprintf("partition %d worker", a.ID), 0)
+		log := cfg.Logger.With("topic", cfg.Topic, "partition", a.ID)
 		w := &worker{
 			workerDeps: p.workerDeps(),
 			beat:       b,
 			topic:      cfg.Topic,
 			partition:  a.ID,
-			log:        cfg.Logger.With("topic", cfg.Topic, "partition", a.ID),
+			log:        log,
 			cache:      newJobCache(p.budget),
 			position:   -1,
 			committed:  c.offer,
+			lane: &kafkaLane{topic: cfg.Topic, partition: a.ID, brokers: cfg.Brokers, dialer: p.dialer,
+				readCommitted: cfg.Kafka().ReadsCommitted(), maxWait: cfg.MaxWait, batchSize: cfg.BatchSize, linger: cfg.BatchLinger,
+				log: log, committed: c.offer},
 		}
 		p.start(gen, func(ctx context.Context) {
 			defer c.workers.Done()

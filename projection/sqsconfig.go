@@ -29,6 +29,3 @@ const (
 
 // QueueCounts is [sqssrc.QueueCounts].
 func QueueCounts(ctx context.Context, s SQS) (SQSCounts, error) { return sqssrc.QueueCounts(ctx, s) }
-
-// The SQS source is an engine [Source].
-var _ Source = (*sqssrc.Source)(nil)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -13,7 +12,6 @@ import (
 
 	"github.com/aws/smithy-go"
 
-	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/store"
 )
 
@@ -78,74 +76,18 @@ func (p *Projector) runSQS(ctx context.Context) error {
 	defer alive()
 	w := &worker{
 		workerDeps: p.workerDeps(), beat: b, topic: cfg.Topic, partition: 0, position: -1, stored: -1,
-		log:       cfg.Logger.With("queue", cfg.SQS.QueueURL),
-		cache:     newJobCache(p.budget),
-		committed: func(int, int64) {},
+		log:        cfg.Logger.With("queue", cfg.SQS.QueueURL),
+		cache:      newJobCache(p.budget),
+		committed:  func(int, int64) {},
+		lane:       &sqsLane{name: cfg.Topic, reader: q.reader, batchSize: cfg.BatchSize, linger: cfg.BatchLinger},
+		adoptEvery: q.adoptEvery,
 	}
 	p.book.setQueue(0)
 	defer p.book.drop(0, w)
 	p.health.inGroup.Store(true)
 	defer p.health.inGroup.Store(false)
-	return w.runQueue(ctx, q.reader, cfg.SQS, q.adoptEvery)
-}
-
-// runQueue is [worker.run] for a queue, which has no claim: restore the
-// held deltas, then fetch batches, commit them unfenced, and acknowledge
-// (delete) their messages once committed.
-func (w *worker) runQueue(ctx context.Context, r *sqssrc.Reader, q SQS, adoptEvery time.Duration) error {
-	w.detector = gapfill.NewDetector(w.cfg.GapPolicy)
-	src := sqssrc.NewSource(r, w.cfg.BatchSize, w.cfg.BatchLinger)
-	w.src = src
-	if err := w.restore(ctx); err != nil {
-		return err
-	}
-	w.publish()
-	w.log.Info("receiving from the queue", "held_jobs", w.detector.Len(), "visibility", q.Visibility.String(),
-		"wait", q.Wait.String(), "max_messages", q.MaxMessages)
-
-	var wg sync.WaitGroup
-	rctx, stop := context.WithCancel(ctx)
-	// Once the receiver has stopped, what is still in flight (received,
-	// never committed) is made visible again.
-	defer func() {
-		stop()
-		wg.Wait()
-		_ = src.Close()
-	}()
-	wg.Go(func() { r.Run(rctx) })
-	w.attempts = w.startAttempts(rctx, &wg)
-	adopted := time.Now()
-	for {
-		w.beat.now()
-		if time.Since(adopted) >= adoptEvery {
-			adopted = time.Now()
-			if err := w.adoptHeld(ctx); err != nil && ctx.Err() == nil {
-				w.log.Warn("reading the queue's held deltas failed; trying again later", "err", err)
-			}
-		}
-		msgs := w.fetch(ctx)
-		if err := r.Err(); err != nil && len(msgs) == 0 {
-			w.log.Error("SQS refused the credentials; stopping", "err", err)
-			return err
-		}
-		res := w.attempts.collect(w)
-		if len(msgs) > 0 || len(res) > 0 {
-			// commit acknowledges what it committed; what it did not
-			// stays unacknowledged and comes back.
-			if err := w.commit(ctx, msgs, res); err != nil {
-				if errors.Is(err, errFenced) {
-					err = fmt.Errorf("projection: an unfenced queue batch was fenced: %w", err)
-				}
-				return err
-			}
-		}
-		w.reschedule(res)
-		if ctx.Err() != nil {
-			return nil
-		}
-		w.attempts.schedule(w)
-		w.publish()
-	}
+	w.log.Info("receiving from the queue", "visibility", cfg.SQS.Visibility.String(), "wait", cfg.SQS.Wait.String(), "max_messages", cfg.SQS.MaxMessages)
+	return w.run(ctx)
 }
 
 // heldAdoptEvery is how often a queue worker compares the held deltas it

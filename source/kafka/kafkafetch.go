@@ -79,14 +79,14 @@ type fetcherConfig struct {
 // partition's end it is what was read. A full chunk waits for the source
 // to take it, so about one batch is read ahead: the next batch is fetched
 // while the current one is written. It is two when the source holds a
-// chunk that did not fit in the batch it returned ([kafkaSource.held]).
+// chunk that did not fit in the batch it returned ([Partition.held]).
 //
 // The error handling is kafka-go's reader's: a new leader or a broken
 // connection dials again, with a backoff; a failure to connect is reported
 // from the fetchAttempts-th attempt in a row on; a Kafka error code other
 // than those is reported and the fetch retried. An offset out of range is
 // reported and ends the fetcher: the source decides where to go on from
-// ([kafkaSource.outOfRange]) and starts another.
+// ([Partition.outOfRange]) and starts another.
 type partitionFetcher struct {
 	cfg fetcherConfig
 	out chan fetched

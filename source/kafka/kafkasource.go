@@ -13,7 +13,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 )
 
-// kafkaSource is one Kafka partition as a [Source]: a [partitionFetcher]
+// Partition is one Kafka partition as the engine reads it: a [partitionFetcher]
 // reading the partition from the stored position in the background,
 // acknowledged batches handed to the group's committer.
 type Partition struct {
@@ -24,7 +24,7 @@ type Partition struct {
 	batchSize int
 	linger    time.Duration
 	// fetcher reads ahead of the batches; newFetcher starts one at an
-	// offset (again after [kafkaSource.outOfRange] moved the position).
+	// offset (again after [Partition.outOfRange] moved the position).
 	fetcher    *partitionFetcher
 	newFetcher func(offset int64) *partitionFetcher
 	// held is what the fetcher handed over that the last Fetch could not
@@ -41,7 +41,7 @@ type Partition struct {
 	// below the log start were deleted before they were read, or reading
 	// passed offsets that hold nothing to deliver.
 	moved func(next int64)
-	// newLog is [kafkaSourceConfig.NewLog].
+	// newLog is [PartitionConfig.NewLog].
 	newLog func(ctx context.Context, position int64) (int64, error)
 
 	// position is the next offset to read as stored, -1 for none;
@@ -78,7 +78,7 @@ type PartitionConfig struct {
 	NewLog func(ctx context.Context, position int64) (int64, error)
 }
 
-// openKafkaSource starts reading the partition at position, the position
+// OpenPartition starts reading the partition at position, the position
 // the claim returned (-1 for none: start at start, which is
 // kafkago.FirstOffset or kafkago.LastOffset). It does not wait for the
 // brokers: a partition that cannot be read shows as errors from Fetch.
@@ -102,8 +102,8 @@ func OpenPartition(c PartitionConfig, position, start int64) (*Partition, error)
 	return s, nil
 }
 
-// Fetch implements [Source]. An out-of-range position is handled here
-// ([kafkaSource.outOfRange]) and returns no records and no error.
+// Fetch is the engine's. An out-of-range position is handled here
+// ([Partition.outOfRange]) and returns no records and no error.
 //
 // The fetcher hands records over a chunk at a time, whole batches while
 // the partition is behind: such a chunk is returned at once, without the
@@ -129,7 +129,7 @@ func (s *Partition) Fetch(ctx context.Context, wait time.Duration) ([]source.Rec
 		// The first entry after the stored position is further on: the
 		// records between were compacted away before this projection read
 		// them (a position below the log start comes back as out of range
-		// instead: see [kafkaSource.outOfRange]). Say so.
+		// instead: see [Partition.outOfRange]). Say so.
 		s.log.Error("records between the stored position and the first record read were never delivered: deleted from the log (retention or compaction) before they were read",
 			"position", s.position, "first_read", c.first, "lost_records", c.first-s.position)
 		s.lost.Add(c.first - s.position)
@@ -201,7 +201,7 @@ func (s *Partition) receive(ctx context.Context, d time.Duration) (fetched, bool
 	return fetched{}, false
 }
 
-// Ack implements [Source]: the position after recs is offered to the
+// Ack is the engine's: the position after recs is offered to the
 // group's committer, which commits it to the group for lag tooling only.
 func (s *Partition) Ack(_ context.Context, recs []source.Record) error {
 	if len(recs) == 0 {
@@ -213,11 +213,11 @@ func (s *Partition) Ack(_ context.Context, recs []source.Record) error {
 	return nil
 }
 
-// Ordered implements [Source]: a partition is an ordered log with one
+// Ordered is the engine's: a partition is an ordered log with one
 // fenced owner.
 func (s *Partition) Ordered() bool { return true }
 
-// Lag implements [Source], from the partition's end as last fetched: its
+// Lag is the engine's, from the partition's end as last fetched: its
 // last stable offset reading committed, else its high watermark.
 func (s *Partition) Lag(context.Context) (int64, error) {
 	hwm, stable := s.Ends()
@@ -231,7 +231,7 @@ func (s *Partition) Lag(context.Context) (int64, error) {
 	return max(end-s.position, 0), nil
 }
 
-// ends is the partition's high watermark and last stable offset as last
+// Ends is the partition's high watermark and last stable offset as last
 // seen by a fetch, for the status. They never go back, not even across a
 // restart of the fetcher.
 func (s *Partition) Ends() (hwm, stable int64) {
@@ -240,7 +240,7 @@ func (s *Partition) Ends() (hwm, stable int64) {
 	return s.hwm, s.stable
 }
 
-// Close implements [Source]: it stops the fetcher, a fetch in flight
+// Close is the engine's: it stops the fetcher, a fetch in flight
 // included, and waits for it.
 func (s *Partition) Close() error {
 	s.fetcher.stop()

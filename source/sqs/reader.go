@@ -17,11 +17,11 @@ import (
 	"github.com/projector/projector/event"
 )
 
-// sqsReader receives from one queue for one engine. A receiver goroutine
+// Reader receives from one queue for one engine. A receiver goroutine
 // long-polls and queues what it receives, at most about a batch ahead; the
-// engine takes batches from the queue ([sqsReader.take]) and, once the
+// engine takes batches from the queue ([Reader.take]) and, once the
 // batch's transaction committed, deletes its messages
-// ([sqsReader.ack]). From receipt until deletion a message is in flight:
+// ([Reader.ack]). From receipt until deletion a message is in flight:
 // a keeper goroutine extends the visibility of every message in flight
 // before it runs out, so no other consumer receives it while its batch is
 // planned and written. A message whose extension or deletion fails is
@@ -36,7 +36,7 @@ type Reader struct {
 	// that answered: only that ends the outage.
 	Failed func(err error, next time.Duration)
 	OK     func()
-	// retry cuts the receiver's backoff short ([sqsReader.nudge]).
+	// retry cuts the receiver's backoff short ([Reader.nudge]).
 	retry chan struct{}
 	// refused is closed, and refusal set, when SQS refused the
 	// credentials: the receiver stopped for good.
@@ -309,7 +309,7 @@ func (r *Reader) keepInvisible(ctx context.Context) {
 	}
 }
 
-// sqsSource is an SQS queue as a [Source]: unordered, acknowledged by
+// Source is an SQS queue as the engine reads it: unordered, acknowledged by
 // deleting the messages.
 type Source struct {
 	r         *Reader
