@@ -318,7 +318,7 @@ func (w *worker) latestStart(ctx context.Context) (int64, error) {
 	}
 	var end int64
 	op := func() error {
-		_, last, err := w.logBounds(ctx)
+		_, last, err := w.lane.Bounds(ctx)
 		if err != nil {
 			w.log.Warn("reading the partition's end for --start latest failed; retrying", "err", err)
 			return err
@@ -330,19 +330,4 @@ func (w *worker) latestStart(ctx context.Context) (int64, error) {
 		return -1, err
 	}
 	return end, nil
-}
-
-// logBounds reads the partition's first offset and its high watermark: a
-// position up to the high watermark is in the log, also past the last
-// stable offset.
-func (w *worker) logBounds(ctx context.Context) (first, last int64, err error) {
-	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	conn, err := dialLog(dctx, w.dialer, w.cfg.Brokers, w.topic, w.partition)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	return conn.bounds(false)
 }

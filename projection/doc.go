@@ -1,24 +1,23 @@
-// Package projection is the engine: it reads job events from a [Source]
-// (with Kafka, it joins the consumer group and runs one worker per assigned
-// partition; with SQS, one worker per instance receives from the queue),
+// Package projection is the engine: it reads job events from the [Lane]s a
+// source hands it (with Kafka, it joins the consumer group and runs one
+// fenced lane per assigned partition; with SQS, one unfenced lane per
+// instance receives from the queue), all through one loop ([worker.run]),
 // decodes and routes each record, folds a batch into version-conditional
 // writes, commits them through [store.Store.Apply], and only then
 // acknowledges the batch to its source. [Replay] runs quarantined records
 // through the same version rules, outside any partition.
 //
 // A worker's records flow through one file per stage: source.go (the
-// [Source] interface; kafkasource.go and sqssource.go implement it; a
-// Kafka partition is read by kafkafetch.go over kafkaconn.go, whose fetch
-// answers kafkaresponse.go and kafkadecode.go read as a consumer with
-// [Config.Isolation] does),
-// worker.go (the loop and its dependencies), claim.go (claim a partition,
-// restore its held deltas), fetch.go, plan.go (records and gap resolutions
-// into one transaction's writes), commit.go (apply, settle the cache, the
-// detector and the counters, acknowledge) and isolate.go (a batch
-// PostgreSQL refuses for its data). sqsrun.go is the queue's loop, which
-// has no claim.
+// [Lane] and [Reader] interfaces; kafkalane.go and sqslane.go implement
+// them over the sources in source/kafka and source/sqs), worker.go (the
+// loop and its dependencies), claim.go (claim a fenced lane, restore its
+// held deltas), logcheck.go (compare a log with its stored position),
+// fetch.go, plan.go (records and gap resolutions into one transaction's
+// writes), commit.go (apply, settle the cache, the detector and the
+// counters, acknowledge) and isolate.go (a batch PostgreSQL refuses for
+// its data).
 //
-// It is the only package that imports kafka-go. It must never hand a
+// It must never hand a
 // transaction's marker over as a record, nor, reading committed, a record
 // of an aborted transaction or one past the last stable offset; never move
 // a partition's position past work that is not durably done, never write a

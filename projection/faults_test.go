@@ -443,7 +443,7 @@ func TestFaultFetchAndCommitErrorsInjected(t *testing.T) {
 		case n%2 == 1:
 			return nil, errors.New("injected: connection dropped"), true
 		}
-		return fetchErrorResponse(req, kerr.NotLeaderForPartition), nil, true
+		return kafkatest.FetchErrorResponse(req, kerr.NotLeaderForPartition), nil, true
 	})
 	wait := f.flow(100, 20*time.Millisecond)
 	f.start(f.config())

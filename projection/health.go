@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/cenkalti/backoff/v4"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	kafkasrc "github.com/projector/projector/source/kafka"
+
+	"github.com/cenkalti/backoff/v4"
 )
 
 // Health timings. A PostgreSQL answer (a commit, a claim, or the
@@ -252,12 +255,12 @@ func (p *Projector) watchBrokers(ctx context.Context) {
 	for {
 		b.now()
 		hctx, cancel := context.WithTimeout(ctx, brokerPollEvery)
-		ends, err := p.kafka.logEnds(hctx, p.cfg.Topic)
+		ends, err := p.kafka.LogEnds(hctx, p.cfg.Topic)
 		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return
-		case errors.Is(err, errTopicMissing):
+		case errors.Is(err, kafkasrc.ErrTopicMissing):
 			p.health.topic.Store(topicMissing)
 			p.sourceOutage.ok()
 		case err != nil:

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	sqssrc "github.com/projector/projector/source/sqs"
+
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/stretchr/testify/require"
 
@@ -35,7 +37,9 @@ func TestSpilledHeldDeltaReleasedElsewhereIsNotAnOutage(t *testing.T) {
 	w := &worker{workerDeps: p.workerDeps(), beat: &beat{}, topic: p.Config().Topic, position: -1,
 		log: p.cfg.Logger, cache: newJobCache(newCacheBudget(1)), committed: func(int, int64) {}}
 	w.detector = gapfill.NewDetector(w.cfg.GapPolicy)
-	w.src = &sqsSource{r: newSQSReader(p.sqs.client, p.cfg.Logger, 10)}
+	r := sqssrc.NewReader(p.sqs.client, p.cfg.Logger, 10)
+	w.lane = &sqsLane{name: w.topic, reader: r}
+	w.src = &sqsLaneReader{Source: sqssrc.NewSource(r, 0, 0), reader: r, stop: func() {}}
 	ctx := t.Context()
 
 	other := func(b store.Batch) {
@@ -64,7 +68,7 @@ func TestSpilledHeldDeltaReleasedElsewhereIsNotAnOutage(t *testing.T) {
 		Release: []store.HeldKey{{JobID: "x", Version: 3}},
 	})
 
-	m := sqsMessage{ID: "m-4", Sequence: "4", Body: []byte(qincr("x", 4, 1000))}
+	m := sqssrc.Message{ID: "m-4", Sequence: "4", Body: []byte(qincr("x", 4, 1000))}
 	rec := Record{Value: m.Body, Time: time.Now(), Coord: Coord{Partition: -1, Offset: m.Offset(), MessageID: m.ID, Sequence: m.Sequence}}
 	require.NoError(t, w.commit(ctx, []Record{rec}, nil))
 

@@ -196,8 +196,8 @@ func (w *worker) applyApart(ctx context.Context, msgs []Record, res []gapfill.Re
 // refusal and moves the position past it.
 func (w *worker) quarantineRecord(ctx context.Context, m Record, cause error) error {
 	w.log.Warn("record refused by PostgreSQL; quarantined", "offset", m.Coord.Offset, "err", store.Refusal(cause))
-	bad := w.newBatch(m.next(), m)
-	bad.Bad = []store.Bad{{Partition: -1, Offset: m.Coord.Offset, Key: m.Key, Value: m.Value, Err: store.Refusal(cause), Coordinate: m.Coord.sqs()}}
+	bad := w.newBatch(m.Next(), m)
+	bad.Bad = []store.Bad{{Partition: -1, Offset: m.Coord.Offset, Key: m.Key, Value: m.Value, Err: store.Refusal(cause), Coordinate: sqsCoordinate(m.Coord)}}
 	actx, cancel := w.applyContext(ctx)
 	defer cancel()
 	if _, err := w.store.Apply(actx, bad); err != nil {
@@ -207,7 +207,7 @@ func (w *worker) quarantineRecord(ctx context.Context, m Record, cause error) er
 		return fmt.Errorf("projection: quarantine offset %d: %w", m.Coord.Offset, err)
 	}
 	w.counters.add(tally{consumed: 1, quarantined: 1})
-	w.storedAt(m.next())
+	w.storedAt(m.Next())
 	w.ack(ctx, []Record{m})
 	return w.restoreAfterIsolate(ctx)
 }

@@ -69,13 +69,13 @@ func (w *worker) compareLog(ctx context.Context, position int64, mark *store.Log
 	if position < 0 {
 		return keep, nil
 	}
-	first, end, err := w.logBounds(ctx)
+	first, end, err := w.lane.Bounds(ctx)
 	if err != nil {
 		return keep, err
 	}
 	marked := "not recorded"
 	if mark != nil && mark.Offset >= first && mark.Offset < end {
-		m, err := w.recordAt(ctx, mark.Offset)
+		m, err := w.lane.RecordAt(ctx, mark.Offset)
 		switch {
 		case err != nil:
 			return keep, err
@@ -101,35 +101,6 @@ func (w *worker) compareLog(ctx context.Context, position int64, mark *store.Log
 	}
 	return logVerdict{newLog: true, next: first,
 		why: fmt.Sprintf("the stored position %d is past the log's end %d (the record last read: %s)", position, end, marked)}, nil
-}
-
-// recordAt reads the record at offset, or the first after it when it is
-// gone (compaction). It reads uncommitted: a record read before is there
-// whatever became of its transaction.
-func (w *worker) recordAt(ctx context.Context, offset int64) (Record, error) {
-	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	conn, err := dialLog(dctx, w.dialer, w.cfg.Brokers, w.topic, w.partition)
-	if err != nil {
-		return Record{}, err
-	}
-	defer conn.Close()
-	stop := context.AfterFunc(dctx, func() { conn.Close() })
-	defer stop()
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	lf, err := conn.fetch(offset, 1<<20, 100*time.Millisecond, false)
-	if err != nil {
-		return Record{}, fmt.Errorf("read %s/%d at %d: %w", w.topic, w.partition, offset, err)
-	}
-	defer lf.Close()
-	m, ok, err := lf.Next()
-	switch {
-	case err != nil:
-		return Record{}, fmt.Errorf("read %s/%d at %d: %w", w.topic, w.partition, offset, err)
-	case !ok:
-		return Record{}, fmt.Errorf("read %s/%d at %d: no record", w.topic, w.partition, offset)
-	}
-	return m, nil
 }
 
 // checkLog compares the log with the claim's position and mark before the

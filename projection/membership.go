@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	sqssrc "github.com/projector/projector/source/sqs"
+
 	"github.com/cenkalti/backoff/v4"
 	"github.com/segmentio/kafka-go"
 
@@ -31,7 +33,7 @@ func DefaultGroup(schema, table string) string { return "projector-" + schema + 
 
 // QueueOwnerTag is the SQS queue tag that names the projection whose
 // instances receive from the queue (its [store.Identity] ID and name).
-const QueueOwnerTag = "projector-projection"
+const QueueOwnerTag = sqssrc.OwnerTag
 
 // GroupConflictError is a consumer group, or an SQS queue, that another
 // projection's instances already work: this instance was refused rather
@@ -170,7 +172,7 @@ func (p *Projector) groupConflict(ctx context.Context, group string) error {
 	var res *kafka.DescribeGroupsResponse
 	for {
 		var err error
-		res, err = p.kafka.client.DescribeGroups(dctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
+		res, err = p.kafka.Client.DescribeGroups(dctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
 		if err != nil || len(res.Groups) == 0 {
 			if err != nil {
 				p.cfg.Logger.Debug("describing the consumer group failed; the join decides", "group", group, "err", err)

@@ -56,7 +56,9 @@ func (w *worker) newBatch(next int64, recs ...Record) *store.Batch {
 // unowned reports whether the worker's records are not its alone: its
 // source has no ordered positions and no owners to fence (an SQS queue),
 // or a failpoints build turned the fence off.
-func (w *worker) unowned() bool { return (w.src != nil && !w.src.Ordered()) || failpoint.Unfenced() }
+func (w *worker) unowned() bool {
+	return (w.lane != nil && !w.lane.Caps().Fenced) || failpoint.Unfenced()
+}
 
 // coordinatesOf names the SQS messages among recs by the offsets that
 // stand for them; nil when there are none (Kafka).
@@ -80,7 +82,7 @@ func coordinatesOf(recs []Record) map[int64]store.Coordinate {
 func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resolution, now time.Time) (*plan, error) {
 	next := w.position
 	if len(msgs) > 0 {
-		next = msgs[len(msgs)-1].next()
+		next = msgs[len(msgs)-1].Next()
 	}
 	p := &plan{
 		batch:    w.newBatch(next, msgs...),
@@ -116,7 +118,7 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 	for _, m := range msgs {
 		ev, err := event.Decode(m.Key, m.Value)
 		if err != nil {
-			p.quarantine(store.Bad{Partition: -1, Offset: m.Coord.Offset, Key: m.Key, Value: m.Value, Err: err.Error(), Coordinate: m.Coord.sqs()})
+			p.quarantine(store.Bad{Partition: -1, Offset: m.Coord.Offset, Key: m.Key, Value: m.Value, Err: err.Error(), Coordinate: sqsCoordinate(m.Coord)})
 			continue
 		}
 		i, seen := slot[ev.JobID]
@@ -136,7 +138,7 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 			if p.messages == nil {
 				p.messages = map[messageKey]store.Coordinate{}
 			}
-			p.messages[messageKey{m.Coord.Offset, ev.JobID, ev.Version}] = m.Coord.sqs()
+			p.messages[messageKey{m.Coord.Offset, ev.JobID, ev.Version}] = sqsCoordinate(m.Coord)
 		}
 		decoded = append(decoded, gapfill.Input{Event: ev, Partition: w.partition, Offset: m.Coord.Offset, Source: gapfill.FromLog, At: now, LogTime: m.Time})
 		jobOf = append(jobOf, i)

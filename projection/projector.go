@@ -10,6 +10,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	sqssrc "github.com/projector/projector/source/sqs"
+
+	kafkasrc "github.com/projector/projector/source/kafka"
+
 	"github.com/segmentio/kafka-go"
 
 	"github.com/projector/projector/gapfill"
@@ -20,7 +24,7 @@ import (
 // Projector runs the projection of one topic into one store.
 type Projector struct {
 	cfg   Config
-	kafka *kafkaClients
+	kafka *kafkasrc.Clients
 	// dialer is kafka's, for every Conn and Reader.
 	dialer   *kafka.Dialer
 	resolver *gapfill.Resolver
@@ -79,30 +83,30 @@ func New(cfg Config) (*Projector, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	kc, err := cfg.Kafka().clients()
+	kc, err := cfg.Kafka().Connect()
 	if err != nil {
 		return nil, err
 	}
 	p := &Projector{
 		cfg:           cfg,
 		kafka:         kc,
-		dialer:        kc.dialer,
+		dialer:        kc.Dialer,
 		budget:        newCacheBudget(cfg.CacheBytes),
 		dbOutage:      outage{service: "PostgreSQL", log: cfg.Logger},
 		sourceOutage:  outage{service: "Kafka", log: cfg.Logger},
 		quarantineLog: sampler{window: 10 * time.Second, burst: 10},
 	}
-	p.book.stable = cfg.Kafka().readCommitted()
+	p.book.stable = cfg.Kafka().ReadsCommitted()
 	if cfg.Source == SourceSQS {
 		// Builds the client only (the region and credential chain): the
 		// queue is first asked at Run.
-		qc, err := cfg.SQS.client(context.Background())
+		qc, err := cfg.SQS.Connect(context.Background())
 		if err != nil {
 			return nil, err
 		}
 		p.sourceOutage.service = "SQS"
 		p.sqs = &sqsState{client: qc, adoptEvery: heldAdoptEvery}
-		p.sqs.reader = newSQSReader(qc, cfg.Logger, cfg.BatchSize)
+		p.sqs.reader = sqssrc.NewReader(qc, cfg.Logger, cfg.BatchSize)
 	}
 	p.metrics = newMetrics(p)
 	pol := cfg.gapPolicy()
@@ -164,7 +168,7 @@ func (p *Projector) Run(ctx context.Context) error {
 
 func (p *Projector) run(ctx context.Context) error {
 	cfg := p.cfg
-	defer p.kafka.close()
+	defer p.kafka.Close()
 	mctx, stopMonitors := context.WithCancel(ctx)
 	var monitors sync.WaitGroup
 	monitors.Go(func() { p.watchDatabase(mctx) })
@@ -172,8 +176,7 @@ func (p *Projector) run(ctx context.Context) error {
 		monitors.Go(func() { p.watchQueue(mctx) })
 	} else {
 		monitors.Go(func() { p.watchBrokers(mctx) })
-		p.kafka.watch.log = cfg.Logger
-		monitors.Go(func() { p.kafka.watch.run(mctx) })
+		monitors.Go(func() { p.kafka.Watch.Run(mctx, cfg.Logger) })
 	}
 	monitors.Go(func() { p.pruneGapLog(mctx) })
 	monitors.Go(func() { p.pruneTombstones(mctx) })
@@ -193,7 +196,7 @@ func (p *Projector) run(ctx context.Context) error {
 	var err error
 	if p.sqs != nil {
 		cfg.Logger.Info("projector started", "source", cfg.Source, "queue", cfg.SQS.QueueURL, "owner", cfg.Owner, "projection", cfg.Store.Projection())
-		defer p.sqs.client.close()
+		defer p.sqs.client.Close()
 		if err = p.claimQueue(ctx); err == nil {
 			err = p.runSQS(ctx)
 		}
@@ -207,7 +210,7 @@ func (p *Projector) run(ctx context.Context) error {
 		if err = p.waitTopic(ctx); err != nil {
 			break
 		}
-		if err = p.runGroup(ctx); errors.Is(err, errTopicMissing) {
+		if err = p.runGroup(ctx); errors.Is(err, kafkasrc.ErrTopicMissing) {
 			err = nil
 		}
 	}
@@ -232,7 +235,7 @@ func (p *Projector) waitTopic(ctx context.Context) error {
 	var logged time.Time
 	for {
 		lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		_, err := p.kafka.partitionsFresh(lctx, p.cfg.Topic)
+		_, err := p.kafka.PartitionsFresh(lctx, p.cfg.Topic)
 		cancel()
 		var ae *AuthError
 		switch {
@@ -247,7 +250,7 @@ func (p *Projector) waitTopic(ctx context.Context) error {
 			return ctx.Err()
 		case errors.As(err, &ae):
 			return ae
-		case errors.Is(err, errTopicMissing):
+		case errors.Is(err, kafkasrc.ErrTopicMissing):
 			p.health.topic.Store(topicMissing)
 			p.sourceOutage.ok()
 			if time.Since(logged) >= missingTopicLogEvery {
@@ -263,7 +266,7 @@ func (p *Projector) waitTopic(ctx context.Context) error {
 }
 
 // runGroup joins the group and works its generations until ctx ends (nil),
-// the topic disappears (errTopicMissing) or the brokers refuse us
+// the topic disappears (kafkasrc.ErrTopicMissing) or the brokers refuse us
 // (*AuthError). It leaves the group and waits for its workers before
 // returning.
 func (p *Projector) runGroup(ctx context.Context) error {
@@ -310,7 +313,7 @@ func (p *Projector) runGroup(ctx context.Context) error {
 				return nil
 			}
 			p.health.inGroup.Store(false)
-			if ae := p.kafka.k.authError(err); ae != nil {
+			if ae := cfg.Kafka().AsAuthError(err); ae != nil {
 				return ae
 			}
 			p.sourceOutage.failed(fmt.Errorf("joining consumer group %q: %w", groupID, err), cfg.JoinGroupBackoff)
@@ -321,9 +324,9 @@ func (p *Projector) runGroup(ctx context.Context) error {
 		// find the topic, and joins again at once: check the topic at
 		// every generation, and wait for it outside the group.
 		lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		_, err = p.kafka.partitionsFresh(lctx, cfg.Topic)
+		_, err = p.kafka.PartitionsFresh(lctx, cfg.Topic)
 		cancel()
-		if errors.Is(err, errTopicMissing) {
+		if errors.Is(err, kafkasrc.ErrTopicMissing) {
 			p.health.topic.Store(topicMissing)
 			cfg.Logger.Error("topic does not exist any more; leaving the group to wait for it (not ready)", "topic", cfg.Topic)
 			return err
@@ -365,15 +368,19 @@ func (p *Projector) startGeneration(gen *kafka.Generation) {
 	})
 	for _, a := range assigned {
 		b, alive := p.health.loop(fmt.Sprintf("partition %d worker", a.ID), 0)
+		log := cfg.Logger.With("topic", cfg.Topic, "partition", a.ID)
 		w := &worker{
 			workerDeps: p.workerDeps(),
 			beat:       b,
 			topic:      cfg.Topic,
 			partition:  a.ID,
-			log:        cfg.Logger.With("topic", cfg.Topic, "partition", a.ID),
+			log:        log,
 			cache:      newJobCache(p.budget),
 			position:   -1,
 			committed:  c.offer,
+			lane: &kafkaLane{topic: cfg.Topic, partition: a.ID, brokers: cfg.Brokers, dialer: p.dialer,
+				readCommitted: cfg.Kafka().ReadsCommitted(), maxWait: cfg.MaxWait, batchSize: cfg.BatchSize, linger: cfg.BatchLinger,
+				log: log, committed: c.offer},
 		}
 		p.start(gen, func(ctx context.Context) {
 			defer c.workers.Done()

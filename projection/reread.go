@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	kafkasrc "github.com/projector/projector/source/kafka"
+
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/store"
@@ -136,7 +138,7 @@ func (l *logReader) partitions(ctx context.Context) ([]int, error) {
 // for the projection's reader (its last stable offset reading committed);
 // start is -1 when no record is at or after from.
 func (l *logReader) bounds(ctx context.Context, partition int, from time.Time) (start, last int64, err error) {
-	conn, err := dialLog(ctx, l.p.dialer, l.p.cfg.Brokers, l.p.cfg.Topic, partition)
+	conn, err := kafkasrc.DialLog(ctx, l.p.dialer, l.p.cfg.Brokers, l.p.cfg.Topic, partition)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -144,11 +146,11 @@ func (l *logReader) bounds(ctx context.Context, partition int, from time.Time) (
 	if dl, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(dl)
 	}
-	first, last, err := conn.bounds(l.p.cfg.Kafka().readCommitted())
+	first, last, err := conn.Bounds(l.p.cfg.Kafka().ReadsCommitted())
 	if err != nil {
 		return 0, 0, fmt.Errorf("offsets: %w", err)
 	}
-	start, err = conn.offsetAt(from)
+	start, err = conn.OffsetAt(from)
 	if err != nil {
 		return 0, 0, fmt.Errorf("offset for %s: %w", from.UTC().Format(time.RFC3339), err)
 	}
@@ -173,7 +175,7 @@ func (l *logReader) scan(ctx context.Context, partition int, start, last int64, 
 	if budget <= 0 {
 		return nil, 0, false, nil
 	}
-	conn, err := dialLog(ctx, l.p.dialer, cfg.Brokers, cfg.Topic, partition)
+	conn, err := kafkasrc.DialLog(ctx, l.p.dialer, cfg.Brokers, cfg.Topic, partition)
 	if err != nil {
 		return nil, 0, false, err
 	}
@@ -181,11 +183,11 @@ func (l *logReader) scan(ctx context.Context, partition int, start, last int64, 
 	if dl, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(dl)
 	}
-	committed := cfg.Kafka().readCommitted()
+	committed := cfg.Kafka().ReadsCommitted()
 	now := time.Now()
 	next := start
 	for next < last && used < budget {
-		lf, err := conn.fetch(next, int(max(min(budget-used, 8<<20), 1<<20)), 500*time.Millisecond, committed)
+		lf, err := conn.Fetch(next, int(max(min(budget-used, 8<<20), 1<<20)), 500*time.Millisecond, committed)
 		if err != nil {
 			return out, used, false, err
 		}
@@ -206,8 +208,8 @@ func (l *logReader) scan(ctx context.Context, partition int, start, last int64, 
 				}
 			}
 		}
-		moved := lf.next > next
-		next = max(next, lf.next)
+		moved := lf.After() > next
+		next = max(next, lf.After())
 		if cerr := lf.Close(); rerr == nil {
 			rerr = cerr
 		}

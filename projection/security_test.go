@@ -196,7 +196,7 @@ func TestSCRAMPasswordRefusedBySASLprepStaysSecret(t *testing.T) {
 		require.NotContains(t, err.Error(), "hunter2", mech)
 		require.Contains(t, err.Error(), mech)
 		require.Contains(t, err.Error(), `"app"`)
-		_, err = Kafka{Brokers: []string{"127.0.0.1:9092"}, SASL: s}.clients()
+		_, err = Kafka{Brokers: []string{"127.0.0.1:9092"}, SASL: s}.Connect()
 		require.Error(t, err, mech)
 		require.NotContains(t, err.Error(), "hunter2", mech)
 	}

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	sqssrc "github.com/projector/projector/source/sqs"
+
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/stretchr/testify/require"
 
@@ -29,10 +31,12 @@ func TestSQSOffsetCollisionKeepsEachMessage(t *testing.T) {
 	w := &worker{workerDeps: p.workerDeps(), beat: &beat{}, topic: p.Config().Topic, position: -1,
 		log: p.cfg.Logger, cache: newJobCache(p.budget), committed: func(int, int64) {}}
 	w.detector = gapfill.NewDetector(w.cfg.GapPolicy)
-	w.src = &sqsSource{r: newSQSReader(p.sqs.client, p.cfg.Logger, 10)}
+	r := sqssrc.NewReader(p.sqs.client, p.cfg.Logger, 10)
+	w.lane = &sqsLane{name: w.topic, reader: r}
+	w.src = &sqsLaneReader{Source: sqssrc.NewSource(r, 0, 0), reader: r, stop: func() {}}
 
 	rec := func(id, seq, body string) Record {
-		m := sqsMessage{ID: id, Sequence: seq, Body: []byte(body)}
+		m := sqssrc.Message{ID: id, Sequence: seq, Body: []byte(body)}
 		return Record{Value: m.Body, Time: time.Now(), Coord: Coord{Partition: -1, Offset: m.Offset(), MessageID: id, Sequence: seq}}
 	}
 	recs := []Record{

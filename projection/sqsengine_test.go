@@ -58,13 +58,13 @@ func (r *sqsRig) start(cfg Config) *running {
 // and no job is held.
 func (r *sqsRig) drained(within time.Duration) {
 	r.t.Helper()
-	c, err := emulatorSQS(r.emu, r.queue, time.Second).client(r.t.Context())
+	c, err := emulatorSQS(r.emu, r.queue, time.Second).Connect(r.t.Context())
 	require.NoError(r.t, err)
-	defer c.close()
+	defer c.Close()
 	deadline := time.Now().Add(within)
 	last := ""
 	for time.Now().Before(deadline) {
-		n, err := c.counts(r.t.Context())
+		n, err := c.Counts(r.t.Context())
 		require.NoError(r.t, err)
 		held, _, err := r.store.HeldJobs(r.t.Context(), 1)
 		require.NoError(r.t, err)

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	sqssrc "github.com/projector/projector/source/sqs"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/projector/projector/internal/faulttest"
@@ -223,7 +225,7 @@ func TestSQSHungReceiveIsCutAndCounted(t *testing.T) {
 		jobs = append(jobs, id)
 		sendSQS(t, e, queue, id, qsnap(id, 1, `{"n":1}`))
 	}
-	bound := time.Second + receiveSlack
+	bound := time.Second + sqssrc.ReceiveSlack
 	var cutAt, notReadyAt time.Time
 	eventually(bound+5*time.Second, "a hung receive is cut and counted as failed", func() (bool, string) {
 		if len(logs.matching("SQS is failing; retrying", "receive from", "no answer within "+bound.String())) == 0 {

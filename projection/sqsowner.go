@@ -2,13 +2,11 @@ package projection
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"time"
 	"unicode/utf8"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqssrc "github.com/projector/projector/source/sqs"
 
 	"github.com/projector/projector/store"
 )
@@ -20,7 +18,7 @@ const queueOwnerSettle = 2 * time.Second
 
 // claimQueue records the queue as the projection's and makes sure no
 // other projection reads it: the queue carries the projection that reads
-// it in its QueueOwnerTag tag. A queue tagged for another projection
+// it in its sqssrc.OwnerTag tag. A queue tagged for another projection
 // refuses this instance (*GroupConflictError); an untagged one is tagged.
 // A queue whose tags cannot be read or written (no permission, or SQS not
 // answering at start) is not checked, with a warning that says which
@@ -38,7 +36,7 @@ func (p *Projector) claimQueue(ctx context.Context) error {
 	cl := p.sqs.client
 	tagged := false
 	for {
-		owner, err := cl.owner(ctx)
+		owner, err := cl.Owner(ctx)
 		if err != nil {
 			return p.queueOwnerUnchecked(err)
 		}
@@ -46,12 +44,12 @@ func (p *Projector) claimQueue(ctx context.Context) error {
 		case owner != "" && owner != ours:
 			return &GroupConflictError{Group: cfg.SQS.QueueURL, Queue: true, Ours: c.Identity.Name, Theirs: ownerName(owner)}
 		case owner == ours && tagged:
-			cfg.Logger.Info("the queue is tagged as this projection's", "tag", QueueOwnerTag, "projection", c.Identity.Name)
+			cfg.Logger.Info("the queue is tagged as this projection's", "tag", sqssrc.OwnerTag, "projection", c.Identity.Name)
 			return nil
 		case owner == ours:
 			return nil
 		}
-		if err := cl.setOwner(ctx, ours); err != nil {
+		if err := cl.SetOwner(ctx, ours); err != nil {
 			return p.queueOwnerUnchecked(err)
 		}
 		tagged = true
@@ -75,7 +73,7 @@ func (p *Projector) queueOwnerUnchecked(err error) error {
 // of at most 256 bytes is within it however SQS counts.
 const maxTagValue = 256
 
-// ownerTag is the value of QueueOwnerTag for a projection: its ID, then
+// ownerTag is the value of sqssrc.OwnerTag for a projection: its ID, then
 // its name, cut to maxTagValue bytes on a character boundary (SQS refuses
 // a value that is not UTF-8, and a refused tag turns the check off).
 func ownerTag(id store.Identity) string {
@@ -90,31 +88,11 @@ func ownerTag(id store.Identity) string {
 	return v[:n]
 }
 
-// ownerName is the projection a QueueOwnerTag value names.
+// ownerName is the projection a sqssrc.OwnerTag value names.
 func ownerName(tag string) string {
 	id, name, ok := strings.Cut(tag, " ")
 	if !ok || name == "" {
 		return id
 	}
 	return name + " (" + id + ")"
-}
-
-func (c *sqsClient) owner(ctx context.Context) (string, error) {
-	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	out, err := c.client.ListQueueTags(qctx, &sqs.ListQueueTagsInput{QueueUrl: aws.String(c.cfg.QueueURL)})
-	if err != nil {
-		return "", fmt.Errorf("tags of %s: %w", c.cfg.QueueURL, err)
-	}
-	return out.Tags[QueueOwnerTag], nil
-}
-
-func (c *sqsClient) setOwner(ctx context.Context, v string) error {
-	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	_, err := c.client.TagQueue(qctx, &sqs.TagQueueInput{QueueUrl: aws.String(c.cfg.QueueURL), Tags: map[string]string{QueueOwnerTag: v}})
-	if err != nil {
-		return fmt.Errorf("tag %s: %w", c.cfg.QueueURL, err)
-	}
-	return nil
 }

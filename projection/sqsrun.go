@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
+	sqssrc "github.com/projector/projector/source/sqs"
+
 	"github.com/aws/smithy-go"
 
-	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/store"
 )
 
@@ -23,8 +23,8 @@ import (
 // sqs:GetQueueAttributes receives fine; a queue whose KMS key refuses the
 // role still answers its counts).
 type sqsState struct {
-	client *sqsClient
-	reader *sqsReader
+	client *sqssrc.Client
+	reader *sqssrc.Reader
 	// counts are the queue's approximate counts as last read, nil while
 	// unknown (not read yet, or the last read failed: countsErr says why).
 	counts    atomic.Pointer[SQSCounts]
@@ -64,86 +64,30 @@ const (
 func (p *Projector) runSQS(ctx context.Context) error {
 	cfg := p.cfg
 	q := p.sqs
-	q.reader.failed = p.sourceOutage.failed
-	q.reader.ok = func() {
+	q.reader.Failed = p.sourceOutage.failed
+	q.reader.OK = func() {
 		q.answeredAt.Store(time.Now().UnixNano())
 		p.sourceOutage.ok()
 	}
 	if q.noKeep {
-		q.reader.keep = 0
+		q.reader.Keep = 0
 	}
 	b, alive := p.health.loop("queue worker", 0)
 	defer alive()
 	w := &worker{
 		workerDeps: p.workerDeps(), beat: b, topic: cfg.Topic, partition: 0, position: -1, stored: -1,
-		log:       cfg.Logger.With("queue", cfg.SQS.QueueURL),
-		cache:     newJobCache(p.budget),
-		committed: func(int, int64) {},
+		log:        cfg.Logger.With("queue", cfg.SQS.QueueURL),
+		cache:      newJobCache(p.budget),
+		committed:  func(int, int64) {},
+		lane:       &sqsLane{name: cfg.Topic, reader: q.reader, batchSize: cfg.BatchSize, linger: cfg.BatchLinger},
+		adoptEvery: q.adoptEvery,
 	}
 	p.book.setQueue(0)
 	defer p.book.drop(0, w)
 	p.health.inGroup.Store(true)
 	defer p.health.inGroup.Store(false)
-	return w.runQueue(ctx, q.reader, cfg.SQS, q.adoptEvery)
-}
-
-// runQueue is [worker.run] for a queue, which has no claim: restore the
-// held deltas, then fetch batches, commit them unfenced, and acknowledge
-// (delete) their messages once committed.
-func (w *worker) runQueue(ctx context.Context, r *sqsReader, q SQS, adoptEvery time.Duration) error {
-	w.detector = gapfill.NewDetector(w.cfg.GapPolicy)
-	src := &sqsSource{r: r, batchSize: w.cfg.BatchSize, linger: w.cfg.BatchLinger}
-	w.src = src
-	if err := w.restore(ctx); err != nil {
-		return err
-	}
-	w.publish()
-	w.log.Info("receiving from the queue", "held_jobs", w.detector.Len(), "visibility", q.Visibility.String(),
-		"wait", q.Wait.String(), "max_messages", q.MaxMessages)
-
-	var wg sync.WaitGroup
-	rctx, stop := context.WithCancel(ctx)
-	// Once the receiver has stopped, what is still in flight (received,
-	// never committed) is made visible again.
-	defer func() {
-		stop()
-		wg.Wait()
-		_ = src.Close()
-	}()
-	wg.Go(func() { r.run(rctx) })
-	w.attempts = w.startAttempts(rctx, &wg)
-	adopted := time.Now()
-	for {
-		w.beat.now()
-		if time.Since(adopted) >= adoptEvery {
-			adopted = time.Now()
-			if err := w.adoptHeld(ctx); err != nil && ctx.Err() == nil {
-				w.log.Warn("reading the queue's held deltas failed; trying again later", "err", err)
-			}
-		}
-		msgs := w.fetch(ctx)
-		if err := r.err(); err != nil && len(msgs) == 0 {
-			w.log.Error("SQS refused the credentials; stopping", "err", err)
-			return err
-		}
-		res := w.attempts.collect(w)
-		if len(msgs) > 0 || len(res) > 0 {
-			// commit acknowledges what it committed; what it did not
-			// stays unacknowledged and comes back.
-			if err := w.commit(ctx, msgs, res); err != nil {
-				if errors.Is(err, errFenced) {
-					err = fmt.Errorf("projection: an unfenced queue batch was fenced: %w", err)
-				}
-				return err
-			}
-		}
-		w.reschedule(res)
-		if ctx.Err() != nil {
-			return nil
-		}
-		w.attempts.schedule(w)
-		w.publish()
-	}
+	w.log.Info("receiving from the queue", "visibility", cfg.SQS.Visibility.String(), "wait", cfg.SQS.Wait.String(), "max_messages", cfg.SQS.MaxMessages)
+	return w.run(ctx)
 }
 
 // heldAdoptEvery is how often a queue worker compares the held deltas it
@@ -230,7 +174,7 @@ func (p *Projector) watchQueue(ctx context.Context) {
 	for {
 		b.now()
 		qctx, cancel := context.WithTimeout(ctx, queuePollEvery)
-		n, err := p.sqs.client.counts(qctx)
+		n, err := p.sqs.client.Counts(qctx)
 		cancel()
 		now := time.Now()
 		switch {
@@ -253,7 +197,7 @@ func (p *Projector) watchQueue(ctx context.Context) {
 			p.book.setQueueLag(0, n.Visible+n.InFlight)
 			failures.ok(p.cfg.Logger, now)
 			if p.sourceOutage.failing() {
-				p.sqs.reader.nudge()
+				p.sqs.reader.Nudge()
 			}
 		}
 		if now.Sub(progress.at) >= progressEvery-queuePollEvery/2 {
@@ -288,7 +232,7 @@ func (f *countsFailures) failed(log *slog.Logger, err error, now time.Time) {
 		return
 	}
 	msg := "cannot read the queue's counts; its lag is unknown until they are read again (receiving goes on)"
-	if sqsAuthError(err) != nil {
+	if sqssrc.AsAuthError(err) != nil {
 		msg = "cannot read the queue's counts: SQS refused them (grant sqs:GetQueueAttributes on the queue); its lag is unknown (receiving goes on)"
 	}
 	log.Warn(msg, "err", err, "failed_reads", f.n, "failing_for", now.Sub(f.since).Round(time.Millisecond))
@@ -344,7 +288,13 @@ func (p *Projector) sqsStatus() *SQSStatus {
 		s.CountsError = *e
 	}
 	if r := p.sqs.reader; r != nil {
-		s.Counters = r.stats.snapshot()
+		s.Counters = r.Counters()
 	}
 	return s
+}
+
+// sqsCoordinate is the SQS message c names, for a held or quarantine row; zero for
+// a Kafka record.
+func sqsCoordinate(c Coord) store.Coordinate {
+	return store.Coordinate{MessageID: c.MessageID, SequenceNumber: c.Sequence}
 }

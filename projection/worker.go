@@ -3,13 +3,13 @@ package projection
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/internal/failpoint"
@@ -19,7 +19,7 @@ import (
 // worker owns one partition for one generation: nothing else reads its
 // records or writes under its epoch. Its loop runs in stages, one file
 // each: claim.go (claim the partition, restore its held deltas), fetch.go
-// (wait for records from its [Source]), plan.go (turn them into one
+// (wait for records from its lane's [Reader]), plan.go (turn them into one
 // transaction's writes) and commit.go (apply, then settle the cache, the
 // detector and the counters, and acknowledge); isolate.go takes over a
 // batch PostgreSQL refuses for its data.
@@ -49,8 +49,12 @@ type worker struct {
 	// beat is this worker's sign of life for /healthz.
 	beat *beat
 
-	// src is where the partition's records come from, from the claim on.
-	src Source
+	// lane is what the worker runs, and src its records once opened.
+	lane Lane
+	src  Reader
+	// adoptEvery is how often a shared lane's worker adopts the held
+	// deltas other instances stored ([worker.adoptHeld]).
+	adoptEvery time.Duration
 
 	// attempts runs the held jobs' attempts in the background.
 	attempts *attempts
@@ -88,9 +92,6 @@ type workerDeps struct {
 	// authority, nil without the snapshot step.
 	resolver *gapfill.Resolver
 	fetchers *fetchPool
-	// dialer connects to the Kafka brokers (the partition's reader and its
-	// leader).
-	dialer *kafka.Dialer
 	// instanceLog is the instance's logger; a worker's own log adds its
 	// topic, partition and epoch.
 	instanceLog *slog.Logger
@@ -115,12 +116,12 @@ type workerDeps struct {
 
 // workerConfig is the part of [Config] a worker reads.
 type workerConfig struct {
-	Owner, Start        string
-	Brokers             []string
-	GapPolicy           gapfill.Policy
-	BatchSize           int
-	BatchLinger         time.Duration
-	MaxWait             time.Duration
+	Owner, Start string
+	GapPolicy    gapfill.Policy
+	BatchSize    int
+	BatchLinger  time.Duration
+	// ReadCommitted: a lane's log is read committed, so it may wait on a
+	// transaction still open.
 	ReadCommitted       bool
 	StallTimeout        time.Duration
 	SnapshotConcurrency int
@@ -135,12 +136,12 @@ func (p *Projector) workerDeps() workerDeps {
 	return workerDeps{
 		store: cfg.Store,
 		cfg: workerConfig{
-			Owner: cfg.Owner, Start: cfg.Start, Brokers: cfg.Brokers, GapPolicy: cfg.gapPolicy(),
-			BatchSize: cfg.BatchSize, BatchLinger: cfg.BatchLinger, MaxWait: cfg.MaxWait,
-			ReadCommitted: cfg.Kafka().readCommitted(), StallTimeout: cfg.StallTimeout, SnapshotConcurrency: cfg.SnapshotConcurrency,
+			Owner: cfg.Owner, Start: cfg.Start, GapPolicy: cfg.gapPolicy(),
+			BatchSize: cfg.BatchSize, BatchLinger: cfg.BatchLinger, ReadCommitted: cfg.Kafka().ReadsCommitted(),
+			StallTimeout: cfg.StallTimeout, SnapshotConcurrency: cfg.SnapshotConcurrency,
 			StallWarning: p.testStallWarning, OpenTxnLogAfter: p.testOpenTxnLogAfter,
 		},
-		resolver: p.resolver, fetchers: p.fetchers, dialer: p.dialer,
+		resolver: p.resolver, fetchers: p.fetchers,
 		instanceLog: cfg.Logger, counters: &p.counters, metrics: p.metrics, book: &p.book,
 		dbOutage: &p.dbOutage, sourceOutage: &p.sourceOutage,
 		databaseAnswered: p.databaseAnswered, databaseFailed: p.databaseFailed,
@@ -154,43 +155,53 @@ var errFenced = errors.New("partition fenced")
 
 func (w *worker) run(ctx context.Context) error {
 	cfg := w.cfg
+	caps := w.lane.Caps()
 	w.detector = gapfill.NewDetector(cfg.GapPolicy)
-	claim, err := w.claim(ctx)
-	if err != nil {
-		return err
+	if caps.Fenced {
+		claim, err := w.claim(ctx)
+		if err != nil {
+			return err
+		}
+		failpoint.Hit(failpoint.Claimed)
+		w.epoch = claim.Epoch
+		w.storedAt(claim.NextOffset)
+		w.log = w.log.With("epoch", w.epoch)
+		if caps.Log {
+			if claim, err = w.checkLog(ctx, claim); err != nil {
+				return err
+			}
+			w.storedAt(claim.NextOffset)
+			w.last = claim.Last
+		}
 	}
-	failpoint.Hit(failpoint.Claimed)
-	w.epoch = claim.Epoch
-	w.storedAt(claim.NextOffset)
-	w.log = w.log.With("epoch", w.epoch)
-	if claim, err = w.checkLog(ctx, claim); err != nil {
-		return err
-	}
-	w.storedAt(claim.NextOffset)
-	w.last = claim.Last
 	if err := w.restore(ctx); err != nil {
 		return err
 	}
 	w.publish()
 
-	start := claim.NextOffset
-	if start < 0 {
-		start = kafka.FirstOffset
-		if cfg.Start == "latest" {
-			start = kafka.LastOffset
-		}
+	start := w.stored
+	switch {
+	case start >= 0:
+	case cfg.Start == "latest":
+		start = StartLast
+	default:
+		start = StartFirst
 	}
-	w.log.Info("partition claimed", "next_offset", claim.NextOffset, "held_jobs", w.detector.Len())
-	src, err := openKafkaSource(kafkaSourceConfig{
-		Brokers: cfg.Brokers, Topic: w.topic, Partition: w.partition, Dialer: w.dialer,
-		ReadCommitted: cfg.ReadCommitted, MaxWait: cfg.MaxWait, BatchSize: cfg.BatchSize, Linger: cfg.BatchLinger, Log: w.log,
-		Bounds: w.logBounds, Committed: w.committed, Lost: &w.counters.lost,
-		Moved:  func(next int64) { w.position = next },
-		NewLog: w.newLogAt,
-	}, claim.NextOffset, start)
+	if caps.Fenced {
+		w.log.Info("partition claimed", "next_offset", w.stored, "held_jobs", w.detector.Len())
+	} else {
+		w.log.Info("reading, unfenced", "held_jobs", w.detector.Len())
+	}
+	src, err := w.lane.Open(ctx, w.stored, start, LaneHooks{
+		Committed: func(next int64) { w.committed(w.partition, next) },
+		Lost:      &w.counters.lost,
+		Moved:     func(next int64) { w.position = next },
+		NewLog:    w.newLogAt,
+	})
 	if err != nil {
 		return err
 	}
+	// Closed last: once the attempts have stopped.
 	defer src.Close()
 	w.src = src
 
@@ -199,20 +210,36 @@ func (w *worker) run(ctx context.Context) error {
 	rctx, stopAttempts := context.WithCancel(ctx)
 	defer stopAttempts()
 	w.attempts = w.startAttempts(rctx, &wg)
+	adopted := time.Now()
 	for {
 		w.beat.now()
+		if caps.Shared && time.Since(adopted) >= w.adoptEvery {
+			adopted = time.Now()
+			if err := w.adoptHeld(ctx); err != nil && ctx.Err() == nil {
+				w.log.Warn("reading the lane's held deltas failed; trying again later", "err", err)
+			}
+		}
 		// Fetch first: it waits only briefly while attempts are in flight,
 		// and at most idleWake when none is, so no answer waits behind it.
 		msgs := w.fetch(ctx)
+		if err := src.Err(); err != nil && len(msgs) == 0 {
+			w.log.Error("the source refused the credentials; stopping", "err", err)
+			return err
+		}
 		res := w.attempts.collect(w)
-		if e, ok := w.src.(interface{ ends() (int64, int64) }); ok {
-			w.hwm, w.stable = e.ends()
+		if caps.Log {
+			w.hwm, w.stable = src.Ends()
 		}
 		// A position the source moved without records is stored on its
 		// own when nothing else is to be committed: the stored position
 		// passes the markers and aborted transactions at the log's end.
 		if len(msgs) > 0 || len(res) > 0 || w.position != w.stored {
+			// commit acknowledges what it committed; what it did not
+			// stays unacknowledged and comes back.
 			if err := w.commit(ctx, msgs, res); err != nil {
+				if errors.Is(err, errFenced) && !caps.Fenced {
+					err = fmt.Errorf("projection: an unfenced batch was fenced: %w", err)
+				}
 				return err
 			}
 		}

@@ -22,7 +22,7 @@ func commandFlags() map[string]*flag.FlagSet {
 		for _, c := range cs {
 			name := strings.TrimSpace(prefix + " " + c.name)
 			if len(c.subs) > 0 {
-				walk(name, c.subs)
+				walk("", c.subs) // a subcommand's name holds its parent's
 				continue
 			}
 			fs, _ := c.flagSet(io.Discard)

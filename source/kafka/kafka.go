@@ -1,4 +1,4 @@
-package projection
+package kafka
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/segmentio/kafka-go"
+	kafkago "github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
@@ -21,8 +21,8 @@ import (
 // Kafka is where the brokers are and how to reach them. Every connection
 // the projector makes (group membership, fetches, the group offset commits,
 // re-reads, offset lookups, status and rebuild) goes through the one
-// dialer and the one transport [Kafka.clients] builds from it.
-type Kafka struct {
+// dialer and the one transport [Config.Connect] builds from it.
+type Config struct {
 	Brokers []string
 	// TLS, when not nil, encrypts every connection; its RootCAs,
 	// Certificates and ServerName say whom to trust and who we are.
@@ -51,10 +51,10 @@ const (
 )
 
 // readCommitted reports whether k reads committed.
-func (k Kafka) readCommitted() bool { return k.Isolation != ReadUncommitted }
+func (k Config) ReadsCommitted() bool { return k.Isolation != ReadUncommitted }
 
 // validIsolation says what is wrong with an isolation level.
-func validIsolation(iso string) error {
+func ValidIsolation(iso string) error {
 	switch iso {
 	case "", ReadCommitted, ReadUncommitted:
 		return nil
@@ -141,7 +141,7 @@ func (s *SASL) scram(algo scram.Algorithm) (sasl.Mechanism, error) {
 }
 
 // Validate says what is wrong with the brokers or the security settings.
-func (k Kafka) Validate() error {
+func (k Config) Validate() error {
 	var errs []error
 	if len(k.Brokers) == 0 {
 		errs = append(errs, errors.New("brokers: at least one broker address (host:port) is required"))
@@ -154,7 +154,7 @@ func (k Kafka) Validate() error {
 	if err := k.SASL.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := validIsolation(k.Isolation); err != nil {
+	if err := ValidIsolation(k.Isolation); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -162,39 +162,39 @@ func (k Kafka) Validate() error {
 
 // kafkaClients are the dialer (Conn, Reader, ConsumerGroup) and the
 // transport (Client) of one [Kafka], sharing its TLS and SASL settings.
-type kafkaClients struct {
-	k         Kafka
-	dialer    *kafka.Dialer
-	transport *kafka.Transport
-	client    *kafka.Client
+type Clients struct {
+	k         Config
+	Dialer    *kafkago.Dialer
+	transport *kafkago.Transport
+	Client    *kafkago.Client
 	// watch knows which brokers answer; the dialer and the transport
-	// avoid those that do not (once its probes run: [brokerWatch.run]).
-	watch *brokerWatch
+	// avoid those that do not (once its probes run: [BrokerWatch.Run]).
+	Watch *BrokerWatch
 }
 
 // clients builds the dialer and the transport. The transport is the
-// projector's own, never kafka.DefaultTransport, whose metadata cache
+// projector's own, never kafkago.DefaultTransport, whose metadata cache
 // would read a topic created after it looked as unknown.
-func (k Kafka) clients() (*kafkaClients, error) {
+func (k Config) Connect() (*Clients, error) {
 	mech, err := k.SASL.mechanism()
 	if err != nil {
 		return nil, fmt.Errorf("projection: kafka: %w", err)
 	}
-	d := &kafka.Dialer{ClientID: "projector", Timeout: 10 * time.Second, DualStack: true, TLS: k.TLS, SASLMechanism: mech}
+	d := &kafkago.Dialer{ClientID: "projector", Timeout: 10 * time.Second, DualStack: true, TLS: k.TLS, SASLMechanism: mech}
 	probe := *d
 	probe.Timeout = brokerProbeTimeout
 	watch := newBrokerWatch(&probe, k.Brokers)
 	netDial := (&net.Dialer{Timeout: 10 * time.Second, DualStack: true}).DialContext
 	d.DialFunc = watch.guard(netDial)
-	t := &kafka.Transport{ClientID: "projector", DialTimeout: 10 * time.Second, TLS: k.TLS, SASL: mech, MetadataTTL: 2 * time.Second,
+	t := &kafkago.Transport{ClientID: "projector", DialTimeout: 10 * time.Second, TLS: k.TLS, SASL: mech, MetadataTTL: 2 * time.Second,
 		Dial: watch.guard(netDial)}
-	return &kafkaClients{
-		k: k, dialer: d, transport: t, watch: watch,
-		client: &kafka.Client{Addr: kafka.TCP(k.Brokers...), Timeout: 10 * time.Second, Transport: t},
+	return &Clients{
+		k: k, Dialer: d, transport: t, Watch: watch,
+		Client: &kafkago.Client{Addr: kafkago.TCP(k.Brokers...), Timeout: 10 * time.Second, Transport: t},
 	}, nil
 }
 
-func (c *kafkaClients) close() { c.transport.CloseIdleConnections() }
+func (c *Clients) Close() { c.transport.CloseIdleConnections() }
 
 // AuthError is a broker refusing our credentials or certificate, or a TLS
 // handshake that cannot succeed: retrying will not help, so the projector
@@ -226,7 +226,7 @@ func (e *AuthError) Unwrap() error { return e.Err }
 // authError returns err as an *AuthError when it says the broker refused
 // our credentials or certificate, or the TLS handshake failed for a reason
 // a retry cannot fix; otherwise nil.
-func (k Kafka) authError(err error) *AuthError {
+func (k Config) AsAuthError(err error) *AuthError {
 	if err == nil {
 		return nil
 	}
@@ -235,7 +235,7 @@ func (k Kafka) authError(err error) *AuthError {
 		return ae
 	}
 	var (
-		kerr      kafka.Error
+		kerr      kafkago.Error
 		alert     tls.AlertError
 		unknownCA x509.UnknownAuthorityError
 		hostname  x509.HostnameError
@@ -247,8 +247,8 @@ func (k Kafka) authError(err error) *AuthError {
 	switch {
 	case errors.As(err, &kerr):
 		switch kerr {
-		case kafka.SASLAuthenticationFailed, kafka.UnsupportedSASLMechanism, kafka.IllegalSASLState,
-			kafka.TopicAuthorizationFailed, kafka.GroupAuthorizationFailed, kafka.ClusterAuthorizationFailed:
+		case kafkago.SASLAuthenticationFailed, kafkago.UnsupportedSASLMechanism, kafkago.IllegalSASLState,
+			kafkago.TopicAuthorizationFailed, kafkago.GroupAuthorizationFailed, kafkago.ClusterAuthorizationFailed:
 			auth = true
 		}
 	case errors.As(err, &alert), errors.As(err, &unknownCA), errors.As(err, &hostname),
@@ -289,39 +289,39 @@ type LogEnd struct {
 
 // LogEnds asks the brokers where the log of every partition of topic
 // ends, for lag reporting and for where reading is complete.
-func LogEnds(ctx context.Context, k Kafka, topic string) (map[int]LogEnd, error) {
-	c, err := k.clients()
+func LogEnds(ctx context.Context, k Config, topic string) (map[int]LogEnd, error) {
+	c, err := k.Connect()
 	if err != nil {
 		return nil, err
 	}
-	defer c.close()
+	defer c.Close()
 	// One round of probes first, so that a broker that does not answer
 	// is avoided (status and rebuild run no probes of their own).
-	c.watch.round(ctx)
-	return c.logEnds(ctx, topic)
+	c.Watch.round(ctx)
+	return c.LogEnds(ctx, topic)
 }
 
 // LogStarts asks the brokers where the logs of partitions of topic begin
 // (their first offsets).
-func LogStarts(ctx context.Context, k Kafka, topic string, partitions []int) (map[int]int64, error) {
-	c, err := k.clients()
+func LogStarts(ctx context.Context, k Config, topic string, partitions []int) (map[int]int64, error) {
+	c, err := k.Connect()
 	if err != nil {
 		return nil, err
 	}
-	defer c.close()
-	c.watch.round(ctx)
-	return c.listOffsets(ctx, topic, partitions, kafka.ReadUncommitted, true)
+	defer c.Close()
+	c.Watch.round(ctx)
+	return c.listOffsets(ctx, topic, partitions, kafkago.ReadUncommitted, true)
 }
 
 // errTopicMissing is a topic the brokers do not know.
-var errTopicMissing = errors.New("topic does not exist")
+var ErrTopicMissing = errors.New("topic does not exist")
 
 // partitions lists topic's partitions from fresh metadata; a topic the
 // brokers do not know is errTopicMissing.
-func (c *kafkaClients) partitions(ctx context.Context, topic string) ([]int, error) {
-	meta, err := c.client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+func (c *Clients) partitions(ctx context.Context, topic string) ([]int, error) {
+	meta, err := c.Client.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
-		if ae := c.k.authError(err); ae != nil {
+		if ae := c.k.AsAuthError(err); ae != nil {
 			return nil, ae
 		}
 		if ae := c.diagnose(ctx); ae != nil {
@@ -334,10 +334,10 @@ func (c *kafkaClients) partitions(ctx context.Context, topic string) ([]int, err
 			continue
 		}
 		if t.Error != nil {
-			if errors.Is(t.Error, kafka.UnknownTopicOrPartition) {
-				return nil, fmt.Errorf("projection: topic %q: %w", topic, errTopicMissing)
+			if errors.Is(t.Error, kafkago.UnknownTopicOrPartition) {
+				return nil, fmt.Errorf("projection: topic %q: %w", topic, ErrTopicMissing)
 			}
-			if ae := c.k.authError(t.Error); ae != nil {
+			if ae := c.k.AsAuthError(t.Error); ae != nil {
 				return nil, ae
 			}
 			return nil, fmt.Errorf("projection: topic %s: %w", topic, t.Error)
@@ -347,26 +347,26 @@ func (c *kafkaClients) partitions(ctx context.Context, topic string) ([]int, err
 			ids = append(ids, p.ID)
 		}
 		if len(ids) == 0 {
-			return nil, fmt.Errorf("projection: topic %q: %w", topic, errTopicMissing)
+			return nil, fmt.Errorf("projection: topic %q: %w", topic, ErrTopicMissing)
 		}
 		return ids, nil
 	}
-	return nil, fmt.Errorf("projection: topic %q: %w", topic, errTopicMissing)
+	return nil, fmt.Errorf("projection: topic %q: %w", topic, ErrTopicMissing)
 }
 
 // logEnds reads the high watermarks and the last stable offsets of
 // topic's partitions: two requests per leader, since a partition may be
 // asked once per request.
-func (c *kafkaClients) logEnds(ctx context.Context, topic string) (map[int]LogEnd, error) {
+func (c *Clients) LogEnds(ctx context.Context, topic string) (map[int]LogEnd, error) {
 	ids, err := c.partitions(ctx, topic)
 	if err != nil {
 		return nil, err
 	}
-	hwm, err := c.lastOffsets(ctx, topic, ids, kafka.ReadUncommitted)
+	hwm, err := c.lastOffsets(ctx, topic, ids, kafkago.ReadUncommitted)
 	if err != nil {
 		return nil, err
 	}
-	stable, err := c.lastOffsets(ctx, topic, ids, kafka.ReadCommitted)
+	stable, err := c.lastOffsets(ctx, topic, ids, kafkago.ReadCommitted)
 	if err != nil {
 		return nil, err
 	}
@@ -377,7 +377,7 @@ func (c *kafkaClients) logEnds(ctx context.Context, topic string) (map[int]LogEn
 			s = h
 		}
 		e := LogEnd{HighWatermark: h, LastStable: s, End: h}
-		if c.k.readCommitted() {
+		if c.k.ReadsCommitted() {
 			e.End = s
 		}
 		out[id] = e
@@ -388,23 +388,23 @@ func (c *kafkaClients) logEnds(ctx context.Context, topic string) (map[int]LogEn
 // lastOffsets lists the latest offsets of partitions ids of topic at an
 // isolation level: their high watermarks reading uncommitted, their last
 // stable offsets reading committed.
-func (c *kafkaClients) lastOffsets(ctx context.Context, topic string, ids []int, iso kafka.IsolationLevel) (map[int]int64, error) {
+func (c *Clients) lastOffsets(ctx context.Context, topic string, ids []int, iso kafkago.IsolationLevel) (map[int]int64, error) {
 	return c.listOffsets(ctx, topic, ids, iso, false)
 }
 
 // listOffsets lists the first (first) or the latest offsets of partitions
 // ids of topic at an isolation level.
-func (c *kafkaClients) listOffsets(ctx context.Context, topic string, ids []int, iso kafka.IsolationLevel, first bool) (map[int]int64, error) {
-	reqs := make([]kafka.OffsetRequest, len(ids))
+func (c *Clients) listOffsets(ctx context.Context, topic string, ids []int, iso kafkago.IsolationLevel, first bool) (map[int]int64, error) {
+	reqs := make([]kafkago.OffsetRequest, len(ids))
 	for i, id := range ids {
-		reqs[i] = kafka.LastOffsetOf(id)
+		reqs[i] = kafkago.LastOffsetOf(id)
 		if first {
-			reqs[i] = kafka.FirstOffsetOf(id)
+			reqs[i] = kafkago.FirstOffsetOf(id)
 		}
 	}
-	res, err := c.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}, IsolationLevel: iso})
+	res, err := c.Client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{topic: reqs}, IsolationLevel: iso})
 	if err != nil {
-		if ae := c.k.authError(err); ae != nil {
+		if ae := c.k.AsAuthError(err); ae != nil {
 			return nil, ae
 		}
 		return nil, fmt.Errorf("projection: list offsets of %s: %w", topic, err)
@@ -432,12 +432,12 @@ func isRemoteTLSAlert(err error) bool {
 // reports as a bare unexpected EOF. It dials each broker once with a
 // mechanism that records how far the exchange got: a connection lost after
 // the exchange started and before it completed is a refusal.
-func (c *kafkaClients) diagnose(ctx context.Context) *AuthError {
+func (c *Clients) diagnose(ctx context.Context) *AuthError {
 	if c.k.SASL == nil && c.k.TLS == nil {
 		return nil
 	}
 	for _, addr := range c.k.Brokers {
-		d := *c.dialer
+		d := *c.Dialer
 		var probe *probeMechanism
 		if d.SASLMechanism != nil {
 			probe = &probeMechanism{Mechanism: d.SASLMechanism}
@@ -450,7 +450,7 @@ func (c *kafkaClients) diagnose(ctx context.Context) *AuthError {
 			conn.Close()
 			return nil
 		}
-		if ae := c.k.authError(err); ae != nil {
+		if ae := c.k.AsAuthError(err); ae != nil {
 			return ae
 		}
 		if probe != nil && probe.started.Load() && !probe.done.Load() && ctx.Err() == nil {
@@ -490,16 +490,16 @@ func (s probeState) Next(ctx context.Context, challenge []byte) (bool, []byte, e
 	return done, resp, err
 }
 
-// partitionsFresh lists topic's partitions over a new connection: the
+// PartitionsFresh lists topic's partitions over a new connection: the
 // transport caches metadata for a while, and a topic deleted a moment ago
 // would still look present there. A topic the brokers do not know is
 // errTopicMissing.
-func (c *kafkaClients) partitionsFresh(ctx context.Context, topic string) ([]int, error) {
+func (c *Clients) PartitionsFresh(ctx context.Context, topic string) ([]int, error) {
 	var last error
 	for _, addr := range c.k.Brokers {
-		conn, err := c.dialer.DialContext(ctx, "tcp", addr)
+		conn, err := c.Dialer.DialContext(ctx, "tcp", addr)
 		if err != nil {
-			if ae := c.k.authError(err); ae != nil {
+			if ae := c.k.AsAuthError(err); ae != nil {
 				return nil, ae
 			}
 			last = err
@@ -513,10 +513,10 @@ func (c *kafkaClients) partitionsFresh(ctx context.Context, topic string) ([]int
 		ps, err := conn.ReadPartitions(topic)
 		conn.Close()
 		switch {
-		case errors.Is(err, kafka.UnknownTopicOrPartition), err == nil && len(ps) == 0:
-			return nil, fmt.Errorf("projection: topic %q: %w", topic, errTopicMissing)
+		case errors.Is(err, kafkago.UnknownTopicOrPartition), err == nil && len(ps) == 0:
+			return nil, fmt.Errorf("projection: topic %q: %w", topic, ErrTopicMissing)
 		case err != nil:
-			if ae := c.k.authError(err); ae != nil {
+			if ae := c.k.AsAuthError(err); ae != nil {
 				return nil, ae
 			}
 			last = err

@@ -1,4 +1,4 @@
-package projection
+package kafka
 
 import (
 	"bufio"
@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/segmentio/kafka-go"
+	kafkago "github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/protocol/apiversions"
 	"github.com/segmentio/kafka-go/protocol/fetch"
@@ -57,7 +57,7 @@ const logReadBuffer = 256 << 10
 
 // logConn is a connection to the leader of one partition, for reading its
 // log. It is used by one goroutine at a time.
-type logConn struct {
+type LogConn struct {
 	conn      net.Conn
 	r         *bufio.Reader
 	clientID  string
@@ -77,7 +77,7 @@ const leaderLookupPerBroker = 5 * time.Second
 
 // dialLog connects to the leader of partition, looking it up through each
 // broker in turn, with d's TLS, SASL, client id and dial function.
-func dialLog(ctx context.Context, d *kafka.Dialer, brokers []string, topic string, partition int) (*logConn, error) {
+func DialLog(ctx context.Context, d *kafkago.Dialer, brokers []string, topic string, partition int) (*LogConn, error) {
 	var errs []error
 	for _, b := range brokers {
 		// Each broker gets a bound of its own: one that accepts and never
@@ -105,7 +105,7 @@ func dialLog(ctx context.Context, d *kafka.Dialer, brokers []string, topic strin
 
 // openLog connects to addr as d would: its dial function, then TLS, then
 // SASL; then it agrees the protocol versions with the broker.
-func openLog(ctx context.Context, d *kafka.Dialer, addr string) (*logConn, error) {
+func openLog(ctx context.Context, d *kafkago.Dialer, addr string) (*LogConn, error) {
 	if d.Timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, d.Timeout)
@@ -137,7 +137,7 @@ func openLog(ctx context.Context, d *kafka.Dialer, addr string) (*logConn, error
 		}
 		conn = tc
 	}
-	c := &logConn{conn: conn, r: bufio.NewReaderSize(conn, logReadBuffer), clientID: d.ClientID}
+	c := &LogConn{conn: conn, r: bufio.NewReaderSize(conn, logReadBuffer), clientID: d.ClientID}
 	if c.clientID == "" {
 		c.clientID = "projector"
 	}
@@ -152,7 +152,7 @@ func openLog(ctx context.Context, d *kafka.Dialer, addr string) (*logConn, error
 }
 
 // setUp authenticates and agrees the versions.
-func (c *logConn) setUp(ctx context.Context, mech sasl.Mechanism, addr string) error {
+func (c *LogConn) setUp(ctx context.Context, mech sasl.Mechanism, addr string) error {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.conn.SetDeadline(dl)
 		defer c.conn.SetDeadline(time.Time{})
@@ -168,7 +168,7 @@ func (c *logConn) setUp(ctx context.Context, mech sasl.Mechanism, addr string) e
 	}
 	v := res.(*apiversions.Response)
 	if v.ErrorCode != 0 {
-		return fmt.Errorf("api versions: %w", kafka.Error(v.ErrorCode))
+		return fmt.Errorf("api versions: %w", kafkago.Error(v.ErrorCode))
 	}
 	var ok bool
 	if c.fetchVersion, ok = shared(v.ApiKeys, protocol.Fetch, fetchMinVersion, fetchMaxVersion); !ok {
@@ -195,13 +195,13 @@ func shared(keys []apiversions.ApiKeyResponse, key protocol.ApiKey, lo, hi int16
 
 // authenticate runs the SASL exchange as kafka-go's dialer does: a v1
 // handshake, then the mechanism's messages in SaslAuthenticate requests.
-func (c *logConn) authenticate(ctx context.Context, mech sasl.Mechanism, addr string) error {
+func (c *LogConn) authenticate(ctx context.Context, mech sasl.Mechanism, addr string) error {
 	res, err := c.roundTrip(1, &saslhandshake.Request{Mechanism: mech.Name()})
 	if err != nil {
 		return fmt.Errorf("SASL handshake failed: %w", err)
 	}
 	if code := res.(*saslhandshake.Response).ErrorCode; code != 0 {
-		return fmt.Errorf("SASL handshake failed: %w", kafka.Error(code))
+		return fmt.Errorf("SASL handshake failed: %w", kafkago.Error(code))
 	}
 	host, port, _ := net.SplitHostPort(addr)
 	n, _ := strconv.Atoi(port)
@@ -214,13 +214,13 @@ func (c *logConn) authenticate(ctx context.Context, mech sasl.Mechanism, addr st
 		switch {
 		case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 			// A broker may refuse by closing the connection.
-			return kafka.SASLAuthenticationFailed
+			return kafkago.SASLAuthenticationFailed
 		case err != nil:
 			return err
 		}
 		a := res.(*saslauthenticate.Response)
 		if a.ErrorCode != 0 {
-			return kafka.Error(a.ErrorCode)
+			return kafkago.Error(a.ErrorCode)
 		}
 		if done, state, err = sess.Next(ctx, a.AuthBytes); err != nil {
 			return fmt.Errorf("SASL authentication process has failed: %w", err)
@@ -230,7 +230,7 @@ func (c *logConn) authenticate(ctx context.Context, mech sasl.Mechanism, addr st
 }
 
 // roundTrip sends msg at version and reads its answer.
-func (c *logConn) roundTrip(version int16, msg protocol.Message) (protocol.Message, error) {
+func (c *LogConn) roundTrip(version int16, msg protocol.Message) (protocol.Message, error) {
 	c.corr++
 	if err := protocol.WriteRequest(c.conn, version, c.corr, c.clientID, msg); err != nil {
 		return nil, err
@@ -246,19 +246,19 @@ func (c *logConn) roundTrip(version int16, msg protocol.Message) (protocol.Messa
 }
 
 // Close closes the connection; a read in progress returns.
-func (c *logConn) Close() error { return c.conn.Close() }
+func (c *LogConn) Close() error { return c.conn.Close() }
 
 // SetReadDeadline bounds the reads from now on.
-func (c *logConn) SetReadDeadline(t time.Time) error { return c.conn.SetReadDeadline(t) }
+func (c *LogConn) SetReadDeadline(t time.Time) error { return c.conn.SetReadDeadline(t) }
 
 // SetDeadline bounds reads and writes.
-func (c *logConn) SetDeadline(t time.Time) error { return c.conn.SetDeadline(t) }
+func (c *LogConn) SetDeadline(t time.Time) error { return c.conn.SetDeadline(t) }
 
 // offset asks the leader for an offset of the partition: ts is a time in
-// milliseconds, or kafka.FirstOffset (the log start) or kafka.LastOffset
+// milliseconds, or kafkago.FirstOffset (the log start) or kafkago.LastOffset
 // (its end: the high watermark, or the last stable offset with
 // committed). -1 for a time past every record.
-func (c *logConn) offset(ts int64, committed bool) (int64, error) {
+func (c *LogConn) offset(ts int64, committed bool) (int64, error) {
 	iso := wireReadUncommitted
 	if committed {
 		iso = wireReadCommitted
@@ -278,7 +278,7 @@ func (c *logConn) offset(ts int64, committed bool) (int64, error) {
 				continue
 			}
 			if p.ErrorCode != 0 {
-				return 0, kafka.Error(p.ErrorCode)
+				return 0, kafkago.Error(p.ErrorCode)
 			}
 			return p.Offset, nil
 		}
@@ -288,11 +288,11 @@ func (c *logConn) offset(ts int64, committed bool) (int64, error) {
 
 // bounds returns the partition's first offset and its end: the high
 // watermark, or the last stable offset with committed.
-func (c *logConn) bounds(committed bool) (first, end int64, err error) {
-	if first, err = c.offset(kafka.FirstOffset, false); err != nil {
+func (c *LogConn) Bounds(committed bool) (first, end int64, err error) {
+	if first, err = c.offset(kafkago.FirstOffset, false); err != nil {
 		return 0, 0, err
 	}
-	if end, err = c.offset(kafka.LastOffset, committed); err != nil {
+	if end, err = c.offset(kafkago.LastOffset, committed); err != nil {
 		return 0, 0, err
 	}
 	return first, end, nil
@@ -300,7 +300,7 @@ func (c *logConn) bounds(committed bool) (first, end int64, err error) {
 
 // offsetAt returns the first offset whose record was appended at or after
 // t; -1 when there is none.
-func (c *logConn) offsetAt(t time.Time) (int64, error) {
+func (c *LogConn) OffsetAt(t time.Time) (int64, error) {
 	return c.offset(t.UnixMilli(), false)
 }
 
@@ -308,7 +308,7 @@ func (c *logConn) offsetAt(t time.Time) (int64, error) {
 // the broker holding the request up to maxWait while there is nothing to
 // return, and reads the answer's header: the records follow through the
 // returned [logFetch], which must be closed.
-func (c *logConn) fetch(offset int64, maxBytes int, maxWait time.Duration, committed bool) (*logFetch, error) {
+func (c *LogConn) Fetch(offset int64, maxBytes int, maxWait time.Duration, committed bool) (*LogFetch, error) {
 	iso := wireReadUncommitted
 	if committed {
 		iso = wireReadCommitted
@@ -324,7 +324,7 @@ func (c *logConn) fetch(offset int64, maxBytes int, maxWait time.Duration, commi
 	if err := protocol.WriteRequest(c.conn, c.fetchVersion, c.corr, c.clientID, req); err != nil {
 		return nil, err
 	}
-	f := &logFetch{c: c, from: offset, next: offset, first: -1, committed: committed}
+	f := &LogFetch{c: c, from: offset, next: offset, first: -1, committed: committed}
 	if err := f.readHeader(); err != nil {
 		return nil, err
 	}

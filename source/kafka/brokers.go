@@ -1,4 +1,4 @@
-package projection
+package kafka
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/segmentio/kafka-go"
+	kafkago "github.com/segmentio/kafka-go"
 )
 
 // A broker that accepts connections and never answers holds whatever
@@ -29,11 +29,11 @@ const (
 	brokerProbeTimeout = 3 * time.Second
 )
 
-// brokerWatch knows which brokers answer.
-type brokerWatch struct {
+// BrokerWatch knows which brokers answer.
+type BrokerWatch struct {
 	// probe dials a broker with the projector's dialer (TLS, SASL) but not
 	// through the watch.
-	probe *kafka.Dialer
+	probe *kafkago.Dialer
 	log   *slog.Logger
 
 	mu sync.Mutex
@@ -43,15 +43,15 @@ type brokerWatch struct {
 	down map[string]time.Time
 }
 
-func newBrokerWatch(probe *kafka.Dialer, brokers []string) *brokerWatch {
-	return &brokerWatch{probe: probe, known: append([]string(nil), brokers...), down: map[string]time.Time{}, log: slog.New(slog.DiscardHandler)}
+func newBrokerWatch(probe *kafkago.Dialer, brokers []string) *BrokerWatch {
+	return &BrokerWatch{probe: probe, known: append([]string(nil), brokers...), down: map[string]time.Time{}, log: slog.New(slog.DiscardHandler)}
 }
 
 // errBrokerAvoided is a connection refused by the watch itself.
 var errBrokerAvoided = errors.New("the broker accepts connections but does not answer; avoided while others do")
 
 // avoided reports whether a connection to address should fail at once.
-func (b *brokerWatch) avoided(address string) bool {
+func (b *BrokerWatch) avoided(address string) bool {
 	if b == nil {
 		return false
 	}
@@ -64,7 +64,7 @@ func (b *brokerWatch) avoided(address string) bool {
 }
 
 // guard wraps dial so that it refuses the brokers that do not answer.
-func (b *brokerWatch) guard(dial func(ctx context.Context, network, address string) (net.Conn, error)) func(ctx context.Context, network, address string) (net.Conn, error) {
+func (b *BrokerWatch) guard(dial func(ctx context.Context, network, address string) (net.Conn, error)) func(ctx context.Context, network, address string) (net.Conn, error) {
 	return func(ctx context.Context, network, address string) (net.Conn, error) {
 		if b.avoided(address) {
 			return nil, fmt.Errorf("%s: %w", address, errBrokerAvoided)
@@ -73,8 +73,12 @@ func (b *brokerWatch) guard(dial func(ctx context.Context, network, address stri
 	}
 }
 
-// run probes the known brokers until ctx ends.
-func (b *brokerWatch) run(ctx context.Context) {
+// Run probes the known brokers until ctx ends, logging to log the
+// brokers it starts and stops avoiding.
+func (b *BrokerWatch) Run(ctx context.Context, log *slog.Logger) {
+	b.mu.Lock()
+	b.log = log
+	b.mu.Unlock()
 	t := time.NewTicker(brokerProbeEvery)
 	defer t.Stop()
 	for {
@@ -88,14 +92,14 @@ func (b *brokerWatch) run(ctx context.Context) {
 }
 
 // round probes every known broker at once and records who answered.
-func (b *brokerWatch) round(ctx context.Context) {
+func (b *BrokerWatch) round(ctx context.Context) {
 	b.mu.Lock()
 	known := append([]string(nil), b.known...)
 	b.mu.Unlock()
 	type answer struct {
 		addr    string
 		err     error
-		brokers []kafka.Broker
+		brokers []kafkago.Broker
 	}
 	answers := make(chan answer, len(known))
 	var wg sync.WaitGroup
@@ -138,7 +142,7 @@ func (b *brokerWatch) round(ctx context.Context) {
 }
 
 // ask sends addr a metadata request and returns the brokers it names.
-func (b *brokerWatch) ask(ctx context.Context, addr string) ([]kafka.Broker, error) {
+func (b *BrokerWatch) ask(ctx context.Context, addr string) ([]kafkago.Broker, error) {
 	pctx, cancel := context.WithTimeout(ctx, brokerProbeTimeout)
 	defer cancel()
 	conn, err := b.probe.DialContext(pctx, "tcp", addr)

@@ -1,4 +1,4 @@
-package projection
+package sqs
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/projector/projector/source"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
@@ -21,8 +23,8 @@ import (
 
 // emulatorSQS is the configuration of a queue on the emulator, with
 // short timings for tests.
-func emulatorSQS(e *sqsemu.Emulator, queueURL string, visibility time.Duration) SQS {
-	return SQS{
+func emulatorSQS(e *sqsemu.Emulator, queueURL string, visibility time.Duration) Config {
+	return Config{
 		QueueURL: queueURL, Endpoint: e.Endpoint, Region: sqsemu.Region, Wait: time.Second, Visibility: visibility,
 		Credentials: credentials.NewStaticCredentialsProvider(sqsemu.AccessKey, sqsemu.SecretKey, ""),
 	}.WithDefaults()
@@ -44,28 +46,28 @@ func sendSQS(t testing.TB, e *sqsemu.Emulator, queueURL string, groupValues ...s
 }
 
 func TestSQSValidate(t *testing.T) {
-	ok := SQS{QueueURL: "https://sqs.eu-west-1.amazonaws.com/1/q.fifo"}.WithDefaults()
+	ok := Config{QueueURL: "https://sqs.eu-west-1.amazonaws.com/1/q.fifo"}.WithDefaults()
 	require.NoError(t, ok.Validate())
 	require.Equal(t, 20*time.Second, ok.Wait)
 	require.Equal(t, 60*time.Second, ok.Visibility)
 	require.Equal(t, 10, ok.MaxMessages)
 	for _, c := range []struct {
-		s    SQS
+		s    Config
 		want string
 	}{
-		{SQS{}, "sqs-queue-url: required"},
-		{SQS{QueueURL: "q.fifo"}, "sqs-queue-url \"q.fifo\": not an http or https URL"},
-		{SQS{QueueURL: ok.QueueURL, Endpoint: "localhost:4566"}, "sqs-endpoint"},
-		{SQS{QueueURL: ok.QueueURL, Wait: 21 * time.Second}, "sqs-wait 21s"},
-		{SQS{QueueURL: ok.QueueURL, Visibility: 1500 * time.Millisecond}, "sqs-visibility 1.5s"},
-		{SQS{QueueURL: ok.QueueURL, MaxMessages: 11}, "sqs-max-messages 11: SQS returns 1 to 10"},
-		{SQS{QueueURL: ok.QueueURL, MaxMessages: -1}, "sqs-max-messages -1"},
+		{Config{}, "sqs-queue-url: required"},
+		{Config{QueueURL: "q.fifo"}, "sqs-queue-url \"q.fifo\": not an http or https URL"},
+		{Config{QueueURL: ok.QueueURL, Endpoint: "localhost:4566"}, "sqs-endpoint"},
+		{Config{QueueURL: ok.QueueURL, Wait: 21 * time.Second}, "sqs-wait 21s"},
+		{Config{QueueURL: ok.QueueURL, Visibility: 1500 * time.Millisecond}, "sqs-visibility 1.5s"},
+		{Config{QueueURL: ok.QueueURL, MaxMessages: 11}, "sqs-max-messages 11: SQS returns 1 to 10"},
+		{Config{QueueURL: ok.QueueURL, MaxMessages: -1}, "sqs-max-messages -1"},
 	} {
 		err := c.s.WithDefaults().Validate()
 		require.Error(t, err, "%+v", c.s)
 		require.Contains(t, err.Error(), c.want)
 	}
-	require.NoError(t, SQS{QueueURL: ok.QueueURL, Wait: NoSQSWait}.WithDefaults().Validate())
+	require.NoError(t, Config{QueueURL: ok.QueueURL, Wait: NoWait}.WithDefaults().Validate())
 	require.Equal(t, "sqs:q.fifo", ok.Name())
 }
 
@@ -73,10 +75,10 @@ func TestSQSValidate(t *testing.T) {
 // sequence number modulo 2^63, and without one a hash of its id; both fit
 // a bigint and differ between messages.
 func TestSQSMessageOffset(t *testing.T) {
-	require.Equal(t, int64(42), sqsMessage{Sequence: "42"}.Offset())
+	require.Equal(t, int64(42), Message{Sequence: "42"}.Offset())
 	// 18849496460467696128 - 2^64
-	require.Equal(t, int64(402752386758144512), sqsMessage{Sequence: "18849496460467696128"}.Offset())
-	a, b := sqsMessage{ID: "a"}.Offset(), sqsMessage{ID: "b"}.Offset()
+	require.Equal(t, int64(402752386758144512), Message{Sequence: "18849496460467696128"}.Offset())
+	a, b := Message{ID: "a"}.Offset(), Message{ID: "b"}.Offset()
 	require.GreaterOrEqual(t, a, int64(0))
 	require.NotEqual(t, a, b)
 }
@@ -89,14 +91,14 @@ func TestSQSClient(t *testing.T) {
 	e := sqstest.New(t)
 	url := sqstest.Queue(t, e, 2*time.Second)
 	cfg := emulatorSQS(e, url, 2*time.Second)
-	c, err := cfg.client(t.Context())
+	c, err := cfg.Connect(t.Context())
 	require.NoError(t, err)
-	defer c.close()
+	defer c.Close()
 	sendSQS(t, e, url, "job-1", `{"n":1}`, "job-2", `{"n":2}`, "job-2", `{"n":3}`)
 
-	n, err := c.counts(t.Context())
+	n, err := c.Counts(t.Context())
 	require.NoError(t, err)
-	require.Equal(t, SQSCounts{Visible: 3}, n)
+	require.Equal(t, Counts{Visible: 3}, n)
 
 	msgs, err := c.receive(t.Context())
 	require.NoError(t, err)
@@ -109,7 +111,7 @@ func TestSQSClient(t *testing.T) {
 		require.Equal(t, 1, m.Receives)
 		require.False(t, m.Sent.IsZero())
 	}
-	n, err = c.counts(t.Context())
+	n, err = c.Counts(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, int64(len(msgs)), n.InFlight)
 
@@ -120,7 +122,7 @@ func TestSQSClient(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, failed)
 	}
-	n, err = c.counts(t.Context())
+	n, err = c.Counts(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, int64(len(msgs)), n.InFlight, "extended messages came back")
 
@@ -144,9 +146,9 @@ func TestSQSClient(t *testing.T) {
 		_, err = c.deleteMessages(t.Context(), more)
 		require.NoError(t, err)
 	}
-	n, err = c.counts(t.Context())
+	n, err = c.Counts(t.Context())
 	require.NoError(t, err)
-	require.Equal(t, SQSCounts{}, n)
+	require.Equal(t, Counts{}, n)
 }
 
 // TestSQSReader: messages taken from the reader stay invisible past their
@@ -157,18 +159,18 @@ func TestSQSReader(t *testing.T) {
 	// 3 s, kept every 1 s: a loaded machine does not miss a turn.
 	url := sqstest.Queue(t, e, 3*time.Second)
 	cfg := emulatorSQS(e, url, 3*time.Second)
-	c, err := cfg.client(t.Context())
+	c, err := cfg.Connect(t.Context())
 	require.NoError(t, err)
-	defer c.close()
-	r := newSQSReader(c, slog.New(slog.DiscardHandler), 10)
+	defer c.Close()
+	r := NewReader(c, slog.New(slog.DiscardHandler), 10)
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
-	wg.Go(func() { r.run(ctx) })
+	wg.Go(func() { r.Run(ctx) })
 	defer func() { cancel(); wg.Wait() }()
 
 	sendSQS(t, e, url, "j1", `{"job_id":"j1","version":1,"kind":"snapshot","state":{}}`,
 		"other", `{"job_id":"j2","version":1,"kind":"snapshot","state":{}}`)
-	var got []sqsMessage
+	var got []Message
 	deadline := time.Now().Add(5 * time.Second)
 	for len(got) < 2 && time.Now().Before(deadline) {
 		got = append(got, r.take(ctx, 10, time.Second, 50*time.Millisecond)...)
@@ -178,17 +180,17 @@ func TestSQSReader(t *testing.T) {
 
 	// Past the visibility timeout, the keeper has kept both hidden.
 	time.Sleep(4 * time.Second)
-	n, err := c.counts(t.Context())
+	n, err := c.Counts(t.Context())
 	require.NoError(t, err)
-	require.Equal(t, SQSCounts{InFlight: 2}, n)
+	require.Equal(t, Counts{InFlight: 2}, n)
 	require.Empty(t, r.take(ctx, 10, 100*time.Millisecond, time.Millisecond), "a message in flight was delivered again")
 
 	r.ack(t.Context(), []string{got[0].ID, got[1].ID})
-	n, err = c.counts(t.Context())
+	n, err = c.Counts(t.Context())
 	require.NoError(t, err)
-	require.Equal(t, SQSCounts{}, n)
+	require.Equal(t, Counts{}, n)
 	st := r.stats.snapshot()
-	require.Equal(t, SQSCounters{Received: 2, GroupNotJobID: 1, Deleted: 2}, st)
+	require.Equal(t, Counters{Received: 2, GroupNotJobID: 1, Deleted: 2}, st)
 }
 
 // TestSQSSourceCloseReleasesInFlight: messages received and never
@@ -199,16 +201,16 @@ func TestSQSSourceCloseReleasesInFlight(t *testing.T) {
 	e := sqstest.New(t)
 	url := sqstest.Queue(t, e, 30*time.Second)
 	cfg := emulatorSQS(e, url, 30*time.Second)
-	c, err := cfg.client(t.Context())
+	c, err := cfg.Connect(t.Context())
 	require.NoError(t, err)
-	defer c.close()
-	src := &sqsSource{r: newSQSReader(c, slog.New(slog.DiscardHandler), 10), batchSize: 10, linger: 50 * time.Millisecond}
+	defer c.Close()
+	src := NewSource(NewReader(c, slog.New(slog.DiscardHandler), 10), 10, 50*time.Millisecond)
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
-	wg.Go(func() { src.r.run(ctx) })
+	wg.Go(func() { src.r.Run(ctx) })
 
 	sendSQS(t, e, url, "a", `{"n":1}`, "b", `{"n":2}`, "c", `{"n":3}`)
-	var recs []Record
+	var recs []source.Record
 	deadline := time.Now().Add(5 * time.Second)
 	for len(recs) < 3 && time.Now().Before(deadline) {
 		got, err := src.Fetch(ctx, time.Second)
@@ -227,7 +229,7 @@ func TestSQSSourceCloseReleasesInFlight(t *testing.T) {
 	// for up to its wait (1 s) and would take released messages: let it end.
 	time.Sleep(1500 * time.Millisecond)
 	require.NoError(t, src.Close())
-	n, err := c.counts(t.Context())
+	n, err := c.Counts(t.Context())
 	require.NoError(t, err)
-	require.Equal(t, SQSCounts{Visible: 2}, n, "the two unacknowledged messages are visible again at once")
+	require.Equal(t, Counts{Visible: 2}, n, "the two unacknowledged messages are visible again at once")
 }

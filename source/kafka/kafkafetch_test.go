@@ -1,4 +1,4 @@
-package projection
+package kafka
 
 import (
 	"context"
@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
+	"github.com/projector/projector/source"
+
+	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -21,31 +23,31 @@ import (
 )
 
 // testKafkaSource opens a source on partition 0 of topic at position.
-func testKafkaSource(t *testing.T, brokers []string, topic string, position int64, batchSize int, maxWait time.Duration) (*kafkaSource, *atomic.Int64) {
+func testKafkaSource(t *testing.T, brokers []string, topic string, position int64, batchSize int, maxWait time.Duration) (*Partition, *atomic.Int64) {
 	t.Helper()
-	return testKafkaSourceWith(t, brokers, topic, position, batchSize, maxWait, 20*time.Millisecond, &kafka.Dialer{Timeout: 10 * time.Second})
+	return testKafkaSourceWith(t, brokers, topic, position, batchSize, maxWait, 20*time.Millisecond, &kafkago.Dialer{Timeout: 10 * time.Second})
 }
 
 // testKafkaSourceWith is testKafkaSource with the source's linger and the
 // dialer its fetcher connects through.
-func testKafkaSourceWith(t *testing.T, brokers []string, topic string, position int64, batchSize int, maxWait, linger time.Duration, dialer *kafka.Dialer) (*kafkaSource, *atomic.Int64) {
+func testKafkaSourceWith(t *testing.T, brokers []string, topic string, position int64, batchSize int, maxWait, linger time.Duration, dialer *kafkago.Dialer) (*Partition, *atomic.Int64) {
 	t.Helper()
 	lost := &atomic.Int64{}
 	start := position
 	if start < 0 {
-		start = kafka.FirstOffset
+		start = kafkago.FirstOffset
 	}
-	s, err := openKafkaSource(kafkaSourceConfig{
+	s, err := OpenPartition(PartitionConfig{
 		Brokers: brokers, Topic: topic, Partition: 0, Dialer: dialer,
 		MaxWait: maxWait, BatchSize: batchSize, Linger: linger,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Bounds: func(ctx context.Context) (int64, int64, error) {
-			conn, err := dialLog(ctx, &kafka.Dialer{Timeout: 10 * time.Second}, brokers, topic, 0)
+			conn, err := DialLog(ctx, &kafkago.Dialer{Timeout: 10 * time.Second}, brokers, topic, 0)
 			if err != nil {
 				return 0, 0, err
 			}
 			defer conn.Close()
-			return conn.bounds(false)
+			return conn.Bounds(false)
 		},
 		Committed: func(int, int64) {}, Lost: lost, Moved: func(int64) {},
 	}, position, start)
@@ -79,7 +81,7 @@ func TestKafkaSourceDeliversEveryRecordInOrderInBatches(t *testing.T) {
 
 	ctx := t.Context()
 	next := int64(0)
-	var got [][]Record
+	var got [][]source.Record
 	deadline := time.Now().Add(30 * time.Second)
 	produced := 200
 	for next < 260 && time.Now().Before(deadline) {
@@ -108,7 +110,7 @@ func TestKafkaSourceDeliversEveryRecordInOrderInBatches(t *testing.T) {
 		}
 	}
 	require.GreaterOrEqual(t, full, 200/7-1, "while behind, batches are full")
-	hwm, stable := s.ends()
+	hwm, stable := s.Ends()
 	require.Equal(t, int64(260), hwm)
 	require.Equal(t, int64(260), stable, "no transaction: the last stable offset is the high watermark")
 	lag, err := s.Lag(ctx)
@@ -163,7 +165,7 @@ func TestKafkaSourceUnreachable(t *testing.T) {
 // fetchInOrder fetches from s until want records were returned, requiring
 // each to be the next offset from next on (with its own key and value) and
 // each batch to hold at most batchSize; it returns the batches' lengths.
-func fetchInOrder(t *testing.T, s *kafkaSource, next int64, want int, batchSize int, within time.Duration) []int {
+func fetchInOrder(t *testing.T, s *Partition, next int64, want int, batchSize int, within time.Duration) []int {
 	t.Helper()
 	var lens []int
 	end := next + int64(want)
@@ -196,7 +198,7 @@ func TestKafkaSourceHeldChunkIsReturnedNext(t *testing.T) {
 	c := kafkatest.New(t)
 	topic := kafkatest.Topic(t, c, 1)
 	produceN(t, c, topic, 0, 3)
-	s, _ := testKafkaSourceWith(t, c.Addrs(), topic, -1, 10, 200*time.Millisecond, time.Second, &kafka.Dialer{Timeout: 10 * time.Second})
+	s, _ := testKafkaSourceWith(t, c.Addrs(), topic, -1, 10, 200*time.Millisecond, time.Second, &kafkago.Dialer{Timeout: 10 * time.Second})
 	defer s.Close()
 	// The fetcher read the 3 records (it records the partition's end
 	// before it hands them over) and waits for the source to take them;
@@ -282,7 +284,7 @@ func TestKafkaSourceReconnectMidResponse(t *testing.T) {
 	// lookup's reads far less).
 	var cuts atomic.Int32
 	var dialer net.Dialer
-	d := &kafka.Dialer{Timeout: 10 * time.Second, DialFunc: func(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := &kafkago.Dialer{Timeout: 10 * time.Second, DialFunc: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		conn, err := dialer.DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, err
@@ -319,7 +321,7 @@ func TestKafkaSourceReportsAConnectionThatNeverAnswers(t *testing.T) {
 	_, err := c.Produce(context.Background(), topic, kafkatest.Record{Partition: 0, Key: []byte("k"), Value: make([]byte, 200<<10)})
 	require.NoError(t, err)
 	var dialer net.Dialer
-	d := &kafka.Dialer{Timeout: 10 * time.Second, DialFunc: func(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := &kafkago.Dialer{Timeout: 10 * time.Second, DialFunc: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		conn, err := dialer.DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, err
@@ -351,7 +353,7 @@ func TestKafkaSourceQuietConnectionsDroppedAreNoFailure(t *testing.T) {
 	produceN(t, c, topic, 0, 3)
 	var dialer net.Dialer
 	var drops atomic.Int32
-	d := &kafka.Dialer{Timeout: 10 * time.Second, DialFunc: func(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := &kafkago.Dialer{Timeout: 10 * time.Second, DialFunc: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		conn, err := dialer.DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, err
@@ -394,9 +396,9 @@ func TestKafkaSourceErrorAfterRecordsComesNext(t *testing.T) {
 			return nil, nil, false
 		}
 		failed.Add(1)
-		return fetchErrorResponse(req, kerr.KafkaStorageError), nil, true
+		return kafkatest.FetchErrorResponse(req, kerr.KafkaStorageError), nil, true
 	})
-	s, _ := testKafkaSourceWith(t, c.Addrs(), topic, -1, 10, 100*time.Millisecond, 2*time.Second, &kafka.Dialer{Timeout: 10 * time.Second})
+	s, _ := testKafkaSourceWith(t, c.Addrs(), topic, -1, 10, 100*time.Millisecond, 2*time.Second, &kafkago.Dialer{Timeout: 10 * time.Second})
 	defer s.Close()
 
 	recs, err := s.Fetch(t.Context(), 10*time.Second)
@@ -407,29 +409,10 @@ func TestKafkaSourceErrorAfterRecordsComesNext(t *testing.T) {
 	}
 	require.NotNil(t, s.held, "the error arrived while the source lingered, and is kept")
 	_, err = s.Fetch(t.Context(), 10*time.Second)
-	require.ErrorIs(t, err, kafka.KafkaStorageError, "then the error, on the next Fetch")
+	require.ErrorIs(t, err, kafkago.KafkaStorageError, "then the error, on the next Fetch")
 
 	produceN(t, c, topic, 3, 2)
 	fetchInOrder(t, s, 3, 2, 10, 10*time.Second)
-}
-
-// fetchErrorResponse answers a fetch request, for a kfake control
-// function, with err's code for every partition it asks for.
-func fetchErrorResponse(req kmsg.Request, err *kerr.Error) *kmsg.FetchResponse {
-	r := req.(*kmsg.FetchRequest)
-	resp := r.ResponseKind().(*kmsg.FetchResponse)
-	for _, rt := range r.Topics {
-		st := kmsg.NewFetchResponseTopic()
-		st.Topic, st.TopicID = rt.Topic, rt.TopicID
-		for _, rp := range rt.Partitions {
-			sp := kmsg.NewFetchResponseTopicPartition()
-			sp.Partition = rp.Partition
-			sp.ErrorCode = err.Code
-			st.Partitions = append(st.Partitions, sp)
-		}
-		resp.Topics = append(resp.Topics, st)
-	}
-	return resp
 }
 
 // TestKafkaSourceReadsEveryCodec: batches compressed with each codec

@@ -1,4 +1,4 @@
-package projection
+package kafka
 
 import (
 	"bytes"
@@ -8,6 +8,8 @@ import (
 	"hash/crc32"
 	"io"
 	"time"
+
+	"github.com/projector/projector/source"
 
 	"github.com/segmentio/kafka-go/compress"
 	"github.com/segmentio/kafka-go/protocol"
@@ -27,8 +29,8 @@ import (
 //
 // [logFetch.Next] says where reading goes on ([logFetch.next]), whatever
 // it passed.
-type logFetch struct {
-	c *logConn
+type LogFetch struct {
+	c *LogConn
 	// remain is what is left of the response; once its header is read,
 	// the partition's record set.
 	remain int
@@ -65,7 +67,7 @@ type logFetch struct {
 type abortedTxn struct{ producer, first int64 }
 
 // Next returns the next record to hand over; false at the response's end.
-func (f *logFetch) Next() (Record, bool, error) {
+func (f *LogFetch) Next() (source.Record, bool, error) {
 	for {
 		if f.legacy != nil {
 			rec, ok, err := f.nextLegacy()
@@ -84,14 +86,14 @@ func (f *logFetch) Next() (Record, bool, error) {
 		f.next = max(f.next, f.end)
 		more, err := f.nextBatch()
 		if !more || err != nil {
-			return Record{}, false, err
+			return source.Record{}, false, err
 		}
 	}
 }
 
 // Close discards what is left of the response, so that the connection
 // can be asked again.
-func (f *logFetch) Close() error {
+func (f *LogFetch) Close() error {
 	if f.remain > 0 {
 		n, err := f.c.r.Discard(f.remain)
 		f.remain -= n
@@ -112,7 +114,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // nextBatch reads the record set's next batch, passing those that hand
 // nothing over; false at the record set's end (a batch cut by the
 // response's size limit ends it too).
-func (f *logFetch) nextBatch() (bool, error) {
+func (f *LogFetch) nextBatch() (bool, error) {
 	for {
 		if f.remain < legacyPrefix {
 			return false, f.skip(f.remain)
@@ -182,7 +184,7 @@ func (f *logFetch) nextBatch() (bool, error) {
 // markers that end them (the Java consumer's rule: an aborted
 // transaction's batches are passed from its first offset until its
 // producer's abort marker).
-func (f *logFetch) passAborted(attrs protocol.Attributes, producer, end int64, raw []byte) bool {
+func (f *LogFetch) passAborted(attrs protocol.Attributes, producer, end int64, raw []byte) bool {
 	if !f.committed || producer < 0 {
 		return false
 	}
@@ -227,7 +229,7 @@ func isAbortMarker(recs []byte) bool {
 
 // decompress returns the batch's records, decompressed into the
 // connection's buffer when the batch is compressed.
-func (f *logFetch) decompress(attrs protocol.Attributes, raw []byte) ([]byte, error) {
+func (f *LogFetch) decompress(attrs protocol.Attributes, raw []byte) ([]byte, error) {
 	codec := attrs.Compression().Codec()
 	if attrs.Compression() == compress.None {
 		return raw, nil
@@ -250,12 +252,12 @@ var errBadRecord = errors.New("a record of the batch does not decode")
 
 // nextRecord decodes the batch's next record; false when it is before the
 // offset asked for.
-func (f *logFetch) nextRecord() (Record, bool, error) {
+func (f *LogFetch) nextRecord() (source.Record, bool, error) {
 	p := f.recs
 	f.left--
 	length, n := binary.Varint(p)
 	if n <= 0 || length < 0 || int64(len(p)-n) < length {
-		return Record{}, false, f.badRecord()
+		return source.Record{}, false, f.badRecord()
 	}
 	rec := p[n : n+int(length)]
 	f.recs = p[n+int(length):]
@@ -265,26 +267,26 @@ func (f *logFetch) nextRecord() (Record, bool, error) {
 	offDelta, m := binary.Varint(rec[min(q, len(rec)):])
 	q += m
 	if n <= 0 || m <= 0 {
-		return Record{}, false, f.badRecord()
+		return source.Record{}, false, f.badRecord()
 	}
 	offset := f.base + offDelta
 	if offset < f.from {
-		return Record{}, false, nil
+		return source.Record{}, false, nil
 	}
 	key, q, ok := varBytes(rec, q)
 	if !ok {
-		return Record{}, false, f.badRecord()
+		return source.Record{}, false, f.badRecord()
 	}
 	value, _, ok := varBytes(rec, q)
 	if !ok {
-		return Record{}, false, f.badRecord()
+		return source.Record{}, false, f.badRecord()
 	}
 	// One allocation for the key and the value: a record never aliases a
 	// buffer the connection reuses.
 	kv := make([]byte, len(key)+len(value))
 	copy(kv, key)
 	copy(kv[len(key):], value)
-	out := Record{Time: time.UnixMilli(f.baseTime + tsDelta), Coord: Coord{Partition: f.c.partition, Offset: offset}}
+	out := source.Record{Time: time.UnixMilli(f.baseTime + tsDelta), Coord: source.Coord{Partition: f.c.partition, Offset: offset}}
 	if key != nil {
 		out.Key = kv[:len(key):len(key)]
 	}
@@ -298,7 +300,7 @@ func (f *logFetch) nextRecord() (Record, bool, error) {
 	return out, true, nil
 }
 
-func (f *logFetch) badRecord() error {
+func (f *LogFetch) badRecord() error {
 	f.left = 0
 	return fmt.Errorf("kafka: %s/%d: the batch at offset %d: %w", f.c.topic, f.c.partition, f.base, errBadRecord)
 }
@@ -322,7 +324,7 @@ func varBytes(b []byte, p int) ([]byte, int, bool) {
 
 // readLegacy reads a v0 or v1 message (a compressed one holds many) and
 // hands it to kafka-go's decoder. Such topics have no transactions.
-func (f *logFetch) readLegacy(size int) error {
+func (f *LogFetch) readLegacy(size int) error {
 	buf := make([]byte, 4+size)
 	binary.BigEndian.PutUint32(buf, uint32(size))
 	if err := f.read(buf[4:]); err != nil {
@@ -339,26 +341,30 @@ func (f *logFetch) readLegacy(size int) error {
 	return nil
 }
 
-func (f *logFetch) nextLegacy() (Record, bool, error) {
+func (f *LogFetch) nextLegacy() (source.Record, bool, error) {
 	r, err := f.legacy.ReadRecord()
 	if errors.Is(err, io.EOF) {
 		f.legacy = nil
-		return Record{}, false, nil
+		return source.Record{}, false, nil
 	}
 	if err != nil {
-		return Record{}, false, err
+		return source.Record{}, false, err
 	}
 	key, kerr := protocol.ReadAll(r.Key)
 	value, verr := protocol.ReadAll(r.Value)
 	if err := errors.Join(kerr, verr); err != nil {
-		return Record{}, false, err
+		return source.Record{}, false, err
 	}
 	f.next = max(f.next, r.Offset+1)
 	if r.Offset < f.from {
-		return Record{}, false, nil
+		return source.Record{}, false, nil
 	}
 	if f.first < 0 {
 		f.first = r.Offset
 	}
-	return Record{Key: key, Value: value, Time: r.Time, Coord: Coord{Partition: f.c.partition, Offset: r.Offset}}, true, nil
+	return source.Record{Key: key, Value: value, Time: r.Time, Coord: source.Coord{Partition: f.c.partition, Offset: r.Offset}}, true, nil
 }
+
+// After is where the log goes on after what Next handed over: past the
+// offsets that hold nothing to hand over, too.
+func (f *LogFetch) After() int64 { return f.next }

@@ -1,59 +1,64 @@
-package projection
+package sqs
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/cenkalti/backoff/v4"
+	"github.com/projector/projector/source"
+
 	"github.com/projector/projector/event"
-	"github.com/projector/projector/store"
 )
 
-// sqsReader receives from one queue for one engine. A receiver goroutine
+// Reader receives from one queue for one engine. A receiver goroutine
 // long-polls and queues what it receives, at most about a batch ahead; the
-// engine takes batches from the queue ([sqsReader.take]) and, once the
+// engine takes batches from the queue ([Reader.take]) and, once the
 // batch's transaction committed, deletes its messages
-// ([sqsReader.ack]). From receipt until deletion a message is in flight:
+// ([Reader.ack]). From receipt until deletion a message is in flight:
 // a keeper goroutine extends the visibility of every message in flight
 // before it runs out, so no other consumer receives it while its batch is
 // planned and written. A message whose extension or deletion fails is
 // delivered again, to this engine or another: that is safe, since every
 // write is conditional on the job's version.
-type sqsReader struct {
-	c   *sqsClient
+type Reader struct {
+	c   *Client
 	log *slog.Logger
 	// ahead bounds the messages received and not yet taken.
-	queue chan sqsMessage
+	queue chan Message
 	// failed reports receive failures (an SQS outage), and ok a receive
 	// that answered: only that ends the outage.
-	failed func(err error, next time.Duration)
-	ok     func()
-	// retry cuts the receiver's backoff short ([sqsReader.nudge]).
+	Failed func(err error, next time.Duration)
+	OK     func()
+	// retry cuts the receiver's backoff short ([Reader.nudge]).
 	retry chan struct{}
 	// refused is closed, and refusal set, when SQS refused the
 	// credentials: the receiver stopped for good.
 	refused chan struct{}
-	refusal *SQSAuthError
+	refusal *AuthError
 
 	mu sync.Mutex
 	// inFlight are the messages received and not yet deleted, by message
 	// id, with the latest receipt handle (a message received again while
 	// in flight has a new one; only the latest deletes it).
-	inFlight map[string]sqsMessage
+	inFlight map[string]Message
 
 	// keep is how often the visibility of the messages in flight is
 	// extended: a third of the visibility timeout. 0 turns the keeper off
 	// (tests that let messages come back while their batch runs).
-	keep time.Duration
+	Keep time.Duration
 
-	stats sqsStats
+	stats stats
 }
 
 // sqsStats count what the SQS source saw, for the status and metrics.
-type sqsStats struct {
+type stats struct {
 	received      atomic.Int64
 	redelivered   atomic.Int64 // received more than once
 	groupMismatch atomic.Int64 // MessageGroupId is not the job id
@@ -63,7 +68,7 @@ type sqsStats struct {
 }
 
 // SQSCounters are the SQS source's counters.
-type SQSCounters struct {
+type Counters struct {
 	Received           int64 `json:"received"`
 	Redelivered        int64 `json:"redelivered"`
 	GroupNotJobID      int64 `json:"group_not_job_id"`
@@ -72,26 +77,26 @@ type SQSCounters struct {
 	VisibilityFailures int64 `json:"visibility_extend_failed"`
 }
 
-func (s *sqsStats) snapshot() SQSCounters {
-	return SQSCounters{
+func (s *stats) snapshot() Counters {
+	return Counters{
 		Received: s.received.Load(), Redelivered: s.redelivered.Load(), GroupNotJobID: s.groupMismatch.Load(),
 		Deleted: s.deleted.Load(), DeleteFailed: s.deleteFailed.Load(), VisibilityFailures: s.extendFailed.Load(),
 	}
 }
 
-func newSQSReader(c *sqsClient, log *slog.Logger, ahead int) *sqsReader {
-	return &sqsReader{
-		c: c, log: log, queue: make(chan sqsMessage, max(ahead, c.cfg.MaxMessages)),
-		inFlight: map[string]sqsMessage{}, keep: c.cfg.Visibility / 3,
-		failed: func(error, time.Duration) {}, ok: func() {}, retry: make(chan struct{}, 1), refused: make(chan struct{}),
+func NewReader(c *Client, log *slog.Logger, ahead int) *Reader {
+	return &Reader{
+		c: c, log: log, queue: make(chan Message, max(ahead, c.cfg.MaxMessages)),
+		inFlight: map[string]Message{}, Keep: c.cfg.Visibility / 3,
+		Failed: func(error, time.Duration) {}, OK: func() {}, retry: make(chan struct{}, 1), refused: make(chan struct{}),
 	}
 }
 
 // run receives and keeps messages invisible until ctx ends.
-func (r *sqsReader) run(ctx context.Context) {
+func (r *Reader) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	if r.keep > 0 {
+	if r.Keep > 0 {
 		wg.Go(func() { r.keepInvisible(ctx) })
 	}
 	bo := retryPolicy()
@@ -102,18 +107,18 @@ func (r *sqsReader) run(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			if ae := sqsAuthError(err); ae != nil {
+			if ae := AsAuthError(err); ae != nil {
 				r.refusal = ae
 				close(r.refused)
 				return
 			}
 			d := bo.NextBackOff()
-			r.failed(err, d)
+			r.Failed(err, d)
 			r.backoff(ctx, d)
 			continue
 		}
 		bo.Reset()
-		r.ok()
+		r.OK()
 		r.mu.Lock()
 		for _, m := range msgs {
 			r.inFlight[m.ID] = m
@@ -132,7 +137,7 @@ func (r *sqsReader) run(ctx context.Context) {
 
 // backoff waits d between two failed receives, or less if ctx ends or
 // the receiver is nudged.
-func (r *sqsReader) backoff(ctx context.Context, d time.Duration) {
+func (r *Reader) backoff(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -145,7 +150,7 @@ func (r *sqsReader) backoff(ctx context.Context, d time.Duration) {
 // nudge makes a receiver waiting out its backoff try again at once: the
 // queue answered another request (its counts), so a receive may work
 // again. It ends no outage: only a receive that answers does.
-func (r *sqsReader) nudge() {
+func (r *Reader) Nudge() {
 	select {
 	case r.retry <- struct{}{}:
 	default:
@@ -154,7 +159,7 @@ func (r *sqsReader) nudge() {
 
 // err is why the receiver stopped for good (SQS refused the
 // credentials), or nil.
-func (r *sqsReader) err() error {
+func (r *Reader) Err() error {
 	select {
 	case <-r.refused:
 		return r.refusal
@@ -165,7 +170,7 @@ func (r *sqsReader) err() error {
 
 // received counts m and says when its group is not its job: order is then
 // not guaranteed for that job (the version rules still hold).
-func (r *sqsReader) received(m sqsMessage) {
+func (r *Reader) received(m Message) {
 	r.stats.received.Add(1)
 	if m.Receives > 1 {
 		r.stats.redelivered.Add(1)
@@ -182,10 +187,10 @@ func (r *sqsReader) received(m sqsMessage) {
 
 // take waits up to wait for a first message, then gathers more for up to
 // linger or until max are taken.
-func (r *sqsReader) take(ctx context.Context, maxMsgs int, wait, linger time.Duration) []sqsMessage {
+func (r *Reader) take(ctx context.Context, maxMsgs int, wait, linger time.Duration) []Message {
 	t := time.NewTimer(wait)
 	defer t.Stop()
-	var first sqsMessage
+	var first Message
 	select {
 	case first = <-r.queue:
 	case <-t.C:
@@ -195,7 +200,7 @@ func (r *sqsReader) take(ctx context.Context, maxMsgs int, wait, linger time.Dur
 	case <-ctx.Done():
 		return nil
 	}
-	msgs := []sqsMessage{first}
+	msgs := []Message{first}
 	l := time.NewTimer(linger)
 	defer l.Stop()
 	for len(msgs) < maxMsgs {
@@ -214,7 +219,7 @@ func (r *sqsReader) take(ctx context.Context, maxMsgs int, wait, linger time.Dur
 // ack deletes the messages ids name, whose batch committed, and stops
 // keeping them invisible. A message not deleted comes back later and is
 // dropped as a duplicate or stale then.
-func (r *sqsReader) ack(ctx context.Context, ids []string) {
+func (r *Reader) ack(ctx context.Context, ids []string) {
 	msgs := r.forget(ids)
 	if len(msgs) == 0 {
 		return
@@ -232,10 +237,10 @@ func (r *sqsReader) ack(ctx context.Context, ids []string) {
 
 // forget stops keeping the messages ids name invisible and returns them
 // (those still in flight).
-func (r *sqsReader) forget(ids []string) []sqsMessage {
+func (r *Reader) forget(ids []string) []Message {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []sqsMessage
+	var out []Message
 	for _, id := range ids {
 		if m, ok := r.inFlight[id]; ok {
 			out = append(out, m)
@@ -250,9 +255,9 @@ func (r *sqsReader) forget(ids []string) []sqsMessage {
 // is best effort: a long poll cut short by the stop may still be open on
 // the server for up to its wait and take them, and they then come back
 // after their visibility timeout.
-func (r *sqsReader) release() {
+func (r *Reader) Release() {
 	r.mu.Lock()
-	msgs := make([]sqsMessage, 0, len(r.inFlight))
+	msgs := make([]Message, 0, len(r.inFlight))
 	for _, m := range r.inFlight {
 		msgs = append(msgs, m)
 	}
@@ -270,8 +275,8 @@ func (r *sqsReader) release() {
 
 // keepInvisible extends, every keep, the visibility of every message in
 // flight.
-func (r *sqsReader) keepInvisible(ctx context.Context) {
-	t := time.NewTicker(r.keep)
+func (r *Reader) keepInvisible(ctx context.Context) {
+	t := time.NewTicker(r.Keep)
 	defer t.Stop()
 	for {
 		select {
@@ -280,7 +285,7 @@ func (r *sqsReader) keepInvisible(ctx context.Context) {
 		case <-t.C:
 		}
 		r.mu.Lock()
-		msgs := make([]sqsMessage, 0, len(r.inFlight))
+		msgs := make([]Message, 0, len(r.inFlight))
 		for _, m := range r.inFlight {
 			msgs = append(msgs, m)
 		}
@@ -288,7 +293,7 @@ func (r *sqsReader) keepInvisible(ctx context.Context) {
 		if len(msgs) == 0 {
 			continue
 		}
-		ectx, cancel := context.WithTimeout(ctx, r.keep)
+		ectx, cancel := context.WithTimeout(ctx, r.Keep)
 		failed, err := r.c.changeVisibility(ectx, msgs, r.c.cfg.Visibility)
 		cancel()
 		if err != nil && !errors.Is(err, context.Canceled) {
@@ -304,12 +309,10 @@ func (r *sqsReader) keepInvisible(ctx context.Context) {
 	}
 }
 
-var _ Source = (*sqsSource)(nil)
-
-// sqsSource is an SQS queue as a [Source]: unordered, acknowledged by
+// Source is an SQS queue as the engine reads it: unordered, acknowledged by
 // deleting the messages.
-type sqsSource struct {
-	r         *sqsReader
+type Source struct {
+	r         *Reader
 	batchSize int
 	linger    time.Duration
 }
@@ -317,21 +320,21 @@ type sqsSource struct {
 // Fetch takes up to a batch of received messages as records: the body is
 // the value, with no key (the job id is in the body), and the coordinate
 // names the message.
-func (s *sqsSource) Fetch(ctx context.Context, wait time.Duration) ([]Record, error) {
+func (s *Source) Fetch(ctx context.Context, wait time.Duration) ([]source.Record, error) {
 	msgs := s.r.take(ctx, s.batchSize, wait, s.linger)
 	if len(msgs) == 0 {
 		return nil, nil
 	}
-	recs := make([]Record, len(msgs))
+	recs := make([]source.Record, len(msgs))
 	for i, m := range msgs {
-		recs[i] = Record{Value: m.Body, Time: m.Sent,
-			Coord: Coord{Partition: -1, Offset: m.Offset(), MessageID: m.ID, Sequence: m.Sequence, Group: m.Group}}
+		recs[i] = source.Record{Value: m.Body, Time: m.Sent,
+			Coord: source.Coord{Partition: -1, Offset: m.Offset(), MessageID: m.ID, Sequence: m.Sequence, Group: m.Group}}
 	}
 	return recs, nil
 }
 
 // Ack deletes the messages of a committed batch.
-func (s *sqsSource) Ack(ctx context.Context, recs []Record) error {
+func (s *Source) Ack(ctx context.Context, recs []source.Record) error {
 	ids := make([]string, len(recs))
 	for i, r := range recs {
 		ids[i] = r.Coord.MessageID
@@ -341,24 +344,18 @@ func (s *sqsSource) Ack(ctx context.Context, recs []Record) error {
 }
 
 // Ordered is false: no positions, no owners; the store alone arbitrates.
-func (s *sqsSource) Ordered() bool { return false }
+func (s *Source) Ordered() bool { return false }
 
 // Lag is the queue's approximate visible and in-flight messages.
-func (s *sqsSource) Lag(ctx context.Context) (int64, error) {
-	n, err := s.r.c.counts(ctx)
+func (s *Source) Lag(ctx context.Context) (int64, error) {
+	n, err := s.r.c.Counts(ctx)
 	return n.Visible + n.InFlight, err
 }
 
 // Close makes what is still in flight visible again.
-func (s *sqsSource) Close() error {
-	s.r.release()
+func (s *Source) Close() error {
+	s.r.Release()
 	return nil
-}
-
-// sqs is the SQS message c names, for a held or quarantine row; zero for
-// a Kafka record.
-func (c Coord) sqs() store.Coordinate {
-	return store.Coordinate{MessageID: c.MessageID, SequenceNumber: c.Sequence}
 }
 
 func firstFailure(f batchFailure) string {
@@ -366,4 +363,55 @@ func firstFailure(f batchFailure) string {
 		return id + ": " + why
 	}
 	return ""
+}
+
+// OwnerTag is the queue tag that names the projection whose queue it is
+// (its id and name), so that a second projection is refused the queue.
+const OwnerTag = "projector-projection"
+
+// Owner is the queue's OwnerTag value, empty when untagged.
+func (c *Client) Owner(ctx context.Context) (string, error) {
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := c.client.ListQueueTags(qctx, &awssqs.ListQueueTagsInput{QueueUrl: aws.String(c.cfg.QueueURL)})
+	if err != nil {
+		return "", fmt.Errorf("tags of %s: %w", c.cfg.QueueURL, err)
+	}
+	return out.Tags[OwnerTag], nil
+}
+
+// SetOwner tags the queue with v as its OwnerTag value.
+func (c *Client) SetOwner(ctx context.Context, v string) error {
+	qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := c.client.TagQueue(qctx, &awssqs.TagQueueInput{QueueUrl: aws.String(c.cfg.QueueURL), Tags: map[string]string{OwnerTag: v}})
+	if err != nil {
+		return fmt.Errorf("tag %s: %w", c.cfg.QueueURL, err)
+	}
+	return nil
+}
+
+// retryPolicy never gives up by itself: the caller's context ends it.
+func retryPolicy() *backoff.ExponentialBackOff {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = 200 * time.Millisecond
+	bo.MaxInterval = 30 * time.Second
+	bo.MaxElapsedTime = 0
+	return bo
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// Counters are what the reader saw so far.
+func (r *Reader) Counters() Counters { return r.stats.snapshot() }
+
+// NewSource is r as a source of records: batches of up to batchSize
+// messages, gathered for up to linger after the first.
+func NewSource(r *Reader, batchSize int, linger time.Duration) *Source {
+	return &Source{r: r, batchSize: batchSize, linger: linger}
 }

@@ -1,4 +1,4 @@
-package projection
+package kafka
 
 import (
 	"cmp"
@@ -7,16 +7,16 @@ import (
 	"io"
 	"slices"
 
-	"github.com/segmentio/kafka-go"
+	kafkago "github.com/segmentio/kafka-go"
 )
 
 // A fetch response's framing, up to the partition's record set, and the
 // reads of its fields ([logFetch]); kafkadecode.go reads the record set.
 
 // readHeader reads the response up to the partition's record set. A
-// partition error code is returned as a kafka.Error once the response is
+// partition error code is returned as a kafkago.Error once the response is
 // read.
-func (f *logFetch) readHeader() error {
+func (f *LogFetch) readHeader() error {
 	c := f.c
 	var head [8]byte
 	if _, err := io.ReadFull(c.r, head[:]); err != nil {
@@ -83,7 +83,7 @@ func (f *logFetch) readHeader() error {
 		return err
 	}
 	if code != 0 {
-		return kafka.Error(code)
+		return kafkago.Error(code)
 	}
 	return fmt.Errorf("kafka: fetch response without %s/%d", c.topic, c.partition)
 }
@@ -91,7 +91,7 @@ func (f *logFetch) readHeader() error {
 // Reading the response: the first error sticks, and every read counts
 // against what is left of the response (and of its record set).
 
-func (f *logFetch) read(b []byte) error {
+func (f *LogFetch) read(b []byte) error {
 	if f.err != nil {
 		return f.err
 	}
@@ -108,7 +108,7 @@ func (f *logFetch) read(b []byte) error {
 }
 
 // skip discards n bytes of the response.
-func (f *logFetch) skip(n int) error {
+func (f *LogFetch) skip(n int) error {
 	if f.err != nil || n <= 0 {
 		return f.err
 	}
@@ -124,25 +124,25 @@ func (f *logFetch) skip(n int) error {
 	return f.err
 }
 
-func (f *logFetch) int16() int16 {
+func (f *LogFetch) int16() int16 {
 	var b [2]byte
 	_ = f.read(b[:])
 	return int16(binary.BigEndian.Uint16(b[:]))
 }
 
-func (f *logFetch) int32() int32 {
+func (f *LogFetch) int32() int32 {
 	var b [4]byte
 	_ = f.read(b[:])
 	return int32(binary.BigEndian.Uint32(b[:]))
 }
 
-func (f *logFetch) int64() int64 {
+func (f *LogFetch) int64() int64 {
 	var b [8]byte
 	_ = f.read(b[:])
 	return int64(binary.BigEndian.Uint64(b[:]))
 }
 
-func (f *logFetch) string() string {
+func (f *LogFetch) string() string {
 	n := f.int16()
 	if n <= 0 || f.err != nil {
 		return ""
@@ -153,7 +153,7 @@ func (f *logFetch) string() string {
 }
 
 // count reads an array's length: 0 for a null array, and after an error.
-func (f *logFetch) count() int {
+func (f *LogFetch) count() int {
 	n := int(f.int32())
 	if f.err != nil || n < 0 {
 		return 0

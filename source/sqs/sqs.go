@@ -1,4 +1,4 @@
-package projection
+package sqs
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/aws/smithy-go"
 )
@@ -23,7 +23,7 @@ import (
 // SQS is an SQS FIFO queue the projector reads instead of a Kafka topic,
 // and how it reads it. Zero fields take the defaults of
 // [SQS.WithDefaults]; [SQS.Validate] says what to fix.
-type SQS struct {
+type Config struct {
 	// QueueURL is the queue's URL (required).
 	QueueURL string
 	// Endpoint, when set, is the base URL every request goes to instead of
@@ -47,46 +47,46 @@ type SQS struct {
 
 // SQS defaults and bounds, as SQS itself sets them.
 const (
-	DefaultSQSWait        = 20 * time.Second
-	DefaultSQSVisibility  = 60 * time.Second
-	DefaultSQSMaxMessages = 10
-	maxSQSWait            = 20 * time.Second
-	maxSQSVisibility      = 12 * time.Hour
+	DefaultWait        = 20 * time.Second
+	DefaultVisibility  = 60 * time.Second
+	DefaultMaxMessages = 10
+	maxWait            = 20 * time.Second
+	maxVisibility      = 12 * time.Hour
 	// NoSQSWait makes each receive return at once (short polling).
-	NoSQSWait = -1
+	NoWait = -1
 )
 
 // WithDefaults returns s with its zero fields set.
-func (s SQS) WithDefaults() SQS {
+func (s Config) WithDefaults() Config {
 	if s.Wait == 0 {
-		s.Wait = DefaultSQSWait
+		s.Wait = DefaultWait
 	}
 	if s.Visibility == 0 {
-		s.Visibility = DefaultSQSVisibility
+		s.Visibility = DefaultVisibility
 	}
 	if s.MaxMessages == 0 {
-		s.MaxMessages = DefaultSQSMaxMessages
+		s.MaxMessages = DefaultMaxMessages
 	}
 	return s
 }
 
 // Validate says what is wrong with s, naming the flag to fix.
-func (s SQS) Validate() error {
+func (s Config) Validate() error {
 	var errs []error
 	if s.QueueURL == "" {
-		errs = append(errs, errors.New("sqs-queue-url: required with --source sqs: the queue's URL, e.g. https://sqs.eu-west-1.amazonaws.com/123456789012/job-events.fifo"))
+		errs = append(errs, errors.New("sqs-queue-url: required with --source sqs: the queue's URL, e.g. https://awssqs.eu-west-1.amazonaws.com/123456789012/job-events.fifo"))
 	} else if u, err := url.Parse(s.QueueURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		errs = append(errs, fmt.Errorf("sqs-queue-url %q: not an http or https URL, e.g. https://sqs.eu-west-1.amazonaws.com/123456789012/job-events.fifo", s.QueueURL))
+		errs = append(errs, fmt.Errorf("sqs-queue-url %q: not an http or https URL, e.g. https://awssqs.eu-west-1.amazonaws.com/123456789012/job-events.fifo", s.QueueURL))
 	}
 	if s.Endpoint != "" {
 		if u, err := url.Parse(s.Endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			errs = append(errs, fmt.Errorf("sqs-endpoint %q: not an http or https URL, e.g. http://127.0.0.1:4566", s.Endpoint))
 		}
 	}
-	if s.Wait != NoSQSWait && (s.Wait < 0 || s.Wait > maxSQSWait || s.Wait%time.Second != 0) {
+	if s.Wait != NoWait && (s.Wait < 0 || s.Wait > maxWait || s.Wait%time.Second != 0) {
 		errs = append(errs, fmt.Errorf("sqs-wait %s: want whole seconds from 0s to 20s (SQS's long poll)", s.Wait))
 	}
-	if s.Visibility < time.Second || s.Visibility > maxSQSVisibility || s.Visibility%time.Second != 0 {
+	if s.Visibility < time.Second || s.Visibility > maxVisibility || s.Visibility%time.Second != 0 {
 		errs = append(errs, fmt.Errorf("sqs-visibility %s: want whole seconds from 1s to 12h (SQS's visibility timeout)", s.Visibility))
 	}
 	if s.MaxMessages < 1 || s.MaxMessages > 10 {
@@ -97,7 +97,7 @@ func (s SQS) Validate() error {
 
 // Name is the queue's name, the last element of its URL: the projection's
 // "topic" in the store (positions, held and quarantine rows).
-func (s SQS) Name() string {
+func (s Config) Name() string {
 	u, err := url.Parse(s.QueueURL)
 	if err != nil || u.Path == "" {
 		return s.QueueURL
@@ -116,23 +116,23 @@ func (s SQS) Name() string {
 }
 
 // queueURLRegion finds the region in an AWS queue URL
-// (https://sqs.REGION.amazonaws.com/...).
+// (https://awssqs.REGION.amazonaws.com/...).
 var queueURLRegion = regexp.MustCompile(`^sqs[.-]([a-z0-9-]+)\.amazonaws\.com`)
 
 // sqsClient is one queue's client: receive, delete, keep invisible, and
 // the approximate counts that are its lag.
-type sqsClient struct {
-	cfg    SQS
-	client *sqs.Client
+type Client struct {
+	cfg    Config
+	client *awssqs.Client
 	// transport is the client's own, so close can drop its connections.
 	transport *http.Transport
 }
 
-func (c *sqsClient) close() { c.transport.CloseIdleConnections() }
+func (c *Client) Close() { c.transport.CloseIdleConnections() }
 
 // client builds the SDK client with the standard credential chain (or
 // s.Credentials), s.Region or the chain's, and s.Endpoint.
-func (s SQS) client(ctx context.Context) (*sqsClient, error) {
+func (s Config) Connect(ctx context.Context) (*Client, error) {
 	var opts []func(*awsconfig.LoadOptions) error
 	if s.Region != "" {
 		opts = append(opts, awsconfig.WithRegion(s.Region))
@@ -161,16 +161,16 @@ func (s SQS) client(ctx context.Context) (*sqsClient, error) {
 	if ac.Region == "" {
 		return nil, errors.New("sqs-region: no region: set --sqs-region or AWS_REGION (the queue URL names none)")
 	}
-	c := sqs.NewFromConfig(ac, func(o *sqs.Options) {
+	c := awssqs.NewFromConfig(ac, func(o *awssqs.Options) {
 		if s.Endpoint != "" {
 			o.BaseEndpoint = aws.String(s.Endpoint)
 		}
 	})
-	return &sqsClient{cfg: s, client: c, transport: tr}, nil
+	return &Client{cfg: s, client: c, transport: tr}, nil
 }
 
 // sqsMessage is one received message.
-type sqsMessage struct {
+type Message struct {
 	ID      string
 	Receipt string
 	Body    []byte
@@ -188,7 +188,7 @@ type sqsMessage struct {
 // queue without them, 63 bits of a hash of the message id. It is unique
 // per message in practice; the exact message id and sequence number are
 // kept beside it.
-func (m sqsMessage) Offset() int64 {
+func (m Message) Offset() int64 {
 	if n, ok := new(bigmath.Int).SetString(m.Sequence, 10); ok && n.Sign() >= 0 {
 		return new(bigmath.Int).Mod(n, new(bigmath.Int).Lsh(bigmath.NewInt(1), 63)).Int64()
 	}
@@ -201,25 +201,25 @@ func (m sqsMessage) Offset() int64 {
 // connection that died without closing (a blackhole: a NAT or load
 // balancer that forgot it, a peer gone) waits for ever. Every request is
 // bounded. SQS answers a receive by the end of its long poll, so one still
-// open receiveSlack after it is given up, and counted as a failed receive;
+// open ReceiveSlack after it is given up, and counted as a failed receive;
 // a delete or a visibility change is bounded at sqsCallTimeout a request.
 const (
-	receiveSlack   = 10 * time.Second
+	ReceiveSlack   = 10 * time.Second
 	sqsCallTimeout = 10 * time.Second
 )
 
 // receive long-polls for up to MaxMessages messages, each hidden from other
-// consumers for the visibility timeout. It gives up receiveSlack after the
+// consumers for the visibility timeout. It gives up ReceiveSlack after the
 // long poll.
-func (c *sqsClient) receive(ctx context.Context) ([]sqsMessage, error) {
+func (c *Client) receive(ctx context.Context) ([]Message, error) {
 	wait := int32(c.cfg.Wait / time.Second)
-	if c.cfg.Wait == NoSQSWait {
+	if c.cfg.Wait == NoWait {
 		wait = 0
 	}
-	bound := time.Duration(wait)*time.Second + receiveSlack
+	bound := time.Duration(wait)*time.Second + ReceiveSlack
 	rctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	out, err := c.client.ReceiveMessage(rctx, &sqs.ReceiveMessageInput{
+	out, err := c.client.ReceiveMessage(rctx, &awssqs.ReceiveMessageInput{
 		QueueUrl:                    aws.String(c.cfg.QueueURL),
 		MaxNumberOfMessages:         int32(c.cfg.MaxMessages),
 		WaitTimeSeconds:             wait,
@@ -228,13 +228,13 @@ func (c *sqsClient) receive(ctx context.Context) ([]sqsMessage, error) {
 	})
 	if err != nil {
 		if ctx.Err() == nil && errors.Is(rctx.Err(), context.DeadlineExceeded) {
-			return nil, fmt.Errorf("receive from %s: no answer within %s (the long poll and %s): %w", c.cfg.QueueURL, bound, receiveSlack, err)
+			return nil, fmt.Errorf("receive from %s: no answer within %s (the long poll and %s): %w", c.cfg.QueueURL, bound, ReceiveSlack, err)
 		}
 		return nil, fmt.Errorf("receive from %s: %w", c.cfg.QueueURL, err)
 	}
-	msgs := make([]sqsMessage, 0, len(out.Messages))
+	msgs := make([]Message, 0, len(out.Messages))
 	for _, m := range out.Messages {
-		sm := sqsMessage{
+		sm := Message{
 			ID: aws.ToString(m.MessageId), Receipt: aws.ToString(m.ReceiptHandle), Body: []byte(aws.ToString(m.Body)),
 			Group:    m.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)],
 			Sequence: m.Attributes[string(types.MessageSystemAttributeNameSequenceNumber)],
@@ -252,17 +252,17 @@ func (c *sqsClient) receive(ctx context.Context) ([]sqsMessage, error) {
 // permission on the queue: retrying cannot fix that, so the engine stops
 // (`projector run` exits 1) rather than wait as for an outage, as it does
 // when Kafka brokers refuse it ([AuthError]).
-type SQSAuthError struct {
+type AuthError struct {
 	// Code is SQS's error code, e.g. InvalidClientTokenId.
 	Code string
 	Err  error
 }
 
-func (e *SQSAuthError) Error() string {
+func (e *AuthError) Error() string {
 	return fmt.Sprintf("sqs: credentials refused (%s): fix the AWS credentials (environment, shared files, role) or their permissions on the queue: %v", e.Code, e.Err)
 }
 
-func (e *SQSAuthError) Unwrap() error { return e.Err }
+func (e *AuthError) Unwrap() error { return e.Err }
 
 // sqsAuthCodes are the error codes with which AWS refuses a request's
 // credentials, signature or permission.
@@ -277,14 +277,14 @@ var sqsAuthCodes = map[string]bool{
 
 // sqsAuthError returns err as an *SQSAuthError when SQS refused the
 // credentials or their permission; otherwise nil.
-func sqsAuthError(err error) *SQSAuthError {
-	var ae *SQSAuthError
+func AsAuthError(err error) *AuthError {
+	var ae *AuthError
 	if errors.As(err, &ae) {
 		return ae
 	}
 	var api smithy.APIError
 	if errors.As(err, &api) && sqsAuthCodes[api.ErrorCode()] {
-		return &SQSAuthError{Code: api.ErrorCode(), Err: err}
+		return &AuthError{Code: api.ErrorCode(), Err: err}
 	}
 	return nil
 }
@@ -296,7 +296,7 @@ type batchFailure map[string]string
 // deleteMessages deletes msgs, ten per request. A message that could not
 // be deleted (its receipt handle expired, another consumer received it
 // since) is delivered again, which is safe: it is returned in failed.
-func (c *sqsClient) deleteMessages(ctx context.Context, msgs []sqsMessage) (failed batchFailure, err error) {
+func (c *Client) deleteMessages(ctx context.Context, msgs []Message) (failed batchFailure, err error) {
 	failed = batchFailure{}
 	for i := 0; i < len(msgs); i += 10 {
 		chunk := msgs[i:min(i+10, len(msgs))]
@@ -305,7 +305,7 @@ func (c *sqsClient) deleteMessages(ctx context.Context, msgs []sqsMessage) (fail
 			entries[j] = types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i + j)), ReceiptHandle: aws.String(m.Receipt)}
 		}
 		cctx, cancel := context.WithTimeout(ctx, sqsCallTimeout)
-		out, err := c.client.DeleteMessageBatch(cctx, &sqs.DeleteMessageBatchInput{QueueUrl: aws.String(c.cfg.QueueURL), Entries: entries})
+		out, err := c.client.DeleteMessageBatch(cctx, &awssqs.DeleteMessageBatchInput{QueueUrl: aws.String(c.cfg.QueueURL), Entries: entries})
 		cancel()
 		if err != nil {
 			for _, m := range msgs[i:] {
@@ -325,7 +325,7 @@ func (c *sqsClient) deleteMessages(ctx context.Context, msgs []sqsMessage) (fail
 
 // changeVisibility hides msgs for visibility from now (0 makes them
 // visible at once), ten per request.
-func (c *sqsClient) changeVisibility(ctx context.Context, msgs []sqsMessage, visibility time.Duration) (failed batchFailure, err error) {
+func (c *Client) changeVisibility(ctx context.Context, msgs []Message, visibility time.Duration) (failed batchFailure, err error) {
 	failed = batchFailure{}
 	secs := int32(visibility / time.Second)
 	for i := 0; i < len(msgs); i += 10 {
@@ -335,7 +335,7 @@ func (c *sqsClient) changeVisibility(ctx context.Context, msgs []sqsMessage, vis
 			entries[j] = types.ChangeMessageVisibilityBatchRequestEntry{Id: aws.String(strconv.Itoa(i + j)), ReceiptHandle: aws.String(m.Receipt), VisibilityTimeout: secs}
 		}
 		cctx, cancel := context.WithTimeout(ctx, sqsCallTimeout)
-		out, err := c.client.ChangeMessageVisibilityBatch(cctx, &sqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(c.cfg.QueueURL), Entries: entries})
+		out, err := c.client.ChangeMessageVisibilityBatch(cctx, &awssqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(c.cfg.QueueURL), Entries: entries})
 		cancel()
 		if err != nil {
 			return failed, fmt.Errorf("extend visibility in %s: %w", c.cfg.QueueURL, err)
@@ -353,22 +353,22 @@ func (c *sqsClient) changeVisibility(ctx context.Context, msgs []sqsMessage, vis
 // SQSCounts are a queue's approximate message counts: visible (waiting to
 // be received) and in flight (received, not yet deleted). Their sum is the
 // SQS source's lag.
-type SQSCounts struct {
+type Counts struct {
 	Visible  int64 `json:"visible"`
 	InFlight int64 `json:"in_flight"`
 }
 
 // counts asks the queue for its approximate counts.
-func (c *sqsClient) counts(ctx context.Context) (SQSCounts, error) {
-	out, err := c.client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
+func (c *Client) Counts(ctx context.Context) (Counts, error) {
+	out, err := c.client.GetQueueAttributes(ctx, &awssqs.GetQueueAttributesInput{
 		QueueUrl: aws.String(c.cfg.QueueURL),
 		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameApproximateNumberOfMessages,
 			types.QueueAttributeNameApproximateNumberOfMessagesNotVisible},
 	})
 	if err != nil {
-		return SQSCounts{}, fmt.Errorf("attributes of %s: %w", c.cfg.QueueURL, err)
+		return Counts{}, fmt.Errorf("attributes of %s: %w", c.cfg.QueueURL, err)
 	}
-	var n SQSCounts
+	var n Counts
 	n.Visible, _ = strconv.ParseInt(out.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessages)], 10, 64)
 	n.InFlight, _ = strconv.ParseInt(out.Attributes[string(types.QueueAttributeNameApproximateNumberOfMessagesNotVisible)], 10, 64)
 	return n, nil
@@ -376,11 +376,11 @@ func (c *sqsClient) counts(ctx context.Context) (SQSCounts, error) {
 
 // QueueCounts asks the queue of s for its approximate counts, for `projector
 // status`.
-func QueueCounts(ctx context.Context, s SQS) (SQSCounts, error) {
-	c, err := s.WithDefaults().client(ctx)
+func QueueCounts(ctx context.Context, s Config) (Counts, error) {
+	c, err := s.WithDefaults().Connect(ctx)
 	if err != nil {
-		return SQSCounts{}, err
+		return Counts{}, err
 	}
-	defer c.close()
-	return c.counts(ctx)
+	defer c.Close()
+	return c.Counts(ctx)
 }

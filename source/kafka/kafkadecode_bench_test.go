@@ -1,4 +1,4 @@
-package projection
+package kafka
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
+	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/projector/projector/internal/kafkatest"
@@ -30,18 +30,18 @@ func BenchmarkReadPartition(b *testing.B) {
 	}
 	_, err := c.Produce(context.Background(), topic, recs...)
 	require.NoError(b, err)
-	d := &kafka.Dialer{Timeout: 10 * time.Second}
+	d := &kafkago.Dialer{Timeout: 10 * time.Second}
 	ctx := context.Background()
 
 	b.Run("logConn", func(b *testing.B) {
-		conn, err := dialLog(ctx, d, c.Addrs(), topic, 0)
+		conn, err := DialLog(ctx, d, c.Addrs(), topic, 0)
 		require.NoError(b, err)
 		defer conn.Close()
 		b.ResetTimer()
 		for range b.N {
 			next, read := int64(0), 0
 			for next < n {
-				lf, err := conn.fetch(next, fetchMaxBytes, time.Second, true)
+				lf, err := conn.Fetch(next, fetchMaxBytes, time.Second, true)
 				require.NoError(b, err)
 				for {
 					_, ok, err := lf.Next()
@@ -66,9 +66,9 @@ func BenchmarkReadPartition(b *testing.B) {
 		for range b.N {
 			next, read := int64(0), 0
 			for next < n {
-				_, err := conn.Seek(next, kafka.SeekAbsolute|kafka.SeekDontCheck)
+				_, err := conn.Seek(next, kafkago.SeekAbsolute|kafkago.SeekDontCheck)
 				require.NoError(b, err)
-				batch := conn.ReadBatchWith(kafka.ReadBatchConfig{MinBytes: 1, MaxBytes: fetchMaxBytes, MaxWait: time.Second})
+				batch := conn.ReadBatchWith(kafkago.ReadBatchConfig{MinBytes: 1, MaxBytes: fetchMaxBytes, MaxWait: time.Second})
 				for {
 					m, err := batch.ReadMessage()
 					if err != nil {

@@ -1,4 +1,4 @@
-package projection
+package kafka
 
 import (
 	"context"
@@ -8,15 +8,15 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/segmentio/kafka-go"
+	"github.com/projector/projector/source"
+
+	kafkago "github.com/segmentio/kafka-go"
 )
 
-var _ Source = (*kafkaSource)(nil)
-
-// kafkaSource is one Kafka partition as a [Source]: a [partitionFetcher]
+// Partition is one Kafka partition as the engine reads it: a [partitionFetcher]
 // reading the partition from the stored position in the background,
 // acknowledged batches handed to the group's committer.
-type kafkaSource struct {
+type Partition struct {
 	topic     string
 	partition int
 	log       *slog.Logger
@@ -24,7 +24,7 @@ type kafkaSource struct {
 	batchSize int
 	linger    time.Duration
 	// fetcher reads ahead of the batches; newFetcher starts one at an
-	// offset (again after [kafkaSource.outOfRange] moved the position).
+	// offset (again after [Partition.outOfRange] moved the position).
 	fetcher    *partitionFetcher
 	newFetcher func(offset int64) *partitionFetcher
 	// held is what the fetcher handed over that the last Fetch could not
@@ -41,7 +41,7 @@ type kafkaSource struct {
 	// below the log start were deleted before they were read, or reading
 	// passed offsets that hold nothing to deliver.
 	moved func(next int64)
-	// newLog is [kafkaSourceConfig.NewLog].
+	// newLog is [PartitionConfig.NewLog].
 	newLog func(ctx context.Context, position int64) (int64, error)
 
 	// position is the next offset to read as stored, -1 for none;
@@ -57,11 +57,11 @@ type kafkaSource struct {
 }
 
 // kafkaSourceConfig is what [openKafkaSource] needs.
-type kafkaSourceConfig struct {
+type PartitionConfig struct {
 	Brokers   []string
 	Topic     string
 	Partition int
-	Dialer    *kafka.Dialer
+	Dialer    *kafkago.Dialer
 	// ReadCommitted reads committed: nothing past the last stable offset,
 	// no record of an aborted transaction.
 	ReadCommitted bool
@@ -78,15 +78,15 @@ type kafkaSourceConfig struct {
 	NewLog func(ctx context.Context, position int64) (int64, error)
 }
 
-// openKafkaSource starts reading the partition at position, the position
+// OpenPartition starts reading the partition at position, the position
 // the claim returned (-1 for none: start at start, which is
-// kafka.FirstOffset or kafka.LastOffset). It does not wait for the
+// kafkago.FirstOffset or kafkago.LastOffset). It does not wait for the
 // brokers: a partition that cannot be read shows as errors from Fetch.
-func openKafkaSource(c kafkaSourceConfig, position, start int64) (*kafkaSource, error) {
+func OpenPartition(c PartitionConfig, position, start int64) (*Partition, error) {
 	if c.BatchSize < 1 {
 		return nil, fmt.Errorf("projection: %s/%d: batch size %d: want at least 1", c.Topic, c.Partition, c.BatchSize)
 	}
-	s := &kafkaSource{
+	s := &Partition{
 		topic: c.Topic, partition: c.Partition, log: c.Log,
 		batchSize: c.BatchSize, linger: c.Linger,
 		newFetcher: func(offset int64) *partitionFetcher {
@@ -102,15 +102,15 @@ func openKafkaSource(c kafkaSourceConfig, position, start int64) (*kafkaSource, 
 	return s, nil
 }
 
-// Fetch implements [Source]. An out-of-range position is handled here
-// ([kafkaSource.outOfRange]) and returns no records and no error.
+// Fetch is the engine's. An out-of-range position is handled here
+// ([Partition.outOfRange]) and returns no records and no error.
 //
 // The fetcher hands records over a chunk at a time, whole batches while
 // the partition is behind: such a chunk is returned at once, without the
 // linger. A chunk is never split: one that does not fit in the batch
 // gathered so far waits for the next Fetch, so that batches keep the
 // fetcher's whole chunks rather than copying every record to realign them.
-func (s *kafkaSource) Fetch(ctx context.Context, wait time.Duration) ([]Record, error) {
+func (s *Partition) Fetch(ctx context.Context, wait time.Duration) ([]source.Record, error) {
 	if ctx.Err() != nil {
 		return nil, nil
 	}
@@ -119,7 +119,7 @@ func (s *kafkaSource) Fetch(ctx context.Context, wait time.Duration) ([]Record, 
 		return nil, nil
 	}
 	if c.err != nil {
-		if errors.Is(c.err, kafka.OffsetOutOfRange) {
+		if errors.Is(c.err, kafkago.OffsetOutOfRange) {
 			s.outOfRange(ctx)
 			return nil, nil
 		}
@@ -129,7 +129,7 @@ func (s *kafkaSource) Fetch(ctx context.Context, wait time.Duration) ([]Record, 
 		// The first entry after the stored position is further on: the
 		// records between were compacted away before this projection read
 		// them (a position below the log start comes back as out of range
-		// instead: see [kafkaSource.outOfRange]). Say so.
+		// instead: see [Partition.outOfRange]). Say so.
 		s.log.Error("records between the stored position and the first record read were never delivered: deleted from the log (retention or compaction) before they were read",
 			"position", s.position, "first_read", c.first, "lost_records", c.first-s.position)
 		s.lost.Add(c.first - s.position)
@@ -168,7 +168,7 @@ func (s *kafkaSource) Fetch(ctx context.Context, wait time.Duration) ([]Record, 
 
 // carrySkipped gives the last of recs the offsets passed after it, up to
 // next.
-func carrySkipped(recs []Record, next int64) {
+func carrySkipped(recs []source.Record, next int64) {
 	last := &recs[len(recs)-1]
 	last.Skipped = max(next-last.Coord.Offset-1, 0)
 }
@@ -176,7 +176,7 @@ func carrySkipped(recs []Record, next int64) {
 // receive returns what the fetcher handed over: what the last Fetch held
 // back, else the next chunk or error, waiting up to d for it; false when
 // d passed or ctx ended first.
-func (s *kafkaSource) receive(ctx context.Context, d time.Duration) (fetched, bool) {
+func (s *Partition) receive(ctx context.Context, d time.Duration) (fetched, bool) {
 	if c := s.held; c != nil {
 		s.held = nil
 		return *c, true
@@ -201,26 +201,26 @@ func (s *kafkaSource) receive(ctx context.Context, d time.Duration) (fetched, bo
 	return fetched{}, false
 }
 
-// Ack implements [Source]: the position after recs is offered to the
+// Ack is the engine's: the position after recs is offered to the
 // group's committer, which commits it to the group for lag tooling only.
-func (s *kafkaSource) Ack(_ context.Context, recs []Record) error {
+func (s *Partition) Ack(_ context.Context, recs []source.Record) error {
 	if len(recs) == 0 {
 		return nil
 	}
-	next := recs[len(recs)-1].next()
+	next := recs[len(recs)-1].Next()
 	s.position = next
 	s.committed(s.partition, next)
 	return nil
 }
 
-// Ordered implements [Source]: a partition is an ordered log with one
+// Ordered is the engine's: a partition is an ordered log with one
 // fenced owner.
-func (s *kafkaSource) Ordered() bool { return true }
+func (s *Partition) Ordered() bool { return true }
 
-// Lag implements [Source], from the partition's end as last fetched: its
+// Lag is the engine's, from the partition's end as last fetched: its
 // last stable offset reading committed, else its high watermark.
-func (s *kafkaSource) Lag(context.Context) (int64, error) {
-	hwm, stable := s.ends()
+func (s *Partition) Lag(context.Context) (int64, error) {
+	hwm, stable := s.Ends()
 	end := hwm
 	if s.readCommitted {
 		end = stable
@@ -231,18 +231,18 @@ func (s *kafkaSource) Lag(context.Context) (int64, error) {
 	return max(end-s.position, 0), nil
 }
 
-// ends is the partition's high watermark and last stable offset as last
+// Ends is the partition's high watermark and last stable offset as last
 // seen by a fetch, for the status. They never go back, not even across a
 // restart of the fetcher.
-func (s *kafkaSource) ends() (hwm, stable int64) {
+func (s *Partition) Ends() (hwm, stable int64) {
 	s.hwm = max(s.hwm, s.fetcher.hwm.Load())
 	s.stable = max(s.stable, s.fetcher.stable.Load())
 	return s.hwm, s.stable
 }
 
-// Close implements [Source]: it stops the fetcher, a fetch in flight
+// Close is the engine's: it stops the fetcher, a fetch in flight
 // included, and waits for it.
-func (s *kafkaSource) Close() error {
+func (s *Partition) Close() error {
 	s.fetcher.stop()
 	return nil
 }
@@ -254,7 +254,7 @@ func (s *kafkaSource) Close() error {
 // they leave are held and closed like any other). Past the log end, the
 // topic was recreated or its log truncated: the source reports it and
 // waits rather than skip what will be appended.
-func (s *kafkaSource) outOfRange(ctx context.Context) {
+func (s *Partition) outOfRange(ctx context.Context) {
 	first, last, err := s.bounds(ctx)
 	switch {
 	case err != nil:
@@ -289,7 +289,7 @@ func (s *kafkaSource) outOfRange(ctx context.Context) {
 	}
 	next := s.position
 	if next < 0 {
-		next = kafka.FirstOffset
+		next = kafkago.FirstOffset
 	}
 	// The fetcher stopped when it handed the error over; a new one reads
 	// from the position as it is now.

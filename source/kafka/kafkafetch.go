@@ -1,4 +1,4 @@
-package projection
+package kafka
 
 import (
 	"context"
@@ -8,7 +8,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/segmentio/kafka-go"
+	"github.com/projector/projector/source"
+
+	kafkago "github.com/segmentio/kafka-go"
 )
 
 // The fetcher's limits.
@@ -32,7 +34,7 @@ const (
 // fetched is what a [partitionFetcher] hands over: records in offset
 // order, with where the log goes on after them, or an error.
 type fetched struct {
-	recs []Record
+	recs []source.Record
 	// next is where reading goes on: past the chunk's last record, and
 	// past the offsets after it that hold nothing to hand over
 	// (transaction markers, records of aborted transactions, records
@@ -47,7 +49,7 @@ type fetched struct {
 
 // fetcherConfig is what a [partitionFetcher] reads and how.
 type fetcherConfig struct {
-	dialer    *kafka.Dialer
+	dialer    *kafkago.Dialer
 	brokers   []string
 	topic     string
 	partition int
@@ -77,14 +79,14 @@ type fetcherConfig struct {
 // partition's end it is what was read. A full chunk waits for the source
 // to take it, so about one batch is read ahead: the next batch is fetched
 // while the current one is written. It is two when the source holds a
-// chunk that did not fit in the batch it returned ([kafkaSource.held]).
+// chunk that did not fit in the batch it returned ([Partition.held]).
 //
 // The error handling is kafka-go's reader's: a new leader or a broken
 // connection dials again, with a backoff; a failure to connect is reported
 // from the fetchAttempts-th attempt in a row on; a Kafka error code other
 // than those is reported and the fetch retried. An offset out of range is
 // reported and ends the fetcher: the source decides where to go on from
-// ([kafkaSource.outOfRange]) and starts another.
+// ([Partition.outOfRange]) and starts another.
 type partitionFetcher struct {
 	cfg fetcherConfig
 	out chan fetched
@@ -101,7 +103,7 @@ type partitionFetcher struct {
 	// where it went on after the last chunk handed over; first is the
 	// first entry read at or after the start, until the first chunk
 	// reports it.
-	pending  []Record
+	pending  []source.Record
 	lastLen  int
 	next     int64
 	handed   int64
@@ -110,7 +112,7 @@ type partitionFetcher struct {
 }
 
 // startPartitionFetcher starts reading at offset, an offset or
-// kafka.FirstOffset or kafka.LastOffset.
+// kafkago.FirstOffset or kafkago.LastOffset.
 func startPartitionFetcher(cfg fetcherConfig, offset int64) *partitionFetcher {
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &partitionFetcher{cfg: cfg, out: make(chan fetched), cancel: cancel, done: make(chan struct{}), first: -1}
@@ -141,7 +143,7 @@ func (f *partitionFetcher) run(ctx context.Context, offset int64) {
 				release()
 			}
 			return
-		case errors.Is(err, kafka.OffsetOutOfRange):
+		case errors.Is(err, kafkago.OffsetOutOfRange):
 			f.fail(ctx, err)
 			return
 		case err != nil:
@@ -167,7 +169,7 @@ func (f *partitionFetcher) run(ctx context.Context, offset int64) {
 		switch {
 		case ctx.Err() != nil:
 			return
-		case errors.Is(err, kafka.OffsetOutOfRange):
+		case errors.Is(err, kafkago.OffsetOutOfRange):
 			f.fail(ctx, err)
 			return
 		}
@@ -196,12 +198,12 @@ func (f *partitionFetcher) run(ctx context.Context, offset int64) {
 // (its TLS and SASL), and resolves offset against the partition's bounds.
 // release closes the connection; it is also closed when ctx ends, so that
 // a read in progress returns.
-func (f *partitionFetcher) connect(ctx context.Context, offset int64) (conn *logConn, release func(), start int64, err error) {
+func (f *partitionFetcher) connect(ctx context.Context, offset int64) (conn *LogConn, release func(), start int64, err error) {
 	cfg := f.cfg
 	// Bounded: a broker that accepts the connection and then says nothing
 	// would hold the partition for ever.
 	dctx, cancel := context.WithTimeout(ctx, 2*fetchReadTimeout)
-	conn, err = dialLog(dctx, cfg.dialer, cfg.brokers, cfg.topic, cfg.partition)
+	conn, err = DialLog(dctx, cfg.dialer, cfg.brokers, cfg.topic, cfg.partition)
 	cancel()
 	if err != nil {
 		return nil, nil, 0, err
@@ -214,27 +216,27 @@ func (f *partitionFetcher) connect(ctx context.Context, offset int64) (conn *log
 	_ = conn.SetDeadline(time.Now().Add(fetchReadTimeout))
 	// A position up to the high watermark is in the log, also past the
 	// last stable offset: it is read once the transactions before it end.
-	first, last, err := conn.bounds(false)
-	if err == nil && offset == kafka.LastOffset && cfg.readCommitted {
+	first, last, err := conn.Bounds(false)
+	if err == nil && offset == kafkago.LastOffset && cfg.readCommitted {
 		// The latest a read-committed reader starts at is the last
 		// stable offset: what an open transaction wrote is read once it
 		// commits.
-		last, err = conn.offset(kafka.LastOffset, true)
+		last, err = conn.offset(kafkago.LastOffset, true)
 	}
 	if err != nil {
 		release()
 		return nil, nil, 0, fmt.Errorf("offsets of %s/%d: %w", cfg.topic, cfg.partition, err)
 	}
 	switch {
-	case offset == kafka.FirstOffset:
+	case offset == kafkago.FirstOffset:
 		offset = first
-	case offset == kafka.LastOffset:
+	case offset == kafkago.LastOffset:
 		offset = last
 	case offset < first || offset > last:
 		// kafka-go's reader moves to the log start without a word; the
 		// source must know, to count what was lost.
 		release()
-		return nil, nil, 0, fmt.Errorf("offset %d is outside %s/%d's log (%d to %d): %w", offset, cfg.topic, cfg.partition, first, last, kafka.OffsetOutOfRange)
+		return nil, nil, 0, fmt.Errorf("offset %d is outside %s/%d's log (%d to %d): %w", offset, cfg.topic, cfg.partition, first, last, kafkago.OffsetOutOfRange)
 	}
 	_ = conn.SetDeadline(time.Time{})
 	return conn, release, offset, nil
@@ -243,7 +245,7 @@ func (f *partitionFetcher) connect(ctx context.Context, offset int64) (conn *log
 // read fetches from conn from offset on until the connection must be
 // replaced (the error says why) or ctx ends; it returns the offset to go
 // on from, and whether any fetch on conn was answered.
-func (f *partitionFetcher) read(ctx context.Context, conn *logConn, offset int64) (int64, bool, error) {
+func (f *partitionFetcher) read(ctx context.Context, conn *LogConn, offset int64) (int64, bool, error) {
 	errs := 0
 	answered := false // a fetch on conn was answered
 	for {
@@ -255,7 +257,7 @@ func (f *partitionFetcher) read(ctx context.Context, conn *logConn, offset int64
 		}
 		next, end, read, err := f.fetch(ctx, conn, offset)
 		offset = next
-		if err == nil || errors.Is(err, kafka.RequestTimedOut) {
+		if err == nil || errors.Is(err, kafkago.RequestTimedOut) {
 			// The connection works: a failure after this is not one in
 			// a row with those before it.
 			answered = true
@@ -274,20 +276,20 @@ func (f *partitionFetcher) read(ctx context.Context, conn *logConn, offset int64
 			continue
 		case ctx.Err() != nil:
 			return offset, answered, ctx.Err()
-		case errors.Is(err, kafka.RequestTimedOut):
+		case errors.Is(err, kafkago.RequestTimedOut):
 			// The broker's own timeout: ask again.
 			errs = 0
 			if !f.handOver(ctx) {
 				return offset, answered, ctx.Err()
 			}
 			continue
-		case errors.Is(err, kafka.NotLeaderForPartition), errors.Is(err, kafka.UnknownTopicOrPartition),
-			errors.Is(err, kafka.LeaderNotAvailable), errors.Is(err, kafka.OffsetOutOfRange):
+		case errors.Is(err, kafkago.NotLeaderForPartition), errors.Is(err, kafkago.UnknownTopicOrPartition),
+			errors.Is(err, kafkago.LeaderNotAvailable), errors.Is(err, kafkago.OffsetOutOfRange):
 			// A new leader, a topic going away, or an offset the source
 			// decides about.
 			return offset, answered, err
 		}
-		var kerr kafka.Error
+		var kerr kafkago.Error
 		if !errors.As(err, &kerr) {
 			// The connection is broken, or an answer did not decode
 			// (the connection is then out of step): dial again.
@@ -306,11 +308,11 @@ func (f *partitionFetcher) read(ctx context.Context, conn *logConn, offset int64
 // fetch next, the partition's end for this reader as the response gave it
 // (its last stable offset reading committed, else its high watermark),
 // and how many records it read.
-func (f *partitionFetcher) fetch(ctx context.Context, conn *logConn, offset int64) (next, end int64, read int, err error) {
+func (f *partitionFetcher) fetch(ctx context.Context, conn *LogConn, offset int64) (next, end int64, read int, err error) {
 	// One deadline for the whole fetch: the broker holds it up to maxWait,
 	// then the response has fetchReadTimeout to arrive and be read.
 	_ = conn.SetReadDeadline(time.Now().Add(f.cfg.maxWait + fetchReadTimeout))
-	lf, err := conn.fetch(offset, fetchMaxBytes, f.cfg.maxWait, f.cfg.readCommitted)
+	lf, err := conn.Fetch(offset, fetchMaxBytes, f.cfg.maxWait, f.cfg.readCommitted)
 	if err != nil {
 		return offset, 0, 0, err
 	}
@@ -336,7 +338,7 @@ func (f *partitionFetcher) fetch(ctx context.Context, conn *logConn, offset int6
 		}
 		read++
 		if f.pending == nil {
-			f.pending = make([]Record, 0, min(max(f.lastLen, 64), f.cfg.chunk))
+			f.pending = make([]source.Record, 0, min(max(f.lastLen, 64), f.cfg.chunk))
 		}
 		f.pending = append(f.pending, m)
 		if len(f.pending) >= f.cfg.chunk {
@@ -357,7 +359,7 @@ func (f *partitionFetcher) fetch(ctx context.Context, conn *logConn, offset int6
 }
 
 // note records how far lf read, and the first entry it found.
-func (f *partitionFetcher) note(lf *logFetch) {
+func (f *partitionFetcher) note(lf *LogFetch) {
 	f.next = max(f.next, lf.next)
 	if f.first < 0 && !f.reported {
 		f.first = lf.first
@@ -411,4 +413,14 @@ func (f *partitionFetcher) pause(ctx context.Context, failures int) bool {
 
 func (f *partitionFetcher) debug(msg string, args ...any) {
 	f.cfg.log.Debug("kafka: "+msg, append([]any{"topic", f.cfg.topic, "partition", f.cfg.partition}, args...)...)
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }
