@@ -378,9 +378,9 @@ func (p *Projector) startGeneration(gen *kafka.Generation) {
 			cache:      newJobCache(p.budget),
 			position:   -1,
 			committed:  c.offer,
-			lane: &kafkaLane{topic: cfg.Topic, partition: a.ID, brokers: cfg.Brokers, dialer: p.dialer,
-				readCommitted: cfg.Kafka().ReadsCommitted(), maxWait: cfg.MaxWait, batchSize: cfg.BatchSize, linger: cfg.BatchLinger,
-				log: log, committed: c.offer},
+			lane: kafkasrc.NewLane(kafkasrc.LaneConfig{Topic: cfg.Topic, Partition: a.ID, Brokers: cfg.Brokers, Dialer: p.dialer,
+				ReadCommitted: cfg.Kafka().ReadsCommitted(), MaxWait: cfg.MaxWait, BatchSize: cfg.BatchSize, Linger: cfg.BatchLinger,
+				Log: log, Committed: c.offer}),
 		}
 		p.start(gen, func(ctx context.Context) {
 			defer c.workers.Done()

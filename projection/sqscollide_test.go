@@ -32,8 +32,9 @@ func TestSQSOffsetCollisionKeepsEachMessage(t *testing.T) {
 		log: p.cfg.Logger, cache: newJobCache(p.budget), committed: func(int, int64) {}}
 	w.detector = gapfill.NewDetector(w.cfg.GapPolicy)
 	r := sqssrc.NewReader(p.sqs.client, p.cfg.Logger, 10)
-	w.lane = &sqsLane{name: w.topic, reader: r}
-	w.src = &sqsLaneReader{Source: sqssrc.NewSource(r, 0, 0), reader: r, stop: func() {}}
+	w.lane = sqssrc.NewLane(w.topic, r, 10, 0)
+	// The receiver never runs: batches are handed to the worker here.
+	w.src = sqssrc.NewSource(r, 10, 0)
 
 	rec := func(id, seq, body string) Record {
 		m := sqssrc.Message{ID: id, Sequence: seq, Body: []byte(body)}

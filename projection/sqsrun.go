@@ -79,7 +79,7 @@ func (p *Projector) runSQS(ctx context.Context) error {
 		log:        cfg.Logger.With("queue", cfg.SQS.QueueURL),
 		cache:      newJobCache(p.budget),
 		committed:  func(int, int64) {},
-		lane:       &sqsLane{name: cfg.Topic, reader: q.reader, batchSize: cfg.BatchSize, linger: cfg.BatchLinger},
+		lane:       sqssrc.NewLane(cfg.Topic, q.reader, cfg.BatchSize, cfg.BatchLinger),
 		adoptEvery: q.adoptEvery,
 	}
 	p.book.setQueue(0)

@@ -352,6 +352,13 @@ func (s *Source) Lag(ctx context.Context) (int64, error) {
 	return n.Visible + n.InFlight, err
 }
 
+// Ends are -1: a queue is no log.
+func (s *Source) Ends() (hwm, stable int64) { return -1, -1 }
+
+// Err is the receiver's refusal of the credentials, which ends the queue
+// for this instance; nil while it receives.
+func (s *Source) Err() error { return s.r.Err() }
+
 // Close makes what is still in flight visible again.
 func (s *Source) Close() error {
 	s.r.Release()
