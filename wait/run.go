@@ -14,11 +14,12 @@ import (
 // waiters it answers hear whether they were reached.
 const finalCheck = 2 * time.Second
 
-// Run listens on the projection's channel and answers waiters until ctx
-// ends; then it checks them once more and answers every one left with
-// [ErrStopped]. A lost connection is listened again after Config.Retry,
-// and every waiter checked, since notifications may have been missed
-// meanwhile. It returns nil once stopped; a Waiter runs once, and once
+// Run holds the process's lease, listens on the projection's channel and
+// answers waiters until ctx ends; then it checks them once more, releases
+// the lease and answers every one left with [ErrStopped]. A lost
+// connection (one that fails, or does not answer the heartbeat) is
+// listened again after Config.Retry, and every waiter checked, since
+// notifications may have been missed meanwhile. It returns nil once stopped; a Waiter runs once, and once
 // stopped answers every new wait with [ErrStopped].
 func (w *Waiter) Run(ctx context.Context) error {
 	defer w.stop()

@@ -2,9 +2,9 @@ package wait
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
-	"crypto/rand"
 	"log/slog"
 	"os"
 	"slices"
@@ -182,8 +182,8 @@ func New(cfg Config) (*Waiter, error) {
 		holder:    cfg.Holder,
 		log:       cfg.Logger,
 		metrics:   newMetrics(),
-		kick:    make(chan struct{}, 1),
-		all:     make(map[*waiter]struct{}),
+		kick:      make(chan struct{}, 1),
+		all:       make(map[*waiter]struct{}),
 	}, nil
 }
 
@@ -195,9 +195,13 @@ func (w *Waiter) Waiting() int {
 }
 
 // WaitJob waits until job's row is at version or above, or the job is
-// deleted at or above it. The state returned is the last one read: with
-// ctx's error when ctx ended first, [ErrStopped] when Run returned first,
-// [ErrTooManyWaiters] (and no state) when the bound is reached.
+// deleted at or above it. The state returned is read when the wait ends:
+// with ctx's error when ctx ended first, [ErrStopped] when Run returned
+// first, [ErrUnavailable] (and the state last read) when that read
+// failed, [ErrTooManyWaiters] (and no state) when the bound is reached.
+// A job deleted longer ago than the projection's tombstone retention
+// reads as one never written (version 0): a wait for its delete times
+// out.
 func (w *Waiter) WaitJob(ctx context.Context, job string, version int64) (JobState, error) {
 	if job == "" || version < 1 {
 		return JobState{}, fmt.Errorf("wait: job %q at version %d: a job id and a version of at least 1 are needed", job, version)
