@@ -3,6 +3,7 @@ package wait_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"runtime"
 	"sync"
 	"testing"
@@ -242,6 +243,33 @@ func TestManyWaiters(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
+
+	// n waits that time out together are each answered with the state at
+	// their end, read in a few queries, not one each.
+	states := make(chan wait.JobState, n)
+	timeout, stop := context.WithTimeout(context.Background(), 2*time.Second)
+	defer stop()
+	for i := range n {
+		wg.Go(func() {
+			st, err := r.waiter.WaitJob(timeout, "job-"+string(rune('a'+i%26)), 2)
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("wait %d: %v, want the deadline", i, err)
+			}
+			states <- st
+		})
+	}
+	wg.Wait()
+	t.Logf("all %d timed out and answered %s after their deadline", n, time.Since(deadlineOf(timeout)))
+	close(states)
+	for st := range states {
+		require.False(t, st.Reached)
+		require.Equal(t, int64(1), st.Version)
+	}
+}
+
+func deadlineOf(ctx context.Context) time.Time {
+	d, _ := ctx.Deadline()
+	return d
 }
 
 // TestWaitJobIsAnsweredByAHeal: a write outside a partition's batches
