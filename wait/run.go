@@ -19,8 +19,9 @@ const finalCheck = 2 * time.Second
 // the lease and answers every one left with [ErrStopped]. A lost
 // connection (one that fails, or does not answer the heartbeat) is
 // listened again after Config.Retry, and every waiter checked, since
-// notifications may have been missed meanwhile. It returns nil once stopped; a Waiter runs once, and once
-// stopped answers every new wait with [ErrStopped].
+// notifications may have been missed meanwhile. It returns nil once
+// stopped; a Waiter runs once, and once stopped answers every new wait
+// with [ErrStopped].
 func (w *Waiter) Run(ctx context.Context) error {
 	defer w.stop()
 	for ctx.Err() == nil {
