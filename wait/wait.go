@@ -296,11 +296,14 @@ type finals struct {
 	mu      sync.Mutex
 	queue   []*final
 	reading bool
+	// handovers counts the leads handed over, for tests.
+	handovers int
 }
 
 type final struct {
 	wt *waiter
-	// done receives the read's error, or errLead: read for the queue.
+	// done receives the read's error, or errLead: read for the queue
+	// (this one included).
 	done chan error
 }
 
@@ -341,7 +344,9 @@ func (w *Waiter) readFinals(ctx context.Context) {
 			w.finals.mu.Unlock()
 			return
 		case round == maxLeadRounds:
-			w.finals.queue = batch[1:]
+			// The first queued leads on; it stays queued, so that it
+			// reads itself too.
+			w.finals.handovers++
 			w.finals.mu.Unlock()
 			batch[0].done <- errLead
 			return
