@@ -175,6 +175,8 @@ func (s *Store) fence(ctx context.Context, tx pgx.Tx, b *Batch) error {
 	// The batch's notification rides on a statement the pipeline sends
 	// anyway: PostgreSQL delivers it only if the transaction commits, so
 	// a listener hears of the batch exactly when its writes are visible.
+	// It is sent only while a waiter's lease is live (or Notify): see
+	// announce.
 	pipe.Queue(`SELECT set_config('lock_timeout', current_setting('projector.lock_timeout'), true), `+s.announce(1),
 		s.announceArgs(b.notice())...)
 	lockSQL, lockArgs, lock := s.lockJobsStatement(b)
