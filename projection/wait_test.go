@@ -15,7 +15,10 @@ import (
 )
 
 // waiterApart is a Waiter on a pool and store of its own: a service that
-// reads the model, attached to no engine.
+// reads the model, or another instance, attached to no engine and owning
+// no partition. Its poll is an hour away: it is answered by what the
+// engine announces, which it does (its store's Notify is off) only
+// because this Waiter holds a lease.
 func (r *rig) waiterApart() *wait.Waiter {
 	r.t.Helper()
 	pool, err := pgxpool.New(context.Background(), pgtest.URL())
@@ -23,7 +26,7 @@ func (r *rig) waiterApart() *wait.Waiter {
 	r.t.Cleanup(pool.Close)
 	st, err := store.New(pool, store.Config{Schema: r.store.Schema(), Table: r.store.Projection()})
 	require.NoError(r.t, err)
-	w, err := wait.New(wait.Config{Store: st})
+	w, err := wait.New(wait.Config{Store: st, Poll: time.Hour})
 	require.NoError(r.t, err)
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -36,9 +39,10 @@ func (r *rig) waiterApart() *wait.Waiter {
 }
 
 // TestWaitersAreAnsweredByTheCommitsOfTheEngine: a Waiter apart from the
-// engine answers a wait for a job's version once the batch that applies
-// it commits; the delay from the write becoming visible (seen by a poller
-// every millisecond) to the answer is reported, not asserted.
+// engine (owning no partition, see waiterApart) answers a wait for a
+// job's version once the batch that applies it commits; the delay from
+// the write becoming visible (seen by a poller every millisecond) to the
+// answer is reported, not asserted.
 func TestWaitersAreAnsweredByTheCommitsOfTheEngine(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, 2)

@@ -2,9 +2,12 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Listener is a connection of its own, taken out of the pool, that
@@ -12,6 +15,7 @@ import (
 // connection: a process needs one, however many wait on it.
 type Listener struct {
 	conn *pgx.Conn
+	s    *Store
 }
 
 // Listen opens a [Listener]. The caller closes it.
@@ -27,7 +31,7 @@ func (s *Store) Listen(ctx context.Context) (*Listener, error) {
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("store: listen on %s: %w", s.channel, err)
 	}
-	return &Listener{conn: conn}, nil
+	return &Listener{conn: conn, s: s}, nil
 }
 
 // Next waits for the next notification and returns its payload; an error
@@ -39,6 +43,37 @@ func (l *Listener) Next(ctx context.Context) (string, error) {
 	}
 	return n.Payload, nil
 }
+
+// Ping runs a trivial statement on the connection: an error (ctx's
+// deadline included) means it is lost, whatever the server says. A
+// connection cut without a word (a host gone, a firewall dropping it)
+// would otherwise wait for notifications for ever.
+func (l *Listener) Ping(ctx context.Context) error {
+	if _, err := l.conn.Exec(ctx, `SELECT 1`); err != nil {
+		return fmt.Errorf("store: ping the listening connection: %w", err)
+	}
+	return nil
+}
+
+// HoldWaitLease is [Store.HoldWaitLease] on the listening connection, so
+// that renewing the lease also proves the connection alive. An error
+// that is the server's answer (*[LeaseRefusedError]: the role may not
+// write the table) leaves the connection usable.
+func (l *Listener) HoldWaitLease(ctx context.Context, holder string, ttl time.Duration) error {
+	err := holdWaitLease(ctx, l.conn, l.s, holder, ttl)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && l.conn.PgConn().TxStatus() == 'I' {
+		return &LeaseRefusedError{Err: err}
+	}
+	return err
+}
+
+// LeaseRefusedError is a lease the server refused to record (most often
+// a role that may not write projector_wait_leases).
+type LeaseRefusedError struct{ Err error }
+
+func (e *LeaseRefusedError) Error() string { return e.Err.Error() }
+func (e *LeaseRefusedError) Unwrap() error { return e.Err }
 
 // Close closes the connection.
 func (l *Listener) Close(ctx context.Context) error {

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Channel is the PostgreSQL notification channel on which every batch of
@@ -144,12 +146,74 @@ func releasedIDs(ks []HeldKey) []string {
 	return out
 }
 
+// announce is an SQL expression that announces the payload $n+1 on the
+// channel $n when the store announces always ($n+2) or a waiter's lease
+// on the projection ($n+3) is live: [Store.announceArgs] gives the four
+// arguments. The check is made in the writing transaction, so every
+// instance announces as soon as any process serves waits, whatever its
+// own settings; when none does, nothing is announced, PostgreSQL takes
+// no notification lock at commit, and the check costs one index probe.
+func (s *Store) announce(n int) string {
+	return fmt.Sprintf(`(SELECT pg_notify($%d, $%d) WHERE $%d::boolean
+		OR EXISTS (SELECT 1 FROM %s WHERE projection = $%d AND expires_at > now()))`, n, n+1, n+2, s.leases, n+3)
+}
+
+func (s *Store) announceArgs(payload string) []any {
+	return []any{s.channel, payload, s.notifyAlways, s.projection}
+}
+
 // notifyJobs announces, in tx, a write outside a partition's batches to
 // the jobs ids.
 func (s *Store) notifyJobs(ctx context.Context, tx pgx.Tx, ids ...string) error {
 	out, _ := json.Marshal(Notice{Partition: -1, NextOffset: -1, Jobs: jobFilter(ids)})
-	if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, s.channel, string(out)); err != nil {
+	if _, err := tx.Exec(ctx, `SELECT `+s.announce(1), s.announceArgs(string(out))...); err != nil {
 		return fmt.Errorf("notify: %w", err)
+	}
+	return nil
+}
+
+// notifyPosition announces, in tx, that partition p's stored position
+// moved to next outside its batches (a new log, an operator's reset, a
+// first claim that stores its start): waiters by position read it
+// again; no job changed.
+func (s *Store) notifyPosition(ctx context.Context, tx pgx.Tx, topic string, p int, next int64) error {
+	out, _ := json.Marshal(Notice{Topic: topic, Partition: p, NextOffset: next, Jobs: jobFilter()})
+	if _, err := tx.Exec(ctx, `SELECT `+s.announce(1), s.announceArgs(string(out))...); err != nil {
+		return fmt.Errorf("notify: %w", err)
+	}
+	return nil
+}
+
+// HoldWaitLease records that holder serves waits on the projection until
+// ttl from now: every instance's writes are announced meanwhile. The
+// holder renews it well before it expires, and releases it
+// ([Store.ReleaseWaitLease]) when it stops. Expired leases of any holder
+// are deleted on the way.
+func (s *Store) HoldWaitLease(ctx context.Context, holder string, ttl time.Duration) error {
+	return holdWaitLease(ctx, s.pool, s, holder, ttl)
+}
+
+// execer is a pool or a connection.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+func holdWaitLease(ctx context.Context, db execer, s *Store, holder string, ttl time.Duration) error {
+	_, err := db.Exec(ctx, `WITH gone AS (DELETE FROM `+s.leases+` WHERE projection = $1 AND expires_at < now() AND holder <> $2)
+		INSERT INTO `+s.leases+` (projection, holder, expires_at) VALUES ($1, $2, now() + $3::bigint * interval '1 millisecond')
+		ON CONFLICT (projection, holder) DO UPDATE SET expires_at = excluded.expires_at`,
+		s.projection, holder, ttl.Milliseconds())
+	if err != nil {
+		return fmt.Errorf("store: hold the wait lease of %s: %w", holder, err)
+	}
+	return nil
+}
+
+// ReleaseWaitLease deletes holder's lease: once no lease is live, writes
+// are no longer announced (unless [Config.Notify]).
+func (s *Store) ReleaseWaitLease(ctx context.Context, holder string) error {
+	if _, err := s.pool.Exec(ctx, `DELETE FROM `+s.leases+` WHERE projection = $1 AND holder = $2`, s.projection, holder); err != nil {
+		return fmt.Errorf("store: release the wait lease of %s: %w", holder, err)
 	}
 	return nil
 }

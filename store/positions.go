@@ -70,12 +70,18 @@ func (s *Store) ClaimFrom(ctx context.Context, topic string, p int, owner string
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared($1, $2)`, swapLockClass, s.lockClass); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, `INSERT INTO `+s.partitions+` AS t (projection, topic, partition, epoch, owner, next_offset)
+		err := tx.QueryRow(ctx, `INSERT INTO `+s.partitions+` AS t (projection, topic, partition, epoch, owner, next_offset)
 			VALUES ($1, $2, $3, 1, $4, $5)
 			ON CONFLICT (projection, topic, partition)
 			DO UPDATE SET epoch = t.epoch + 1, owner = excluded.owner, updated_at = now(),
 				next_offset = CASE WHEN t.next_offset < 0 THEN excluded.next_offset ELSE t.next_offset END
 			RETURNING epoch, next_offset, last_offset, last_hash, log_resets`, s.projection, topic, p, owner, start).Scan(&c.Epoch, &c.NextOffset, &lastOffset, &lastHash, &c.LogResets)
+		if err != nil || start < 0 || c.NextOffset != start {
+			return err
+		}
+		// The claim may have stored its start (--start latest): waiters
+		// by position read it.
+		return s.notifyPosition(ctx, tx, topic, p, start)
 	})
 	if err == nil && lastOffset != nil && lastHash != nil {
 		c.Last = &LogMark{Offset: *lastOffset, Hash: *lastHash}
@@ -169,8 +175,10 @@ func (s *Store) fence(ctx context.Context, tx pgx.Tx, b *Batch) error {
 	// The batch's notification rides on a statement the pipeline sends
 	// anyway: PostgreSQL delivers it only if the transaction commits, so
 	// a listener hears of the batch exactly when its writes are visible.
-	pipe.Queue(`SELECT set_config('lock_timeout', current_setting('projector.lock_timeout'), true), pg_notify($1, $2)`,
-		s.channel, b.notice())
+	// It is sent only while a waiter's lease is live (or Notify): see
+	// announce.
+	pipe.Queue(`SELECT set_config('lock_timeout', current_setting('projector.lock_timeout'), true), `+s.announce(1),
+		s.announceArgs(b.notice())...)
 	lockSQL, lockArgs, lock := s.lockJobsStatement(b)
 	if lock {
 		pipe.Queue(lockSQL, lockArgs...)
@@ -235,7 +243,10 @@ func (s *Store) MoveToLog(ctx context.Context, topic string, p int, epoch, next 
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrFenced
 		}
-		if err != nil || !newLog {
+		if err != nil {
+			return err
+		}
+		if err := s.notifyPosition(ctx, tx, topic, p, next); err != nil || !newLog {
 			return err
 		}
 		_, err = tx.Exec(ctx, `UPDATE `+s.quarantine+` SET topic = topic || '~log' || $4::int
@@ -275,7 +286,10 @@ func (s *Store) ResetPosition(ctx context.Context, topic string, p int, next int
 			ON CONFLICT (projection, topic, partition)
 			DO UPDATE SET epoch = t.epoch + 1, owner = excluded.owner, next_offset = excluded.next_offset,
 				last_offset = NULL, last_hash = NULL, updated_at = now()`, s.projection, topic, p, owner, next)
-		if err != nil || !newLog {
+		if err != nil {
+			return err
+		}
+		if err := s.notifyPosition(ctx, tx, topic, p, next); err != nil || !newLog {
 			return err
 		}
 		var resets int

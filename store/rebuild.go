@@ -620,7 +620,7 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool, catchUp C
 			}
 		}
 		// Every row and position may have moved: listeners read all.
-		_, err = exec(`SELECT pg_notify($1, $2)`, s.channel, everything)
+		_, err = exec(`SELECT `+s.announce(1), s.announceArgs(everything)...)
 		return err
 	})
 	return res, err

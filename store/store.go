@@ -29,6 +29,15 @@ type Config struct {
 	// projection in the positions, held and quarantine tables, so two
 	// projections may share a schema.
 	Table string
+	// Notify announces every write on the projection's [Store.Channel],
+	// whether or not a waiter holds a lease (see [Store.HoldWaitLease]).
+	// Off, a write is announced only while some process's waiters hold
+	// one: NOTIFY serializes committing transactions on a lock of the
+	// whole server, so a projection nobody waits on should not pay for
+	// it. Turn it on for clients that LISTEN on the channel themselves
+	// without holding a lease (a role that may not write
+	// projector_wait_leases).
+	Notify bool
 
 	// Bounds on the transactions that hold a partition's row lock, so a
 	// frozen or cut-off owner cannot hold its partition for ever (see
@@ -132,6 +141,10 @@ type Store struct {
 	lockClass int32
 	// channel is where every committed batch is announced ([Store.Channel]).
 	channel string
+	// leases is the table of waiters' leases; notifyAlways announces
+	// writes whether or not a lease is live ([Config.Notify]).
+	leases       string
+	notifyAlways bool
 	// bounds of the transactions that lock a partition row
 	claimLockTimeout, idleTimeout, statementTimeout time.Duration
 }
@@ -200,6 +213,23 @@ func OpenPool(ctx context.Context, databaseURL string) (*pgxpool.Pool, error) {
 	if !strings.Contains(databaseURL, "pool_max_conns") {
 		pcfg.MaxConns = max(pcfg.MaxConns, DefaultMaxConns)
 	}
+	return connect(ctx, pcfg)
+}
+
+// OpenPoolOf connects to databaseURL with a pool of at most maxConns
+// connections, whatever the URL says: for readers apart from the
+// projector's batches (the waiters of /wait), whose queries can then
+// never take a connection a batch needs.
+func OpenPoolOf(ctx context.Context, databaseURL string, maxConns int32) (*pgxpool.Pool, error) {
+	pcfg, err := parseURL(databaseURL)
+	if err != nil {
+		return nil, err
+	}
+	pcfg.MaxConns, pcfg.MinConns = maxConns, 0
+	return connect(ctx, pcfg)
+}
+
+func connect(ctx context.Context, pcfg *pgxpool.Config) (*pgxpool.Pool, error) {
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("store: connect: %w", err)
@@ -241,6 +271,8 @@ func newStore(pool *pgxpool.Pool, cfg Config) *Store {
 		channel:          channelOf(cfg.Schema, cfg.Table),
 		gapLog:           q("projector_gap_log"),
 		identity:         q("projector_identity"),
+		leases:           q("projector_wait_leases"),
+		notifyAlways:     cfg.Notify,
 	}
 }
 

@@ -26,8 +26,10 @@ const (
 // topic defaults to the projection's (empty for a source with no
 // positions, SQS: by job only). It answers 200 once reached, 504 when the
 // timeout ends first, 400 for bad parameters (the body says why), 503 when
-// the instance holds too many waiters or is stopping. The body is the
-// [JobState] or [PositionState] last read, with "reached".
+// the instance holds too many waiters, is stopping, or the database did
+// not answer the read at the timeout (with "error" saying which). The
+// body is the [JobState] or [PositionState] read at the end, with
+// "reached".
 func Handler(w *Waiter, topic string) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /wait", func(rw http.ResponseWriter, r *http.Request) {
@@ -53,7 +55,11 @@ func Handler(w *Waiter, topic string) http.Handler {
 		case errors.Is(err, ErrStopped):
 			// Answered, not dropped: the client may ask another instance.
 			rw.Header().Set("Retry-After", "1")
-			writeJSON(rw, http.StatusServiceUnavailable, body)
+			writeJSON(rw, http.StatusServiceUnavailable, withError(body, "this instance is stopping; ask again, or another instance"))
+		case errors.Is(err, ErrUnavailable):
+			// Not a timeout: nothing true can be said of the job.
+			rw.Header().Set("Retry-After", "1")
+			writeJSON(rw, http.StatusServiceUnavailable, withError(body, err.Error()))
 		case r.Context().Err() != nil:
 			// The client left: no one reads an answer.
 		default:
@@ -123,6 +129,16 @@ func parseQuery(r *http.Request, topic string) (query, error) {
 		return q, errors.New("want job and version (job=ID&version=V), or partition and offset (partition=P&offset=O)")
 	}
 	return q, nil
+}
+
+// withError is body's fields with "error": reason beside them.
+func withError(body any, reason string) map[string]any {
+	out := map[string]any{}
+	if b, err := json.Marshal(body); err == nil {
+		_ = json.Unmarshal(b, &out)
+	}
+	out["error"] = reason
+	return out
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -123,5 +123,6 @@ func TestHTTPWaitTooManyAndShutdown(t *testing.T) {
 	require.NoError(t, <-ran)
 	a := <-held
 	require.Equal(t, http.StatusServiceUnavailable, a.code, "a waiter is answered when the instance stops")
-	require.Equal(t, map[string]any{"reached": false, "job_id": "x", "version": 0.0, "deleted": false, "missing": []any{}}, a.body)
+	require.Equal(t, map[string]any{"reached": false, "job_id": "x", "version": 0.0, "deleted": false, "missing": []any{},
+		"error": "this instance is stopping; ask again, or another instance"}, a.body)
 }

@@ -13,6 +13,9 @@ const (
 	outcomeCancelled = "cancelled"
 	outcomeRefused   = "too_many"
 	outcomeStopped   = "stopped"
+	// outcomeUnavailable: the wait ended unreached and its last read
+	// failed (the database is down).
+	outcomeUnavailable = "unavailable"
 )
 
 type metrics struct {
@@ -24,7 +27,7 @@ func newMetrics() *metrics {
 	m := &metrics{
 		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "projector_waits_total",
-			Help: "Waits for a job's version or a partition's offset by outcome: reached, timeout (the caller's deadline came first), cancelled (the caller left), too_many (refused: the bound on waiters), stopped (the instance stopped first).",
+			Help: "Waits for a job's version or a partition's offset by outcome: reached, timeout (the caller's deadline came first), cancelled (the caller left), too_many (refused: the bound on waiters), stopped (the instance stopped first), unavailable (the time ended and the database did not answer the last read).",
 		}, []string{"outcome"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "projector_wait_duration_seconds",
@@ -32,7 +35,7 @@ func newMetrics() *metrics {
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 		}),
 	}
-	for _, o := range []string{outcomeReached, outcomeTimeout, outcomeCancelled, outcomeRefused, outcomeStopped} {
+	for _, o := range []string{outcomeReached, outcomeTimeout, outcomeCancelled, outcomeRefused, outcomeStopped, outcomeUnavailable} {
 		m.waits.WithLabelValues(o)
 	}
 	return m

@@ -3,6 +3,7 @@ package wait
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sync"
 	"time"
 
@@ -13,12 +14,14 @@ import (
 // waiters it answers hear whether they were reached.
 const finalCheck = 2 * time.Second
 
-// Run listens on the projection's channel and answers waiters until ctx
-// ends; then it checks them once more and answers every one left with
-// [ErrStopped]. A lost connection is listened again after Config.Retry,
-// and every waiter checked, since notifications may have been missed
-// meanwhile. It returns nil once stopped; a Waiter runs once, and once
-// stopped answers every new wait with [ErrStopped].
+// Run holds the process's lease, listens on the projection's channel and
+// answers waiters until ctx ends; then it checks them once more, releases
+// the lease and answers every one left with [ErrStopped]. A lost
+// connection (one that fails, or does not answer the heartbeat) is
+// listened again after Config.Retry, and every waiter checked, since
+// notifications may have been missed meanwhile. It returns nil once
+// stopped; a Waiter runs once, and once stopped answers every new wait
+// with [ErrStopped].
 func (w *Waiter) Run(ctx context.Context) error {
 	defer w.stop()
 	for ctx.Err() == nil {
@@ -48,31 +51,36 @@ func (w *Waiter) listen(ctx context.Context) error {
 		wg.Wait()
 		_ = l.Close(context.WithoutCancel(ctx))
 	}()
+	// The lease first: from its commit on, every instance's batches are
+	// announced; one that began before may commit unannounced, and the
+	// poll below covers it.
+	if err := w.beat(ctx, l); err != nil {
+		return err
+	}
 	heard := &notices{ready: make(chan struct{}, 1)}
 	failed := make(chan error, 1)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for {
-			payload, err := l.Next(ctx)
-			if err != nil {
-				failed <- err
-				return
-			}
-			heard.add(payload)
-		}
+		failed <- w.receive(ctx, l, heard)
 	}()
-	// Listening now: whatever commits from here on is heard, so one check
-	// of every waiter covers what was missed before.
+	// Listening now: whatever is announced from here on is heard, so one
+	// check of every waiter covers what was missed before.
 	sel, due := selection{all: true}, true
 	var retry, later <-chan time.Time
+	poll := time.NewTicker(w.poll)
+	defer poll.Stop()
 	// nextNoticed paces the checks after notices: however fast batches
 	// commit, the loop reads at most a share of the time (see pace).
 	var nextNoticed time.Time
 	for {
 		if due {
 			start := time.Now()
-			read, err := w.check(ctx, sel)
+			// Bounded: a pooled connection cut without a word must not
+			// hold the loop.
+			cctx, cancel := context.WithTimeout(ctx, checkBeats*w.heartbeat)
+			read, err := w.check(cctx, sel)
+			cancel()
 			if !sel.fresh {
 				nextNoticed = time.Now().Add(pace(read, time.Since(start)))
 			}
@@ -102,12 +110,74 @@ func (w *Waiter) listen(ctx context.Context) error {
 			sel, due = heard.take(), true
 		case <-later:
 			later, sel, due = nil, heard.take(), true
+		case <-poll.C:
+			// Whatever was announced or not: every waiter is read at
+			// least this often. Paced as the checks after notices are.
+			if time.Until(nextNoticed) > 0 {
+				continue
+			}
+			heard.take()
+			sel, due = selection{all: true}, true
 		case <-w.kick:
 			sel, due = selection{fresh: true}, true
 		case <-retry:
 			retry, sel, due = nil, selection{all: true}, true
 		}
 	}
+}
+
+// receive hands the notifications heard on l to heard until l fails or
+// ctx ends. Every Heartbeat it renews the lease on l (or pings l): a
+// connection that does not answer within a Heartbeat is lost, even one
+// cut without a word, which would otherwise wait for ever.
+func (w *Waiter) receive(ctx context.Context, l *store.Listener, heard *notices) error {
+	for {
+		beat := time.Now().Add(w.heartbeat)
+		for {
+			nctx, cancel := context.WithDeadline(ctx, beat)
+			payload, err := l.Next(nctx)
+			cancel()
+			if err == nil {
+				heard.add(payload)
+				continue
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if !errors.Is(err, context.DeadlineExceeded) {
+				return err
+			}
+			break
+		}
+		if err := w.beat(ctx, l); err != nil {
+			return err
+		}
+	}
+}
+
+// checkBeats bounds a check, in heartbeats.
+const checkBeats = 2
+
+// leaseBeats is a lease's life in heartbeats: a waiter missing a few
+// renewals (a slow server) keeps its lease.
+const leaseBeats = 6
+
+// beat renews the lease on l, or pings l where the server refused the
+// lease, within a Heartbeat.
+func (w *Waiter) beat(ctx context.Context, l *store.Listener) error {
+	ctx, cancel := context.WithTimeout(ctx, w.heartbeat)
+	defer cancel()
+	if !w.leaseRefused {
+		err := l.HoldWaitLease(ctx, w.holder, leaseBeats*w.heartbeat)
+		var refused *store.LeaseRefusedError
+		if !errors.As(err, &refused) {
+			return err
+		}
+		w.leaseRefused = true
+		w.log.Warn("waiters: the lease was refused, so instances announce their batches only if started with --notify; waiters are read every poll meanwhile",
+			"err", err, "poll", w.poll)
+	}
+	return l.Ping(ctx)
 }
 
 // Pacing of the checks after notices: after one that read at least
@@ -250,7 +320,6 @@ func (w *Waiter) check(ctx context.Context, sel selection) (int, error) {
 		if _, ok := w.all[wt]; !ok || wt.reached {
 			continue
 		}
-		wt.read = true
 		if wt.byJob {
 			st, moved := jobs[wt.job]
 			if !moved {
@@ -280,6 +349,12 @@ func (w *Waiter) stop() {
 	defer cancel()
 	if _, err := w.check(ctx, selection{all: true}); err != nil {
 		w.log.Warn("waiters: last check failed", "err", err)
+	}
+	if !w.leaseRefused {
+		// Announcing for this process's waiters is no longer needed.
+		if err := w.store.ReleaseWaitLease(ctx, w.holder); err != nil {
+			w.log.Warn("waiters: releasing the lease failed; it expires by itself", "err", err)
+		}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()

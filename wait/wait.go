@@ -2,9 +2,11 @@ package wait
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -15,6 +17,11 @@ import (
 // ErrTooManyWaiters is returned at once when the [Waiter] already holds
 // [Config.MaxWaiters] waiters.
 var ErrTooManyWaiters = errors.New("wait: too many waiters")
+
+// ErrUnavailable is returned, wrapping the database's error, by a wait
+// whose time ended unreached and whose last read failed: the answer would
+// say nothing true of the job or the partition.
+var ErrUnavailable = errors.New("wait: the database is unavailable")
 
 // ErrStopped is returned to the waiters of a [Waiter] whose Run returned
 // before their version or offset was reached.
@@ -29,7 +36,20 @@ type Config struct {
 	// Retry is how long Run waits before listening again after the
 	// connection failed, or checking again after a check failed.
 	// Default 1s.
-	Retry  time.Duration
+	Retry time.Duration
+	// Heartbeat is how often Run renews its lease (see [store.Store.HoldWaitLease])
+	// on the listening connection, or, where the role may not, pings it;
+	// a connection that does not answer within Heartbeat is taken for
+	// lost and listened again. The lease lasts 6 Heartbeats. Default 5s.
+	Heartbeat time.Duration
+	// Poll is how often Run reads every waiter whether or not a
+	// notification came: the bound on a wait's answer when a write was
+	// not announced (an instance whose batch began before the lease was
+	// recorded, notifications lost, a lease the role may not write).
+	// Default 1s.
+	Poll time.Duration
+	// Holder names this process's lease; default host/pid/random.
+	Holder string
 	Logger *slog.Logger
 }
 
@@ -43,6 +63,15 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Retry == 0 {
 		c.Retry = time.Second
+	}
+	if c.Heartbeat == 0 {
+		c.Heartbeat = 5 * time.Second
+	}
+	if c.Poll == 0 {
+		c.Poll = time.Second
+	}
+	if c.Holder == "" {
+		c.Holder = defaultHolder()
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -62,6 +91,12 @@ func (c Config) Validate() error {
 	}
 	if c.Retry < 0 {
 		errs = append(errs, fmt.Errorf("Retry %s: must not be negative", c.Retry))
+	}
+	if c.Heartbeat < 10*time.Millisecond {
+		errs = append(errs, fmt.Errorf("Heartbeat %s: must be at least 10ms", c.Heartbeat))
+	}
+	if c.Poll < time.Millisecond {
+		errs = append(errs, fmt.Errorf("Poll %s: must be at least 1ms", c.Poll))
 	}
 	return errors.Join(errs...)
 }
@@ -87,11 +122,22 @@ type PositionState struct {
 // Waiter holds the waiters of one process. Run must be running for any
 // of them to be answered.
 type Waiter struct {
-	store   *store.Store
-	max     int
-	retry   time.Duration
-	log     *slog.Logger
-	metrics *metrics
+	store     *store.Store
+	max       int
+	retry     time.Duration
+	heartbeat time.Duration
+	poll      time.Duration
+	holder    string
+	log       *slog.Logger
+	metrics   *metrics
+
+	// leaseRefused: the server refused the lease once (the role may not
+	// write it); Run pings instead, and said so once. Run's alone.
+	leaseRefused bool
+
+	// finals are the waits over, unreached, whose state is read once
+	// more, together (see reread).
+	finals finals
 
 	// kick wakes Run to check fresh waiters; one pending kick is enough.
 	kick chan struct{}
@@ -114,9 +160,7 @@ type waiter struct {
 	done chan struct{}
 
 	// Under Waiter.mu. state is what the last read found, seen its
-	// summary (store.Unseen before the first read); read says whether a
-	// check read it at all.
-	read     bool
+	// summary (store.Unseen before the first read).
 	state    store.JobState
 	seen     store.Seen
 	position int64
@@ -130,13 +174,16 @@ func New(cfg Config) (*Waiter, error) {
 	}
 	cfg = cfg.WithDefaults()
 	return &Waiter{
-		store:   cfg.Store,
-		max:     cfg.MaxWaiters,
-		retry:   cfg.Retry,
-		log:     cfg.Logger,
-		metrics: newMetrics(),
-		kick:    make(chan struct{}, 1),
-		all:     make(map[*waiter]struct{}),
+		store:     cfg.Store,
+		max:       cfg.MaxWaiters,
+		retry:     cfg.Retry,
+		heartbeat: cfg.Heartbeat,
+		poll:      cfg.Poll,
+		holder:    cfg.Holder,
+		log:       cfg.Logger,
+		metrics:   newMetrics(),
+		kick:      make(chan struct{}, 1),
+		all:       make(map[*waiter]struct{}),
 	}, nil
 }
 
@@ -148,9 +195,13 @@ func (w *Waiter) Waiting() int {
 }
 
 // WaitJob waits until job's row is at version or above, or the job is
-// deleted at or above it. The state returned is the last one read: with
-// ctx's error when ctx ended first, [ErrStopped] when Run returned first,
-// [ErrTooManyWaiters] (and no state) when the bound is reached.
+// deleted at or above it. The state returned is read when the wait ends:
+// with ctx's error when ctx ended first, [ErrStopped] when Run returned
+// first, [ErrUnavailable] (and the state last read) when that read
+// failed, [ErrTooManyWaiters] (and no state) when the bound is reached.
+// A job deleted longer ago than the projection's tombstone retention
+// reads as one never written (version 0): a wait for its delete times
+// out.
 func (w *Waiter) WaitJob(ctx context.Context, job string, version int64) (JobState, error) {
 	if job == "" || version < 1 {
 		return JobState{}, fmt.Errorf("wait: job %q at version %d: a job id and a version of at least 1 are needed", job, version)
@@ -208,10 +259,13 @@ func (w *Waiter) wait(ctx context.Context, wt *waiter) error {
 	}
 	w.mu.Lock()
 	delete(w.all, wt)
-	reached, stopped, read := wt.reached, w.stopped, wt.read
+	reached, stopped := wt.reached, w.stopped
 	w.mu.Unlock()
-	if !reached && !read {
-		reached = w.readOnce(ctx, wt)
+	var readErr error
+	if !reached {
+		// What the answer says is read now, not at the last check: a
+		// timed-out wait reports where the job or partition is at its end.
+		reached, readErr = w.reread(ctx, wt)
 	}
 	switch {
 	case reached:
@@ -220,6 +274,9 @@ func (w *Waiter) wait(ctx context.Context, wt *waiter) error {
 	case ctx.Err() == nil && stopped:
 		w.metrics.observe(outcomeStopped, time.Since(start))
 		return ErrStopped
+	case readErr != nil:
+		w.metrics.observe(outcomeUnavailable, time.Since(start))
+		return fmt.Errorf("%w: %w", ErrUnavailable, readErr)
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		w.metrics.observe(outcomeTimeout, time.Since(start))
 	default:
@@ -228,37 +285,119 @@ func (w *Waiter) wait(ctx context.Context, wt *waiter) error {
 	return ctx.Err()
 }
 
-// lastReadTimeout bounds the read of a waiter that ended before any check
-// read it.
+// lastReadTimeout bounds the last read of a wait.
 const lastReadTimeout = time.Second
 
-// readOnce reads wt once, for a waiter whose wait ended before any check
-// read it (a very short timeout, or Run not listening), so that its answer
-// says where the job or partition is rather than nothing. The wait is
-// over: the pooled connection is held for the one query.
-func (w *Waiter) readOnce(ctx context.Context, wt *waiter) (reached bool) {
+// finals gathers the last reads of waits that end at about the same time
+// (10,000 timing out together) into few queries: the first to come reads
+// for every one queued meanwhile, and hands over after maxLeadRounds so
+// that its own caller is not kept.
+type finals struct {
+	mu      sync.Mutex
+	queue   []*final
+	reading bool
+	// handovers counts the leads handed over, for tests.
+	handovers int
+}
+
+type final struct {
+	wt *waiter
+	// done receives the read's error, or errLead: read for the queue
+	// (this one included).
+	done chan error
+}
+
+var errLead = errors.New("lead")
+
+const maxLeadRounds = 4
+
+// reread reads wt once more, with the waits that end meanwhile, in one
+// query; the wait is over, so the connection is held for that query only.
+func (w *Waiter) reread(ctx context.Context, wt *waiter) (reached bool, err error) {
+	f := &final{wt: wt, done: make(chan error, 1)}
+	w.finals.mu.Lock()
+	w.finals.queue = append(w.finals.queue, f)
+	lead := !w.finals.reading
+	w.finals.reading = true
+	w.finals.mu.Unlock()
+	if !lead {
+		err = <-f.done
+	}
+	if lead || errors.Is(err, errLead) {
+		w.readFinals(ctx)
+		err = <-f.done
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return wt.reached, err
+}
+
+// readFinals reads the queued waits, for at most maxLeadRounds queries,
+// then hands the rest to the first of them.
+func (w *Waiter) readFinals(ctx context.Context) {
+	for round := 0; ; round++ {
+		w.finals.mu.Lock()
+		batch := w.finals.queue
+		switch {
+		case len(batch) == 0:
+			w.finals.reading = false
+			w.finals.mu.Unlock()
+			return
+		case round == maxLeadRounds:
+			// The first queued leads on; it stays queued, so that it
+			// reads itself too.
+			w.finals.handovers++
+			w.finals.mu.Unlock()
+			batch[0].done <- errLead
+			return
+		}
+		w.finals.queue = nil
+		w.finals.mu.Unlock()
+		err := w.readLast(ctx, batch)
+		for _, f := range batch {
+			f.done <- err
+		}
+	}
+}
+
+// readLast reads the waits of batch in one query and records what it
+// found in each.
+func (w *Waiter) readLast(ctx context.Context, batch []*final) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lastReadTimeout)
 	defer cancel()
 	seen := map[string]store.Seen{}
 	var parts []store.PositionKey
-	if wt.byJob {
-		seen[wt.job] = store.Unseen
-	} else {
-		parts = []store.PositionKey{wt.pos}
+	for _, f := range batch {
+		if f.wt.byJob {
+			seen[f.wt.job] = store.Unseen
+		} else {
+			parts = append(parts, f.wt.pos)
+		}
 	}
 	jobs, positions, err := w.store.Reached(ctx, seen, parts)
 	if err != nil {
-		return false
+		return err
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	wt.read = true
-	if wt.byJob {
-		wt.state = jobs[wt.job]
-		wt.reached = wt.state.Version >= wt.version
-	} else {
-		wt.position = positions[wt.pos]
-		wt.reached = wt.position > wt.offset
+	for _, f := range batch {
+		wt := f.wt
+		if wt.byJob {
+			wt.state = jobs[wt.job]
+			wt.reached = wt.state.Version >= wt.version
+		} else {
+			wt.position = positions[wt.pos]
+			wt.reached = wt.position > wt.offset
+		}
 	}
-	return wt.reached
+	return nil
+}
+
+// defaultHolder names this process's lease: host, process id and a
+// random suffix (two Waiters of one process hold two leases).
+func defaultHolder() string {
+	host, _ := os.Hostname()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s/%d/%x", host, os.Getpid(), b)
 }

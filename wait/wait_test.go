@@ -3,6 +3,7 @@ package wait_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"runtime"
 	"sync"
 	"testing"
@@ -33,9 +34,16 @@ type rig struct {
 
 func newRig(t testing.TB, cfg wait.Config) *rig {
 	t.Helper()
+	return newRigVia(t, cfg, pgtest.URL())
+}
+
+// newRigVia is newRig with the Waiter's pool connecting to url (a proxy
+// a test cuts or freezes).
+func newRigVia(t testing.TB, cfg wait.Config, url string) *rig {
+	t.Helper()
 	ctx := context.Background()
 	writer := pgtest.Store(t)
-	pool, err := pgxpool.New(ctx, pgtest.URL())
+	pool, err := pgxpool.New(ctx, url)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	reader, err := store.New(pool, store.Config{Schema: writer.Schema(), Table: writer.Projection()})
@@ -235,6 +243,33 @@ func TestManyWaiters(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
+
+	// n waits that time out together are each answered with the state at
+	// their end, read in a few queries, not one each.
+	states := make(chan wait.JobState, n)
+	timeout, stop := context.WithTimeout(context.Background(), 2*time.Second)
+	defer stop()
+	for i := range n {
+		wg.Go(func() {
+			st, err := r.waiter.WaitJob(timeout, "job-"+string(rune('a'+i%26)), 2)
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("wait %d: %v, want the deadline", i, err)
+			}
+			states <- st
+		})
+	}
+	wg.Wait()
+	t.Logf("all %d timed out and answered %s after their deadline", n, time.Since(deadlineOf(timeout)))
+	close(states)
+	for st := range states {
+		require.False(t, st.Reached)
+		require.Equal(t, int64(1), st.Version)
+	}
+}
+
+func deadlineOf(ctx context.Context) time.Time {
+	d, _ := ctx.Deadline()
+	return d
 }
 
 // TestWaitJobIsAnsweredByAHeal: a write outside a partition's batches
@@ -301,11 +336,12 @@ func TestALostListenerIsReplaced(t *testing.T) {
 		got <- err
 	}()
 	require.Eventually(t, func() bool { return r.waiter.Waiting() == 1 }, 5*time.Second, time.Millisecond)
-	// Run may not be listening yet: cut the connection once it is.
+	// Run may not be listening yet: cut the connection once it is (its
+	// last statement is LISTEN, or the renewal of its lease).
 	require.Eventually(t, func() bool {
 		var cut int
 		err := pgtest.Pool(t).QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-			WHERE query = 'LISTEN "' || $1 || '"'`, r.writer.Channel()).Scan(&cut)
+			WHERE query = 'LISTEN "' || $1 || '"' OR position($2 in query) > 0`, r.writer.Channel(), leases(r)).Scan(&cut)
 		require.NoError(t, err)
 		require.LessOrEqual(t, cut, 1, "one listening connection for the process")
 		return cut == 1
@@ -345,4 +381,19 @@ func TestARebuildsSwapAnswersWaiters(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, <-byJob)
 	require.NoError(t, <-byPos)
+}
+
+// leases is the qualified name of the leases table of r's projection.
+func leases(r *rig) string {
+	return `"` + r.writer.Schema() + `"."projector_wait_leases"`
+}
+
+// leased waits until r's Waiter holds its lease: it is listening.
+func leased(t *testing.T, r *rig) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(), `SELECT count(*) FROM `+leases(r)).Scan(&n))
+		return n == 1
+	}, 10*time.Second, time.Millisecond)
 }

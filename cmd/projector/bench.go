@@ -32,6 +32,7 @@ type benchOpts struct {
 	batchSize   int
 	seed        uint64
 	preload     int
+	waiters     int
 	live        bool
 	rate        int
 	duration    time.Duration
@@ -67,7 +68,9 @@ Late and duplicate deliveries are included. The broker runs in a child process,
 so the projector's peak heap and RSS are its own.
 
 --preload N also runs the projector into a table already holding N rows and
-reports its rate as a ratio of the empty table's (growth). --rebuild times
+reports its rate as a ratio of the empty table's (growth). --waiters N also runs
+it while N waits are held on the instance, as N clients of /wait would be, and
+reports its rate as a ratio of the run with none. --rebuild times
 'projector rebuild' of the same stream. --live --rate R --duration D then
 produces R events/s for D into a running projector and reports the time from
 produce to visible (p50, p99, max). --json prints one JSON object.
@@ -98,6 +101,7 @@ Examples:
 		fs.IntVar(&o.batchSize, "batch-size", projection.Config{}.WithDefaults().BatchSize, "the projector's most records per batch transaction")
 		fs.Uint64Var(&o.seed, "seed", 1, "seed of the generated stream")
 		fs.IntVar(&o.preload, "preload", 0, "also run into a table already holding this many rows (growth)")
+		fs.IntVar(&o.waiters, "waiters", 0, "also run the projector while this many /wait-like waits are held on jobs the\nstream never writes, and report its rate as a ratio of the run with none")
 		fs.BoolVar(&o.live, "live", false, "also measure produce-to-visible latency at a steady --rate for --duration")
 		fs.IntVar(&o.rate, "rate", 10000, "events per second produced with --live")
 		fs.DurationVar(&o.duration, "duration", 60*time.Second, "how long --live produces, e.g. 60s")
@@ -156,6 +160,8 @@ Examples:
 			return usagef("--batch-size %d: must be at least 1", o.batchSize)
 		case o.preload < 0:
 			return usagef("--preload %d: must not be negative", o.preload)
+		case o.waiters < 0 || o.waiters > 1_000_000:
+			return usagef("--waiters %d: must be from 0 to 1000000", o.waiters)
 		case o.live && o.rate < 1:
 			return usagef("--rate %d: must be at least 1 event per second", o.rate)
 		case o.live && o.duration < time.Second:
@@ -171,7 +177,7 @@ Examples:
 		}
 		cfg := bench.Config{
 			DatabaseURL: url, Mix: o.mix, Events: o.events, Jobs: o.jobs, Partitions: o.partitions, StateBytes: o.stateBytes,
-			Seed: o.seed, NaiveSample: o.naive, BatchSize: o.batchSize, Preload: o.preload,
+			Seed: o.seed, NaiveSample: o.naive, BatchSize: o.batchSize, Preload: o.preload, Waiters: o.waiters,
 			Live: o.live, LiveRate: o.rate, LiveDuration: o.duration, Rebuild: o.rebuild,
 			Executable: self, Progress: progress, Logger: logger,
 		}

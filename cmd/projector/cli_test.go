@@ -23,7 +23,7 @@ var runFlags = map[string]string{
 	"snapshot-timeout": "PROJECTOR_SNAPSHOT_TIMEOUT", "snapshot-timeout-max": "PROJECTOR_SNAPSHOT_TIMEOUT_MAX",
 	"snapshot-redirects": "PROJECTOR_SNAPSHOT_REDIRECTS", "snapshot-concurrency": "PROJECTOR_SNAPSHOT_CONCURRENCY", "gap-retry-max": "PROJECTOR_GAP_RETRY_MAX",
 	"http-addr": "PROJECTOR_HTTP_ADDR", "owner": "PROJECTOR_OWNER",
-	"api-addr": "PROJECTOR_API_ADDR", "api-max-waiters": "PROJECTOR_API_MAX_WAITERS",
+	"api-addr": "PROJECTOR_API_ADDR", "api-max-waiters": "PROJECTOR_API_MAX_WAITERS", "notify": "PROJECTOR_NOTIFY",
 	"log-level": "PROJECTOR_LOG_LEVEL", "log-format": "PROJECTOR_LOG_FORMAT",
 	"group-session-timeout": "PROJECTOR_GROUP_SESSION_TIMEOUT", "group-heartbeat-interval": "PROJECTOR_GROUP_HEARTBEAT_INTERVAL",
 	"group-rebalance-timeout": "PROJECTOR_GROUP_REBALANCE_TIMEOUT", "group-join-backoff": "PROJECTOR_GROUP_JOIN_BACKOFF",

@@ -256,7 +256,9 @@ Example:
 			return err
 		}
 		warnUnverifiedTLS(logger, o.databaseURL)
-		st, err := openStoreWaiting(ctx, o.databaseURL, o.storeConfig(), logger)
+		cfg := o.storeConfig()
+		cfg.Notify = o.api.notify || o.api.addr != ""
+		st, err := openStoreWaiting(ctx, o.databaseURL, cfg, logger)
 		if err != nil {
 			if ctx.Err() != nil {
 				// SIGINT or SIGTERM while starting (connecting, or
@@ -281,7 +283,7 @@ Example:
 		if o.sqs.source == sourceSQS {
 			positions = ""
 		}
-		stopAPI, err := o.api.serve(ctx, st, p, positions, logger)
+		stopAPI, err := o.api.serve(ctx, o.databaseURL, o.storeConfig(), p, positions, logger)
 		if err != nil {
 			return err
 		}

@@ -56,6 +56,11 @@ type Config struct {
 	// Preload, when above zero, also runs the projector against a table
 	// already holding that many rows, beside the run on an empty table.
 	Preload int
+	// Waiters, when above zero, also runs the projector on an empty
+	// table while that many waits are held on jobs the stream never
+	// writes (as clients of /wait on the instance would), beside the run
+	// with none.
+	Waiters int
 	// Live runs a steady produce rate after the throughput lines.
 	Live         bool
 	LiveRate     int
@@ -116,6 +121,12 @@ type Report struct {
 	Preload                   int      `json:"preload,omitempty"`
 	EmptyTableEventsPerSecond float64  `json:"empty_table_events_per_second,omitempty"`
 	GrowthRatio               float64  `json:"growth_ratio,omitempty"`
+	Waiters                   int      `json:"waiters,omitempty"`
+	WaitersEventsPerSecond    float64  `json:"waiters_events_per_second,omitempty"`
+	NoWaitersEventsPerSecond  float64  `json:"no_waiters_events_per_second,omitempty"`
+	WaitersRatio              float64  `json:"waiters_ratio,omitempty"`
+	WaitersGoroutines         int      `json:"waiters_goroutines,omitempty"`
+	WaitersHeapBytes          int64    `json:"waiters_heap_bytes,omitempty"`
 	RebuildSeconds            float64  `json:"rebuild_seconds,omitempty"`
 	RebuildRatioToCopy        float64  `json:"rebuild_ratio_to_copy,omitempty"`
 	LiveRate                  int      `json:"live_rate,omitempty"`
@@ -179,6 +190,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("NaiveSample %d: must be at least 10", c.NaiveSample)
 	case c.Preload < 0:
 		return fmt.Errorf("Preload %d: must not be negative", c.Preload)
+	case c.Waiters < 0:
+		return fmt.Errorf("Waiters %d: must not be negative", c.Waiters)
 	case c.Live && (c.LiveRate < 1 || c.LiveDuration < time.Second):
 		return fmt.Errorf("Live: LiveRate must be at least 1 and LiveDuration at least 1s")
 	case c.Rebuild && c.Executable == "":
@@ -318,13 +331,16 @@ func (r *run) measure(ctx context.Context) error {
 	truth := stream.Truth
 	stream = nil // the projector's memory is measured without the generated stream
 
-	empty, err := r.projector(ctx, topic, hwm, truth, 0, true)
+	first := emptyLeg
+	first.measureMemory = true
+	empty, err := r.projector(ctx, topic, hwm, truth, first)
 	if err != nil {
 		return err
 	}
 	main := empty
 	if cfg.Preload > 0 {
-		grown, err := r.projector(ctx, topic, hwm, truth, cfg.Preload, false)
+		grown, err := r.projector(ctx, topic, hwm, truth, leg{name: fmt.Sprintf("projector, %d rows already in the table", cfg.Preload),
+			table: "jobs_preloaded", preload: cfg.Preload})
 		if err != nil {
 			return err
 		}
@@ -332,6 +348,32 @@ func (r *run) measure(ctx context.Context) error {
 		r.rep.EmptyTableEventsPerSecond = empty.rate
 		r.rep.GrowthRatio = grown.rate / empty.rate
 		main = grown
+	}
+	if cfg.Waiters > 0 {
+		// Runs of one process came out faster one after the other,
+		// whatever they did: the runs with waits and without alternate as
+		// with, without, without, with, so that a steady drift falls on
+		// both alike, and each side's rate is the mean of its two.
+		var with, without float64
+		for i, waits := range []int{cfg.Waiters, 0, 0, cfg.Waiters} {
+			l := leg{name: fmt.Sprintf("projector, %d waits held meanwhile", waits), table: fmt.Sprintf("jobs_waits_%d", i), waiters: waits}
+			if waits == 0 {
+				l.name = "projector, no waits (beside the runs with them)"
+			}
+			run, err := r.projector(ctx, topic, hwm, truth, l)
+			if err != nil {
+				return err
+			}
+			if waits > 0 {
+				with += run.rate / 2
+			} else {
+				without += run.rate / 2
+			}
+		}
+		r.rep.Waiters = cfg.Waiters
+		r.rep.WaitersEventsPerSecond = with
+		r.rep.NoWaitersEventsPerSecond = without
+		r.rep.WaitersRatio = with / without
 	}
 	r.rep.ProjectorEventsPerSecond = main.rate
 	r.rep.ProjectorRatioToCopy = main.rate / r.rep.Writers[0].EventsPerSecond
@@ -477,13 +519,19 @@ func (r *run) engine(st *store.Store, topic, group string) (*projection.Projecto
 // projector runs the real engine from the broker into a fresh table
 // (holding preload rows first), timing from start to every partition's
 // stored position at its high watermark, then checks the table exactly.
-func (r *run) projector(ctx context.Context, topic string, hwm map[int]int64, truth map[string]jobgen.Truth, preload int, measureMemory bool) (projected, error) {
-	name := "projector (Kafka to PostgreSQL, end to end)"
-	table := "jobs"
-	if preload > 0 {
-		name = fmt.Sprintf("projector, %d rows already in the table", preload)
-		table = "jobs_preloaded"
-	}
+// leg is one run of the projector: into table, shown as name.
+type leg struct {
+	name, table string
+	// preload rows are in the table first; waiters waits are held
+	// meanwhile.
+	preload, waiters int
+	measureMemory    bool
+}
+
+var emptyLeg = leg{name: "projector (Kafka to PostgreSQL, end to end)", table: "jobs"}
+
+func (r *run) projector(ctx context.Context, topic string, hwm map[int]int64, truth map[string]jobgen.Truth, l leg) (projected, error) {
+	name, table, preload, waiters, measureMemory := l.name, l.table, l.preload, l.waiters, l.measureMemory
 	st, err := store.New(r.pool, store.Config{Schema: r.schema, Table: table})
 	if err != nil {
 		return projected{}, err
@@ -499,6 +547,13 @@ func (r *run) projector(ctx context.Context, topic string, hwm map[int]int64, tr
 	p, err := r.engine(st, topic, "bench-"+table)
 	if err != nil {
 		return projected{}, err
+	}
+	if waiters > 0 {
+		release, err := r.holdWaiters(ctx, st, waiters)
+		if err != nil {
+			return projected{}, err
+		}
+		defer release()
 	}
 	r.checkpoint(ctx)
 	var mem *memSampler
@@ -748,6 +803,10 @@ func Print(out io.Writer, rep *Report) {
 	if rep.Preload > 0 {
 		fmt.Fprintf(out, "growth: with %d rows already in the table, %.0f events/s, %.2fx the empty table's %.0f\n",
 			rep.Preload, rep.ProjectorEventsPerSecond, rep.GrowthRatio, rep.EmptyTableEventsPerSecond)
+	}
+	if rep.Waiters > 0 {
+		fmt.Fprintf(out, "waiters: with %d waits held, %.0f events/s, %.2fx the %.0f of the runs with none beside them; they took %d goroutines and %s of heap\n",
+			rep.Waiters, rep.WaitersEventsPerSecond, rep.WaitersRatio, rep.NoWaitersEventsPerSecond, rep.WaitersGoroutines, mib(rep.WaitersHeapBytes))
 	}
 	if rep.RebuildSeconds > 0 {
 		fmt.Fprintf(out, "rebuild: %.2fs, %.2fx raw COPY\n", rep.RebuildSeconds, rep.RebuildRatioToCopy)

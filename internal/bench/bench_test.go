@@ -35,6 +35,23 @@ func TestRunChecksExact(t *testing.T) {
 	}
 }
 
+// TestRunWithWaiters: a run with waits held reports the projector's rate
+// with them beside the rate without, and what they took; its read model
+// is checked exact too.
+func TestRunWithWaiters(t *testing.T) {
+	t.Parallel()
+	cfg := small(MixMixed)
+	cfg.Waiters = 500
+	rep, err := Run(t.Context(), cfg)
+	require.NoError(t, err)
+	require.Equal(t, 500, rep.Waiters)
+	require.Positive(t, rep.WaitersEventsPerSecond)
+	require.Positive(t, rep.WaitersRatio)
+	require.GreaterOrEqual(t, rep.WaitersGoroutines, 500, "a goroutine per waiting caller")
+	t.Logf("with 500 waits: %.0f events/s, %.2fx; %d goroutines, %d bytes of heap",
+		rep.WaitersEventsPerSecond, rep.WaitersRatio, rep.WaitersGoroutines, rep.WaitersHeapBytes)
+}
+
 // TestWrongReadModelFails: a run whose read model differs from the
 // reference fails with a MismatchError naming the job, however fast it was.
 func TestWrongReadModelFails(t *testing.T) {
@@ -72,6 +89,7 @@ func TestValidate(t *testing.T) {
 		"StateBytes": {Mix: MixMixed, Events: 1000, Jobs: 10, Partitions: 1, NaiveSample: 10, StateBytes: -1},
 		"Live":       {Mix: MixMixed, Events: 1000, Jobs: 10, Partitions: 1, NaiveSample: 10, Live: true, LiveDuration: time.Millisecond},
 		"Rebuild":    {Mix: MixMixed, Events: 1000, Jobs: 10, Partitions: 1, NaiveSample: 10, Rebuild: true},
+		"Waiters":    {Mix: MixMixed, Events: 1000, Jobs: 10, Partitions: 1, NaiveSample: 10, Waiters: -1},
 	} {
 		err := cfg.Validate()
 		require.Error(t, err, field)

@@ -6,6 +6,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,7 +26,7 @@ type Proxy struct {
 
 	mu    sync.Mutex
 	cut   bool
-	conns map[net.Conn]struct{}
+	conns map[net.Conn]*atomic.Bool
 	wg    sync.WaitGroup
 }
 
@@ -41,7 +42,7 @@ func NewProxy(t testing.TB) *Proxy {
 	if err != nil {
 		t.Fatalf("pgtest: proxy: %v", err)
 	}
-	p := &Proxy{ln: ln, upstream: net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, upstream: net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), conns: map[net.Conn]*atomic.Bool{}}
 	p.wg.Go(p.accept)
 	t.Cleanup(func() {
 		_ = ln.Close()
@@ -107,6 +108,17 @@ func (p *Proxy) Cut() {
 	}
 }
 
+// Freeze makes every connection open now go silent without closing: what
+// either side sends is swallowed, as by a host gone or a firewall that
+// drops a connection without a word. Connections opened afterwards pass.
+func (p *Proxy) Freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, frozen := range p.conns {
+		frozen.Store(true)
+	}
+}
+
 // Restore lets connections through again.
 func (p *Proxy) Restore() {
 	p.mu.Lock()
@@ -126,13 +138,14 @@ func (p *Proxy) accept() {
 			_ = c.Close()
 			continue
 		}
-		p.conns[c] = struct{}{}
+		frozen := &atomic.Bool{}
+		p.conns[c] = frozen
 		p.mu.Unlock()
-		p.wg.Go(func() { p.pipe(c) })
+		p.wg.Go(func() { p.pipe(c, frozen) })
 	}
 }
 
-func (p *Proxy) pipe(c net.Conn) {
+func (p *Proxy) pipe(c net.Conn, frozen *atomic.Bool) {
 	defer p.forget(c)
 	up, err := net.DialTimeout("tcp", p.upstream, 5*time.Second)
 	if err != nil {
@@ -144,16 +157,16 @@ func (p *Proxy) pipe(c net.Conn) {
 		_ = up.Close()
 		return
 	}
-	p.conns[up] = struct{}{}
+	p.conns[up] = frozen
 	p.mu.Unlock()
 	defer p.forget(up)
 	done := make(chan struct{})
 	go func() {
-		_, _ = io.Copy(up, c)
+		_, _ = io.Copy(up, gate{c, frozen})
 		_ = up.Close()
 		close(done)
 	}()
-	_, _ = io.Copy(c, up)
+	_, _ = io.Copy(c, gate{up, frozen})
 	_ = c.Close()
 	<-done
 }
@@ -163,4 +176,19 @@ func (p *Proxy) forget(c net.Conn) {
 	p.mu.Lock()
 	delete(p.conns, c)
 	p.mu.Unlock()
+}
+
+// gate reads from a connection, swallowing what it reads once frozen.
+type gate struct {
+	net.Conn
+	frozen *atomic.Bool
+}
+
+func (g gate) Read(b []byte) (int, error) {
+	for {
+		n, err := g.Conn.Read(b)
+		if err != nil || !g.frozen.Load() {
+			return n, err
+		}
+	}
 }

@@ -1,0 +1,75 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"time"
+
+	"github.com/projector/projector/store"
+	"github.com/projector/projector/wait"
+)
+
+// holdWaiters starts a Waiter on st's projection, on a pool of its own as
+// `projector run --api-addr` has, and holds n waits on jobs the stream
+// never writes: every batch the engine commits is announced and wakes the
+// waiter loop, which reads the waits the batch may concern, and all of
+// them every second. It records in the report the goroutines and heap
+// they took. release ends the waits and stops the Waiter.
+func (r *run) holdWaiters(ctx context.Context, st *store.Store, n int) (release func(), err error) {
+	pool, err := store.OpenPoolOf(ctx, r.cfg.DatabaseURL, 2)
+	if err != nil {
+		return nil, fmt.Errorf("bench: the waiters' pool: %w", err)
+	}
+	ws, err := store.New(pool, store.Config{Schema: st.Schema(), Table: st.Projection()})
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	w, err := wait.New(wait.Config{Store: ws, MaxWaiters: n, Logger: r.cfg.Logger})
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	goroutines := runtime.NumGoroutine()
+	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		_ = w.Run(runCtx)
+	}()
+	waitCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan error, n)
+	for i := range n {
+		go func() {
+			_, err := w.WaitJob(waitCtx, fmt.Sprintf("never-written-%d", i), 1)
+			done <- err
+		}()
+	}
+	release = func() {
+		cancel()
+		for range n {
+			<-done
+		}
+		stop()
+		<-ran
+		pool.Close()
+	}
+	deadline := time.Now().Add(time.Minute)
+	for w.Waiting() < n {
+		if time.Now().After(deadline) {
+			release()
+			return nil, errors.New("bench: the waits were not all held within a minute")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	r.rep.WaitersGoroutines = runtime.NumGoroutine() - goroutines
+	r.rep.WaitersHeapBytes = int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	return release, nil
+}
