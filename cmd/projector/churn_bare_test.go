@@ -40,7 +40,7 @@ type bareGen struct {
 	ended atomic.Bool
 }
 
-func startBareMember(t *testing.T, name string, cfg kafka.ConsumerGroupConfig, logf func(string, ...any)) *bareMember {
+func startBareMember(name string, cfg kafka.ConsumerGroupConfig, logf func(string, ...any)) *bareMember {
 	m := &bareMember{name: name, done: make(chan struct{})}
 	cfg.Dialer = &kafka.Dialer{Timeout: 5 * time.Second, DialFunc: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if m.dead.Load() {
@@ -55,7 +55,9 @@ func startBareMember(t *testing.T, name string, cfg kafka.ConsumerGroupConfig, l
 		return c, err
 	}}
 	g, err := kafka.NewConsumerGroup(cfg)
-	require.NoError(t, err)
+	if err != nil {
+		panic(err) // the config is bareConfig's, checked by the test first
+	}
 	m.group = g
 	go func() {
 		defer close(m.done)
@@ -110,12 +112,18 @@ func TestGroupChurnBareKafkaGoSoak(t *testing.T) {
 	if os.Getenv("PROJECTOR_SOAK") == "" && !strings.Contains(strings.Join(os.Args, " "), "Soak") {
 		t.Skip("soak: run with -run Soak (or PROJECTOR_SOAK=1 for every long variant)")
 	}
+	cfg := bareConfig("g", []string{"127.0.0.1:9092"}, "t")
+	require.NoError(t, cfg.Validate())
 	const runs = 4
 	window := 3 * time.Minute
 	results := make([]string, runs)
 	var wg sync.WaitGroup
 	for r := range runs {
-		wg.Go(func() { results[r] = bareChurn(t, uint64(r), window) })
+		// The broker and topic are made here: they fail the test with
+		// t.Fatal, which only the test's goroutine may call.
+		c := kafkatest.New(t)
+		topic := kafkatest.Topic(t, c, 6)
+		wg.Go(func() { results[r] = bareChurn(t, c, topic, uint64(r), window) })
 	}
 	wg.Wait()
 	for r, res := range results {
@@ -123,10 +131,18 @@ func TestGroupChurnBareKafkaGoSoak(t *testing.T) {
 	}
 }
 
+// bareConfig is a bare member's group config, with the churn tests'
+// timings and kafka-go's other defaults.
+func bareConfig(group string, brokers []string, topic string) kafka.ConsumerGroupConfig {
+	return kafka.ConsumerGroupConfig{
+		ID: group, Brokers: brokers, Topics: []string{topic},
+		HeartbeatInterval: churnHeartbeat, SessionTimeout: churnSession, RebalanceTimeout: churnRebalance,
+		JoinGroupBackoff: churnBackoff,
+	}
+}
+
 // bareChurn runs one churn and says how long the group took to settle.
-func bareChurn(t *testing.T, seed uint64, window time.Duration) string {
-	c := kafkatest.New(t)
-	topic := kafkatest.Topic(t, c, 6)
+func bareChurn(t *testing.T, c *kafkatest.Cluster, topic string, seed uint64, window time.Duration) string {
 	group := "g-" + topic
 	start := time.Now()
 	var logMu sync.Mutex
@@ -135,16 +151,12 @@ func bareChurn(t *testing.T, seed uint64, window time.Duration) string {
 		defer logMu.Unlock()
 		t.Logf("run %d %6.1fs %s", seed, time.Since(start).Seconds(), fmt.Sprintf(format, args...))
 	}
-	cfg := kafka.ConsumerGroupConfig{
-		ID: group, Brokers: c.Addrs(), Topics: []string{topic},
-		HeartbeatInterval: churnHeartbeat, SessionTimeout: churnSession, RebalanceTimeout: churnRebalance,
-		JoinGroupBackoff: churnBackoff,
-	}
+	cfg := bareConfig(group, c.Addrs(), topic)
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), seed))
 	members := make([]*bareMember, 3)
 	n := 0
 	for i := range members {
-		members[i] = startBareMember(t, fmt.Sprintf("m%d", n), cfg, logf)
+		members[i] = startBareMember(fmt.Sprintf("m%d", n), cfg, logf)
 		n++
 	}
 	defer func() {
@@ -159,7 +171,7 @@ func bareChurn(t *testing.T, seed uint64, window time.Duration) string {
 		i := rng.IntN(3)
 		logf("kill %s", members[i].name)
 		members[i].kill()
-		members[i] = startBareMember(t, fmt.Sprintf("m%d", n), cfg, logf)
+		members[i] = startBareMember(fmt.Sprintf("m%d", n), cfg, logf)
 		n++
 	}
 	stopped := time.Now()
@@ -177,7 +189,11 @@ func bareChurn(t *testing.T, seed uint64, window time.Duration) string {
 		}
 		sort.Ints(parts)
 		if len(ids) == 3 && ids[0] == ids[1] && ids[1] == ids[2] {
-			require.Len(t, slices.Compact(slices.Clone(parts)), len(parts), "a partition held twice in generation %d: %v", ids[0], parts)
+			if len(slices.Compact(slices.Clone(parts))) != len(parts) {
+				// Errorf, not a require: this runs on the run's own goroutine.
+				t.Errorf("run %d: a partition held twice in generation %d: %v", seed, ids[0], parts)
+				return "a partition held twice"
+			}
 			if len(parts) == 6 {
 				took := time.Since(stopped)
 				verdict := "within"
