@@ -6,11 +6,13 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/projector/projector/internal/faulttest"
 )
@@ -169,5 +171,39 @@ func TestFaultGroupChurn(t *testing.T) {
 	for _, p := range procs {
 		p.stop(stopWithin)
 	}
+	s.hist.Check(s.ref, faulttest.Options{})
+}
+
+// An instance waits for its JoinGroup longer than a coordinator may hold
+// it: answered only after the rebalance timeout + 2 s (Kafka holds a join
+// at most the rebalance timeout), the join is taken, not abandoned and
+// sent again as a new member (which on kfake restarts the rebalance's
+// wait; see TestFaultGroupChurn). kafka-go gives a JoinGroup the
+// rebalance timeout + 5 s; the projector must not shorten that.
+func TestGroupJoinOutwaitsRebalanceTimeout(t *testing.T) {
+	t.Parallel()
+	const rebalance = 4 * time.Second
+	s := newFaultStory(t, 810, 20, 2)
+	s.produceAll()
+	kf := s.kafka.Kfake()
+	var joins atomic.Int32
+	var held atomic.Bool
+	kf.ControlKey(kmsg.JoinGroup.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		kf.KeepControl()
+		if req.(*kmsg.JoinGroupRequest).Group != s.group {
+			return nil, nil, false
+		}
+		joins.Add(1)
+		if held.CompareAndSwap(false, true) {
+			kf.SleepControl(func() { time.Sleep(rebalance + 2*time.Second) }) // the coordinator's delay under test
+		}
+		return nil, nil, false
+	})
+	a := startBin(t, "run a", dbEnv(), s.args("inst-a", "--group-rebalance-timeout", rebalance.String())...)
+	s.hist.Settled(90*time.Second, alive(a)...)
+	a.stop(stopWithin)
+	require.True(t, held.Load(), "the first JoinGroup was held")
+	require.Equal(t, int32(1), joins.Load(), "JoinGroup requests: the held one must be waited for\n%s", a.logs.String())
+	require.NotContains(t, a.logs.String(), "i/o timeout")
 	s.hist.Check(s.ref, faulttest.Options{})
 }
