@@ -205,5 +205,5 @@ func bareChurn(t *testing.T, c *kafkatest.Cluster, topic string, seed uint64, wi
 		}
 		time.Sleep(100 * time.Millisecond) // polling, with the window above
 	}
-	return fmt.Sprintf("NOT settled %s after the churn stopped (broker: %s)", window, w.last)
+	return fmt.Sprintf("NOT settled %s after the churn stopped (%s)", window, w.last)
 }
