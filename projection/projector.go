@@ -265,6 +265,17 @@ func (p *Projector) waitTopic(ctx context.Context) error {
 	}
 }
 
+// groupRequestTimeout is kafka-go's deadline for a request to the group
+// coordinator (heartbeats, commits), and its margin on the two that the
+// coordinator may hold: a JoinGroup gets RebalanceTimeout + this, a
+// SyncGroup SessionTimeout + this. A coordinator holds a join at most the
+// rebalance timeout, so a join is never abandoned while it may still be
+// answered; an abandoned one stays parked at the broker, since kafka-go
+// learns its member ID only from the answer and cannot leave, and the
+// next attempt joins as a new member and starts the rebalance again. It
+// is kafka-go's default, said here so that it stays so.
+const groupRequestTimeout = 5 * time.Second
+
 // runGroup joins the group and works its generations until ctx ends (nil),
 // the topic disappears (kafkasrc.ErrTopicMissing) or the brokers refuse us
 // (*AuthError). It leaves the group and waits for its workers before
@@ -291,6 +302,7 @@ func (p *Projector) runGroup(ctx context.Context) error {
 		SessionTimeout:         cfg.SessionTimeout,
 		RebalanceTimeout:       cfg.RebalanceTimeout,
 		JoinGroupBackoff:       cfg.JoinGroupBackoff,
+		Timeout:                groupRequestTimeout,
 		WatchPartitionChanges:  true,
 		PartitionWatchInterval: cfg.PartitionWatchInterval,
 		StartOffset:            kafka.FirstOffset,

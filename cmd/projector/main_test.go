@@ -290,6 +290,7 @@ type liveStatus struct {
 	Topic      string `json:"topic"`
 	Group      string `json:"group"`
 	Owner      string `json:"owner"`
+	Generation int32  `json:"generation"`
 	Ready      bool   `json:"ready"`
 	Partitions []struct {
 		Partition     int   `json:"partition"`
