@@ -28,7 +28,7 @@ func TestBenchTable(t *testing.T) {
 }
 
 // TestBenchJSON runs every part of the benchmark once, small, and checks
-// the JSON object the issue names: the top-level figures, the writers, and
+// the JSON object the docs name: the top-level figures, the writers, and
 // with --preload, --rebuild and --live their own.
 func TestBenchJSON(t *testing.T) {
 	t.Parallel()

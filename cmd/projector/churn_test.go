@@ -33,7 +33,7 @@ const (
 	churnWindow = 4 * churnBound
 )
 
-// churnBound is the bound on convergence after churn stops: the
+// churnBound is the documented bound on convergence after churn stops: the
 // session timeout (the killed members expire), the rebalance timeout (the
 // coordinator's last wait for a join), and a few seconds.
 const churnBound = churnSession + churnRebalance + 5*time.Second
@@ -73,7 +73,7 @@ func (w *groupWatch) poll() {
 // twice, no version going back).
 //
 // How long the survivors take after the churn stops is measured and
-// reported against the bound (session timeout + rebalance timeout
+// reported against the documented bound (session timeout + rebalance timeout
 // + 5 s), with the broker's view of the group as it changes; it is not
 // asserted. kfake's classic group protocol misses that bound with bare
 // kafka-go members too, and sometimes never settles while three members
