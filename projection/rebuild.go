@@ -13,7 +13,7 @@ import (
 
 // Rebuild projects the topic from its earliest offsets into a shadow of a
 // live read model, with its own consumer group, and swaps the shadow in
-// once it caught up (`projector rebuild`; docs/operations.md). The live
+// once it caught up (`projector rebuild`; docs/guide/rebuild.md). The live
 // model keeps serving meanwhile, and is untouched by a rebuild that stops
 // before the swap: a later one continues from the shadow's positions.
 type Rebuild struct {

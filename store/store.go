@@ -41,7 +41,7 @@ type Config struct {
 
 	// Bounds on the transactions that hold a partition's row lock, so a
 	// frozen or cut-off owner cannot hold its partition for ever (see
-	// docs/operations.md, "Bounds on a stuck owner").
+	// docs/guide/troubleshoot.md, "Bounds on a stuck owner").
 	//
 	// ClaimLockTimeout bounds one claim's wait for the partition row
 	// (lock_timeout); the claim fails with a *[ClaimWaitError] and the

@@ -13,7 +13,7 @@ import (
 var allCommands = []string{"run", "rebuild", "status", "explain", "verify", "demo", "bench"}
 
 // runFlags are the flags of `projector run` with their variables, as
-// README.md and docs/operations.md list them.
+// docs/reference/flags.md lists them.
 var runFlags = map[string]string{
 	"database-url": "DATABASE_URL", "brokers": "PROJECTOR_BROKERS", "topic": "PROJECTOR_TOPIC",
 	"group": "PROJECTOR_GROUP", "start": "PROJECTOR_START", "schema": "PROJECTOR_SCHEMA",

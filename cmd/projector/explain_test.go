@@ -13,7 +13,7 @@ import (
 	"github.com/projector/projector/internal/pgtest"
 )
 
-// explainJSON is `projector explain --json`, as docs/operations.md lists it.
+// explainJSON is `projector explain --json`, as docs/guide/gaps.md lists it.
 type explainJSON struct {
 	JobID     string `json:"job_id"`
 	Version   *int64 `json:"version"`

@@ -12,7 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// statusJSON is `projector status --json`, as docs/operations.md lists it.
+// statusJSON is `projector status --json`, as docs/guide/status.md lists it.
 type statusJSON struct {
 	Projection string `json:"projection"`
 	Schema     string `json:"schema"`

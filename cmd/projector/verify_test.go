@@ -14,7 +14,7 @@ import (
 	"github.com/projector/projector/internal/pgtest"
 )
 
-// verifyJSON is `projector verify --json`, as docs/operations.md lists it.
+// verifyJSON is `projector verify --json`, as docs/guide/verify.md lists it.
 type verifyJSON struct {
 	Checked int `json:"checked"`
 	Drifts  []struct {

@@ -6,8 +6,8 @@
 // ends on its own when this process dies (it watches its standard input).
 //
 // The emulator speaks the JSON protocol of the current AWS SDKs. Where its
-// FIFO semantics differ from SQS is written in docs/operations.md ("SQS
-// FIFO as the source"): the tests rely only on what both do. [Locate]
+// FIFO semantics differ from SQS is written in docs/guide/sqs.md ("The
+// emulator the tests use"): the tests rely only on what both do. [Locate]
 // looks for node_modules in FAUXQS_DIR, else in the working directory and
 // its parents, so the demo finds it when run from the repository.
 //

@@ -11,7 +11,7 @@ import (
 
 // TestEmulatorFIFOSemantics pins the emulator's FIFO behaviour that the
 // SQS source's tests rely on, and the differences from SQS that
-// docs/operations.md lists: a message group is locked while one of its
+// docs/guide/sqs.md lists: a message group is locked while one of its
 // messages is in flight, content-based deduplication drops a resend,
 // an undeleted message comes back after its visibility timeout, and every
 // message carries its group id and sequence number.
