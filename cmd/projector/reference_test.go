@@ -76,7 +76,7 @@ a partition, the ` + "`projector_authority_*`" + ` lanes with ` + "`--snapshot-u
 Prometheus adds the ` + "`instance`" + ` and ` + "`job`" + ` labels of the scrape target to every series;
 a histogram's series are ` + "`NAME_bucket{le}`" + `, ` + "`NAME_sum`" + ` and ` + "`NAME_count`" + `, a summary's
 ` + "`NAME{quantile}`" + `, ` + "`NAME_sum`" + ` and ` + "`NAME_count`" + `. The guide to them is
-[operations.md](../operations.md#metrics); the dashboard and the alert rules built on them are
+[the health guide](../guide/health.md#metrics); the dashboard and the alert rules built on them are
 under ` + "`deploy/`" + `, with [the runbook](../runbook.md).
 
 | metric | type | labels | help |
