@@ -273,7 +273,10 @@ func TestFetchSlowLaneCutAfterHeadersCountsOnce(t *testing.T) {
 		require.ErrorIs(t, err, snapshot.ErrSlowLaneFull)
 	}
 	require.EqualValues(t, 5, c.Lanes().Full)
-	require.Equal(t, before, c.Lanes().SlowAfter, "a cut counted towards the median more than once")
+	// Counted once, the median is the 7th of 13: an answer's (three times
+	// it, at the floor or above on a loaded machine). Counted twice, it is
+	// a cut's, and the threshold three times the floor.
+	require.Less(t, c.Lanes().SlowAfter, snapshot.SlowMedians*snapshot.SlowFloor, "a cut counted towards the median more than once")
 	close(a.slow["holds-the-slow-lane"])
 	require.NoError(t, receive(t, held, "the started request's answer"))
 }
