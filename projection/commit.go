@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/projector/projector/gapfill"
-	"github.com/projector/projector/internal/failpoint"
+	"github.com/projector/projector/internal/buildhook/failpoint"
 	"github.com/projector/projector/snapshot"
 	"github.com/projector/projector/store"
 )

@@ -3,7 +3,7 @@ package projection
 // The fault suite of the engine in process: each test injects one fault
 // with a fixed seed while a generated stream (late, duplicate, missing,
 // misrouted and bad records) flows, lets it heal, and checks the
-// invariants of internal/faulttest over the whole history. The faults that
+// invariants of internal/testkit/faulttest over the whole history. The faults that
 // need a process to die are in cmd/projector/faults_test.go, against the
 // built binary.
 
@@ -28,10 +28,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/projector/projector/internal/faulttest"
-	"github.com/projector/projector/internal/jobgen"
-	"github.com/projector/projector/internal/kafkatest"
-	"github.com/projector/projector/internal/pgtest"
+	"github.com/projector/projector/internal/testkit/faulttest"
+	"github.com/projector/projector/internal/app/jobgen"
+	"github.com/projector/projector/internal/testkit/kafkatest"
+	"github.com/projector/projector/internal/testkit/pgtest"
 	"github.com/projector/projector/store"
 )
 

@@ -17,8 +17,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/projector/projector/internal/kafkatest"
-	"github.com/projector/projector/internal/pgtest"
+	"github.com/projector/projector/internal/testkit/kafkatest"
+	"github.com/projector/projector/internal/testkit/pgtest"
 )
 
 // logLines keeps a projector's log lines for a test to read, and passes

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/projector/projector/gapfill"
-	"github.com/projector/projector/internal/pgtest"
+	"github.com/projector/projector/internal/testkit/pgtest"
 )
 
 // TestStatusWithFiftyThousandHeldJobsIsBounded: with 50,000 jobs held (an

@@ -13,9 +13,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/projector/projector/internal/faulttest"
-	"github.com/projector/projector/internal/kafkatest"
-	"github.com/projector/projector/internal/pgtest"
+	"github.com/projector/projector/internal/testkit/faulttest"
+	"github.com/projector/projector/internal/testkit/kafkatest"
+	"github.com/projector/projector/internal/testkit/pgtest"
 )
 
 // One broker of three accepts connections and never answers, first in

@@ -10,7 +10,7 @@ import (
 // Projector.Run must have waited for what it started (workers, committer,
 // resolvers, kafka-go readers and group) before returning.
 //
-// The exceptions belong to the PostgreSQL pool that internal/pgtest shares
+// The exceptions belong to the PostgreSQL pool that internal/testkit/pgtest shares
 // across the whole test binary and never closes (it has no hook at binary
 // exit). The engine never opens a pool; it uses the Store it is given.
 func TestMain(m *testing.M) {

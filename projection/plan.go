@@ -11,7 +11,7 @@ import (
 	"github.com/projector/projector/delta"
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
-	"github.com/projector/projector/internal/failpoint"
+	"github.com/projector/projector/internal/buildhook/failpoint"
 	"github.com/projector/projector/snapshot"
 	"github.com/projector/projector/store"
 )

@@ -21,8 +21,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/projector/projector/internal/kafkatest"
-	"github.com/projector/projector/internal/pgtest"
+	"github.com/projector/projector/internal/testkit/kafkatest"
+	"github.com/projector/projector/internal/testkit/pgtest"
 )
 
 // authFailWithin is how soon a refused credential or certificate must stop

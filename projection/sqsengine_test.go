@@ -10,9 +10,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/projector/projector/internal/pgtest"
-	"github.com/projector/projector/internal/sqsemu"
-	"github.com/projector/projector/internal/sqstest"
+	"github.com/projector/projector/internal/testkit/pgtest"
+	"github.com/projector/projector/internal/app/sqsemu"
+	"github.com/projector/projector/internal/testkit/sqstest"
 	"github.com/projector/projector/store"
 )
 

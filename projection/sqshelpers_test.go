@@ -11,7 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/stretchr/testify/require"
 
-	"github.com/projector/projector/internal/sqsemu"
+	"github.com/projector/projector/internal/app/sqsemu"
 )
 
 // emulatorSQS is the configuration of a queue on the emulator, with

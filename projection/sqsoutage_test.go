@@ -14,9 +14,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/projector/projector/internal/faulttest"
-	"github.com/projector/projector/internal/pgtest"
-	"github.com/projector/projector/internal/sqstest"
+	"github.com/projector/projector/internal/testkit/faulttest"
+	"github.com/projector/projector/internal/testkit/pgtest"
+	"github.com/projector/projector/internal/testkit/sqstest"
 )
 
 // TestSQSOutageIsNotAStall cuts the queue's endpoint (a proxy in front of

@@ -13,8 +13,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/projector/projector/internal/pgtest"
-	"github.com/projector/projector/internal/sqstest"
+	"github.com/projector/projector/internal/testkit/pgtest"
+	"github.com/projector/projector/internal/testkit/sqstest"
 )
 
 // refusing is an SQS endpoint in front of the emulator that answers the

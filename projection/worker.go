@@ -12,7 +12,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/projector/projector/gapfill"
-	"github.com/projector/projector/internal/failpoint"
+	"github.com/projector/projector/internal/buildhook/failpoint"
 	"github.com/projector/projector/store"
 )
 

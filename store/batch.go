@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/projector/projector/internal/failpoint"
+	"github.com/projector/projector/internal/buildhook/failpoint"
 )
 
 // StaleError means the batch was planned from a view of some rows that is

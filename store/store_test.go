@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/projector/projector/internal/pgtest"
+	"github.com/projector/projector/internal/testkit/pgtest"
 	"github.com/projector/projector/store"
 )
 

@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/projector/projector/internal/pgtest"
+	"github.com/projector/projector/internal/testkit/pgtest"
 )
 
 // BenchmarkSnapshotWrite compares two ways of sending a batch of snapshots

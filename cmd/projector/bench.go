@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/projector/projector/internal/bench"
-	"github.com/projector/projector/internal/demo"
+	"github.com/projector/projector/internal/app/bench"
+	"github.com/projector/projector/internal/app/demo"
 	"github.com/projector/projector/projection"
 )
 

@@ -18,7 +18,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/projector/projector/internal/kafkatest"
+	"github.com/projector/projector/internal/testkit/kafkatest"
 )
 
 // bareMember is a plain kafka-go group member in this process. kill makes

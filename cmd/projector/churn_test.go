@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/projector/projector/internal/faulttest"
+	"github.com/projector/projector/internal/testkit/faulttest"
 )
 
 // Group timings of the churn tests: short, so a test is quick, with the

@@ -7,7 +7,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/projector/projector/internal/demo"
+	"github.com/projector/projector/internal/app/demo"
 )
 
 type demoOpts struct {

@@ -3,9 +3,9 @@ package main
 // The fault suite against the built binary: faults where a process must
 // die, stop or be replaced. Each test produces a generated stream with a
 // fixed seed, injects the fault, lets the projection heal, and checks the
-// invariants of internal/faulttest over the whole history. The kill points
+// invariants of internal/testkit/faulttest over the whole history. The kill points
 // inside the engine are failpoints, compiled only into a second build of
-// the binary made with -tags failpoints (internal/failpoint).
+// the binary made with -tags failpoints (internal/buildhook/failpoint).
 //
 // PROJECTOR_SOAK=1 (or -run Soak) runs the long variants: more seeds and a
 // longer rebalance storm.
@@ -30,11 +30,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/projector/projector/internal/failpoint"
-	"github.com/projector/projector/internal/faulttest"
-	"github.com/projector/projector/internal/jobgen"
-	"github.com/projector/projector/internal/kafkatest"
-	"github.com/projector/projector/internal/pgtest"
+	"github.com/projector/projector/internal/buildhook/failpoint"
+	"github.com/projector/projector/internal/testkit/faulttest"
+	"github.com/projector/projector/internal/app/jobgen"
+	"github.com/projector/projector/internal/testkit/kafkatest"
+	"github.com/projector/projector/internal/testkit/pgtest"
 	"github.com/projector/projector/store"
 )
 

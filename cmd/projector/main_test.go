@@ -2,8 +2,8 @@ package main
 
 // The tests of this package run the built binary, as an operator would: they
 // build cmd/projector once in TestMain and start it with os/exec, against
-// an in-process Kafka-protocol broker (internal/kafkatest) and the test
-// PostgreSQL (internal/pgtest). They judge it only by its exit codes, its
+// an in-process Kafka-protocol broker (internal/testkit/kafkatest) and the test
+// PostgreSQL (internal/testkit/pgtest). They judge it only by its exit codes, its
 // output, its HTTP endpoints and the tables it writes.
 
 import (
@@ -25,7 +25,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/projector/projector/internal/pgtest"
+	"github.com/projector/projector/internal/testkit/pgtest"
 )
 
 // bin is the projector binary built by TestMain.

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/projector/projector/internal/pgtest"
+	"github.com/projector/projector/internal/testkit/pgtest"
 )
 
 // Teams migrate as the tables' owner in a deploy step and run the daemon

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/projector/projector/internal/pgtest"
+	"github.com/projector/projector/internal/testkit/pgtest"
 )
 
 // quarantineRow is every column of one quarantine row, to compare the

@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/projector/projector/internal/kafkatest"
-	"github.com/projector/projector/internal/pgtest"
+	"github.com/projector/projector/internal/testkit/kafkatest"
+	"github.com/projector/projector/internal/testkit/pgtest"
 )
 
 // TestRunSASL: run against a broker that requires SCRAM-SHA-256 projects

@@ -10,7 +10,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/projector/projector/internal/kafkatest"
+	"github.com/projector/projector/internal/testkit/kafkatest"
 )
 
 // BenchmarkReadPartition reads a partition of 100,000 records of about

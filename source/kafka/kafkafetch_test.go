@@ -19,7 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/projector/projector/internal/kafkatest"
+	"github.com/projector/projector/internal/testkit/kafkatest"
 )
 
 // testKafkaSource opens a source on partition 0 of topic at position.

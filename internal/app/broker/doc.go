@@ -14,7 +14,7 @@
 // It must never import the testing package: the product binary links it
 // for `projector demo` and `projector bench`, and a binary that links
 // testing registers test flags and ships test support. The testing.TB
-// wrappers live in internal/kafkatest.
+// wrappers live in internal/testkit/kafkatest.
 //
 // Automatic topic creation is off: kafka-go asks for it on every metadata
 // request it sends through a Conn (the consumer group's assignment and

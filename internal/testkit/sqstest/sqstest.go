@@ -1,4 +1,4 @@
-// Package sqstest is the testing.TB side of internal/sqsemu: [New] starts
+// Package sqstest is the testing.TB side of internal/app/sqsemu: [New] starts
 // the SQS emulator for a test and stops it at the test's end, [Queue]
 // creates a FIFO queue named after the test.
 //
@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/projector/projector/internal/sqsemu"
+	"github.com/projector/projector/internal/app/sqsemu"
 )
 
 // New starts the emulator for t and stops it when t ends. A missing

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/projector/projector/internal/kafkatest"
+	"github.com/projector/projector/internal/testkit/kafkatest"
 )
 
 // Target is the projection a fault test watches.

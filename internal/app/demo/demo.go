@@ -19,7 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projector/projector/delta"
-	"github.com/projector/projector/internal/jobgen"
+	"github.com/projector/projector/internal/app/jobgen"
 	"github.com/projector/projector/projection"
 	"github.com/projector/projector/store"
 )

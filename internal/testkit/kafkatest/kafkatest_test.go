@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/projector/projector/internal/kafkatest"
+	"github.com/projector/projector/internal/testkit/kafkatest"
 )
 
 // Every broker, connection pool, reader, writer and consumer group a test

@@ -1,6 +1,6 @@
 package faulttest
 
-import "github.com/projector/projector/internal/jobgen"
+import "github.com/projector/projector/internal/app/jobgen"
 
 // ReferenceOf is the reference of a generated stream: its records, and the
 // authority's answer for every job (the generator's final truth), which is

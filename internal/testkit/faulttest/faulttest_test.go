@@ -11,9 +11,9 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/projector/projector/internal/faulttest"
-	"github.com/projector/projector/internal/kafkatest"
-	"github.com/projector/projector/internal/pgtest"
+	"github.com/projector/projector/internal/testkit/faulttest"
+	"github.com/projector/projector/internal/testkit/kafkatest"
+	"github.com/projector/projector/internal/testkit/pgtest"
 )
 
 // recorder is a testing.TB that keeps the errors the checker reports

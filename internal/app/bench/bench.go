@@ -23,8 +23,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/projector/projector/event"
-	"github.com/projector/projector/internal/broker"
-	"github.com/projector/projector/internal/jobgen"
+	"github.com/projector/projector/internal/app/broker"
+	"github.com/projector/projector/internal/app/jobgen"
 	"github.com/projector/projector/projection"
 	"github.com/projector/projector/store"
 )

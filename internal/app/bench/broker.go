@@ -15,7 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/projector/projector/internal/broker"
+	"github.com/projector/projector/internal/app/broker"
 )
 
 // BrokerChildEnv, set in the environment of `projector bench`, makes the

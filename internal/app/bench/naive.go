@@ -11,7 +11,7 @@ import (
 
 	"github.com/projector/projector/delta"
 	"github.com/projector/projector/event"
-	"github.com/projector/projector/internal/broker"
+	"github.com/projector/projector/internal/app/broker"
 )
 
 // naive is what a team writes first: a kafka-go group Reader, one

@@ -8,9 +8,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/projector/projector/internal/demo"
-	"github.com/projector/projector/internal/jobgen"
-	"github.com/projector/projector/internal/pgtest"
+	"github.com/projector/projector/internal/app/demo"
+	"github.com/projector/projector/internal/app/jobgen"
+	"github.com/projector/projector/internal/testkit/pgtest"
 )
 
 func TestDemoVerifiesEveryJobAndShowsEveryFault(t *testing.T) {

@@ -12,5 +12,5 @@
 // its parents, so the demo finds it when run from the repository.
 //
 // It must never import the testing package: the product binary links it
-// for the demo. The testing.TB wrappers live in internal/sqstest.
+// for the demo. The testing.TB wrappers live in internal/testkit/sqstest.
 package sqsemu

@@ -1,8 +1,8 @@
 package kafkatest
 
-import "github.com/projector/projector/internal/broker"
+import "github.com/projector/projector/internal/app/broker"
 
-// The broker's API under this package's name; see internal/broker.
+// The broker's API under this package's name; see internal/app/broker.
 type (
 	Cluster = broker.Cluster
 	Record  = broker.Record

@@ -15,9 +15,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/projector/projector/internal/broker"
-	"github.com/projector/projector/internal/jobgen"
-	"github.com/projector/projector/internal/sqsemu"
+	"github.com/projector/projector/internal/app/broker"
+	"github.com/projector/projector/internal/app/jobgen"
+	"github.com/projector/projector/internal/app/sqsemu"
 	"github.com/projector/projector/projection"
 	"github.com/projector/projector/store"
 )

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/projector/projector/internal/jobgen"
+	"github.com/projector/projector/internal/app/jobgen"
 	"github.com/projector/projector/store"
 	"github.com/projector/projector/wait"
 )

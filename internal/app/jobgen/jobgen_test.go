@@ -11,7 +11,7 @@ import (
 
 	"github.com/projector/projector/delta"
 	"github.com/projector/projector/event"
-	"github.com/projector/projector/internal/jobgen"
+	"github.com/projector/projector/internal/app/jobgen"
 )
 
 // TestTruthIsTheFoldOfEveryVersion replays each job's events in version
