@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -35,6 +36,15 @@ func (r *rig) waiterApart() *wait.Waiter {
 		_ = w.Run(ctx)
 	}()
 	r.t.Cleanup(func() { stop(); <-done })
+	// Its lease recorded before any write: a batch whose transaction
+	// began before would commit unannounced, and wait for the poll.
+	require.Eventually(r.t, func() bool {
+		var live bool
+		require.NoError(r.t, pgtest.Pool(r.t).QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM `+
+			pgx.Identifier{r.store.Schema(), "projector_wait_leases"}.Sanitize()+` WHERE projection = $1 AND expires_at > now())`,
+			r.store.Projection()).Scan(&live))
+		return live
+	}, 10*time.Second, time.Millisecond, "the waiter holds its lease")
 	return w
 }
 

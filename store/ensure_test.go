@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -54,4 +55,42 @@ func TestEnsureCurrentDuringAMigrationByTheOwner(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("EnsureCurrent did not return")
 	}
+}
+
+// A role granted DML rights before migration 011 added the leases table
+// (no default privileges) is told at start what to grant on it: every
+// batch reads the table (is a waiter's lease live?), so without SELECT
+// each would fail. Granted, it projects, and announces for a lease.
+func TestARoleWithoutRightsOnTheLeasesIsToldWhatToGrant(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	owner := pgtest.Store(t)
+	leases := pgx.Identifier{owner.Schema(), "projector_wait_leases"}.Sanitize()
+	role, dmlURL := pgtest.DMLRole(t, owner.Schema())
+	_, err := pgtest.Pool(t).Exec(ctx, `REVOKE ALL ON `+leases+` FROM `+pgx.Identifier{role}.Sanitize())
+	require.NoError(t, err)
+	dml, err := store.Open(ctx, dmlURL, store.Config{Schema: owner.Schema()})
+	require.NoError(t, err)
+	defer dml.Close()
+
+	var perr *store.PrivilegeError
+	require.ErrorAs(t, dml.EnsureCurrent(ctx), &perr)
+	require.Equal(t, []string{"projector_wait_leases: SELECT, INSERT, UPDATE, DELETE"}, perr.Missing)
+	require.Equal(t, []string{"GRANT SELECT, INSERT, UPDATE, DELETE ON " + leases + " TO " + pgx.Identifier{role}.Sanitize() + ";"}, perr.Grants)
+
+	_, err = pgtest.Pool(t).Exec(ctx, perr.Grants[0])
+	require.NoError(t, err)
+	require.NoError(t, dml.EnsureCurrent(ctx))
+	l, err := owner.Listen(ctx)
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	require.NoError(t, dml.HoldWaitLease(ctx, "dml", time.Minute))
+	c, err := dml.Claim(ctx, "t", 0, "dml")
+	require.NoError(t, err)
+	_, err = dml.Apply(ctx, &store.Batch{Topic: "t", Partition: 0, Epoch: c.Epoch, NextOffset: 1,
+		Snapshots: []store.Write{{JobID: "x", Version: 1, State: json.RawMessage(`{}`)}}})
+	require.NoError(t, err)
+	_, err = l.Next(ctx)
+	require.NoError(t, err, "the batch is announced for the lease")
 }

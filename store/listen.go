@@ -56,17 +56,26 @@ func (l *Listener) Ping(ctx context.Context) error {
 }
 
 // HoldWaitLease is [Store.HoldWaitLease] on the listening connection, so
-// that renewing the lease also proves the connection alive. An error
-// that is the server's answer (*[LeaseRefusedError]: the role may not
-// write the table) leaves the connection usable.
+// that renewing the lease also proves the connection alive. A refusal
+// that will not change while the process runs (*[LeaseRefusedError]: the
+// role may not write the table, the table is not there, the server is
+// read-only) leaves the connection usable; any other error, the server's
+// included (a connection terminated by an operator or a restart, a
+// statement cancelled), is the connection's: listen again.
 func (l *Listener) HoldWaitLease(ctx context.Context, holder string, ttl time.Duration) error {
 	err := holdWaitLease(ctx, l.conn, l.s, holder, ttl)
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && l.conn.PgConn().TxStatus() == 'I' {
+	if errors.As(err, &pgErr) && leaseRefusal[pgErr.Code] && !l.conn.IsClosed() && l.conn.PgConn().TxStatus() == 'I' {
 		return &LeaseRefusedError{Err: err}
 	}
 	return err
 }
+
+// leaseRefusal are the SQLSTATEs of a lease the server will go on
+// refusing: insufficient_privilege, undefined_table (the migration that
+// adds the table not run), read_only_sql_transaction (a standby, or
+// default_transaction_read_only).
+var leaseRefusal = map[string]bool{"42501": true, "42P01": true, "25006": true}
 
 // LeaseRefusedError is a lease the server refused to record (most often
 // a role that may not write projector_wait_leases).

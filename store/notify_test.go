@@ -3,10 +3,12 @@ package store_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/projector/projector/internal/testkit/pgtest"
@@ -176,4 +178,43 @@ func TestPositionsMovedOutsideBatchesAreAnnounced(t *testing.T) {
 	_, err = s.ResetPosition(ctx, "t", 2, 9, "operator", false)
 	require.NoError(t, err)
 	heard("ResetPosition", 2, 9)
+}
+
+// A lease the server refuses for good (a role that may not write the
+// table) is a *LeaseRefusedError, and the listening connection goes on;
+// a connection the server terminated (an operator, a restart) is not a
+// refusal, though the server said it: the waiter must listen again and
+// hold its lease there, not give the lease up for the process's life.
+func TestALeaseRefusalIsOnlyTheServersLastingNo(t *testing.T) {
+	t.Parallel()
+	s := pgtest.Store(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	role, dmlURL := pgtest.DMLRole(t, s.Schema())
+	_, err := pgtest.Pool(t).Exec(ctx, `REVOKE INSERT, UPDATE, DELETE ON `+s.Schema()+`.projector_wait_leases FROM `+role)
+	require.NoError(t, err)
+	pool, err := pgxpool.New(ctx, dmlURL)
+	require.NoError(t, err)
+	defer pool.Close()
+	reader, err := store.New(pool, store.Config{Schema: s.Schema(), Table: s.Projection()})
+	require.NoError(t, err)
+	l, err := reader.Listen(ctx)
+	require.NoError(t, err)
+	defer l.Close(context.Background())
+	var refused *store.LeaseRefusedError
+	require.ErrorAs(t, l.HoldWaitLease(ctx, "reader", time.Minute), &refused)
+	require.NoError(t, l.Ping(ctx), "a refusal leaves the connection usable")
+
+	l2, err := s.Listen(ctx)
+	require.NoError(t, err)
+	defer l2.Close(context.Background())
+	var pid int
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN "' || $1 || '"'
+		AND usename = current_user`, s.Channel()).Scan(&pid))
+	_, err = pgtest.Pool(t).Exec(ctx, `SELECT pg_terminate_backend($1, 10000)`, pid)
+	require.NoError(t, err)
+	err = l2.HoldWaitLease(ctx, "waiter", time.Minute)
+	require.Error(t, err)
+	require.False(t, errors.As(err, &refused), "a terminated connection is no refusal: %v", err)
 }

@@ -18,5 +18,6 @@
 //
 // It must never hold a pooled connection while a waiter sleeps, never
 // start a goroutine per waiter, and never keep more waiters than its
-// bound ([ErrTooManyWaiters]). It reads the read model and writes nothing.
+// bound ([ErrTooManyWaiters]). It reads the read model and writes only its
+// own lease row.
 package wait

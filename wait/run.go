@@ -40,7 +40,12 @@ func (w *Waiter) Run(ctx context.Context) error {
 // listen serves waiters on one listening connection until it fails or ctx
 // ends.
 func (w *Waiter) listen(ctx context.Context) error {
-	l, err := w.store.Listen(ctx)
+	// Bounded as a heartbeat is: a connection the pool hands out that is
+	// already cut without a word (its ping, or LISTEN, never answered)
+	// would hold Run, its checks and its poll, for ever.
+	lctx, lcancel := context.WithTimeout(ctx, w.heartbeat)
+	l, err := w.store.Listen(lctx)
+	lcancel()
 	if err != nil {
 		return err
 	}

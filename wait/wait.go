@@ -290,8 +290,8 @@ const lastReadTimeout = time.Second
 
 // finals gathers the last reads of waits that end at about the same time
 // (10,000 timing out together) into few queries: the first to come reads
-// for every one queued meanwhile, and hands over after maxLeadRounds so
-// that its own caller is not kept.
+// for every one queued meanwhile, then hands the next queue over (see
+// maxLeadRounds) so that its own caller is not kept.
 type finals struct {
 	mu      sync.Mutex
 	queue   []*final
@@ -309,7 +309,13 @@ type final struct {
 
 var errLead = errors.New("lead")
 
-const maxLeadRounds = 4
+// maxLeadRounds is 1: a reader reads once, for every wait queued then
+// (its own among them), and hands the waits queued meanwhile to the first
+// of them. More rounds saved nothing (each round reads the whole queue
+// anyway) and kept the reader's own caller, answered in its first round,
+// for the others' reads: up to lastReadTimeout each while the database
+// did not answer, after a timeout the caller had asked to be kept to.
+const maxLeadRounds = 1
 
 // reread reads wt once more, with the waits that end meanwhile, in one
 // query; the wait is over, so the connection is held for that query only.

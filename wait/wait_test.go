@@ -327,15 +327,10 @@ func TestAWaitNoCheckReadIsReadOnceAtItsEnd(t *testing.T) {
 // opened again, and a commit made meanwhile still answers its waiter.
 func TestALostListenerIsReplaced(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, wait.Config{Retry: 50 * time.Millisecond})
+	r := newRig(t, wait.Config{Retry: 50 * time.Millisecond, Poll: time.Hour})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	got := make(chan error, 1)
-	go func() {
-		_, err := r.waiter.WaitJob(ctx, "x", 1)
-		got <- err
-	}()
-	require.Eventually(t, func() bool { return r.waiter.Waiting() == 1 }, 5*time.Second, time.Millisecond)
+	got := waitUnbounded(t, r, "x", 1)
 	// Run may not be listening yet: cut the connection once it is (its
 	// last statement is LISTEN, or the renewal of its lease).
 	require.Eventually(t, func() bool {
@@ -347,7 +342,7 @@ func TestALostListenerIsReplaced(t *testing.T) {
 		return cut == 1
 	}, 5*time.Second, 5*time.Millisecond)
 	r.apply(t, map[string]int64{"x": 1})
-	require.NoError(t, <-got)
+	answered(t, got, "the lost listener is replaced")
 }
 
 // TestARebuildsSwapAnswersWaiters: the swap moves every row and position
