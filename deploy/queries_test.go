@@ -29,6 +29,10 @@ const (
 // scrape target; the code does not export them.
 var targetLabels = []string{"instance", "job"}
 
+// scrapeSeries are the series Prometheus writes for every scrape target
+// itself (up: 1 when the scrape answered); the code does not export them.
+var scrapeSeries = map[string]bool{"up": true}
+
 // promqlParser is the parser Prometheus evaluates rules with.
 var promqlParser = parser.NewParser(parser.Options{})
 
@@ -59,6 +63,9 @@ func readReference(t *testing.T) map[string]family {
 		out[m[1]] = f
 	}
 	require.NotEmpty(t, out, "no metric in %s", referencePath)
+	for name := range scrapeSeries {
+		out[name] = family{typ: "gauge", labels: map[string]bool{}}
+	}
 	return out
 }
 
