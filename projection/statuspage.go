@@ -114,8 +114,11 @@ func (p *Projector) serveStatusPage(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	// Nothing but the page itself: no script, no frame, no fetch.
-	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
+	// Nothing but the page itself: no script, no fetch, no form, no base
+	// to move its links; and no other site may frame it (default-src does
+	// not cover frame-ancestors).
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	if err := statusPage.Execute(w, viewOf(s)); err != nil {
 		p.cfg.Logger.Warn("status page", "err", err)

@@ -68,6 +68,8 @@ func TestStatusPageShowsHeldGapEscaped(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, page)
 	require.Equal(t, "text/html; charset=utf-8", hdr.Get("Content-Type"))
 	require.Contains(t, hdr.Get("Content-Security-Policy"), "default-src 'none'")
+	require.Contains(t, hdr.Get("Content-Security-Policy"), "frame-ancestors 'none'", "another site could frame the page")
+	require.Equal(t, "DENY", hdr.Get("X-Frame-Options"))
 	for _, c := range page {
 		if c != '\n' && (c < 0x20 || c == 0x7f || c == '\u202e') {
 			t.Fatalf("the page carries control character %U:\n%s", c, page)
@@ -98,6 +100,7 @@ func TestStatusPageShowsHeldGapEscaped(t *testing.T) {
 	code, hdr, body := getBody(t, u.ResolveReference(ref).String())
 	require.Equal(t, http.StatusOK, code, body)
 	require.Equal(t, "application/json", hdr.Get("Content-Type"))
+	require.Equal(t, "nosniff", hdr.Get("X-Content-Type-Options"), "a job id of HTML could be sniffed as a page")
 	var ex Explanation
 	require.NoError(t, json.Unmarshal([]byte(body), &ex))
 	require.Equal(t, evil, ex.JobID)
