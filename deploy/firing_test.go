@@ -226,8 +226,11 @@ func TestAlertsFireOnHeldGapAndLag(t *testing.T) {
 		NoReread:               true,
 		SnapshotURL:            authority.URL,
 		SnapshotTimeout:        time.Second,
-		GapRetryMin:            50 * time.Millisecond,
-		GapRetryMax:            500 * time.Millisecond,
+		// A fetch gives up after its retries of half a second, not the
+		// default 30 s: the test waits for two of them.
+		SnapshotMaxElapsed: 500 * time.Millisecond,
+		GapRetryMin:        50 * time.Millisecond,
+		GapRetryMax:        500 * time.Millisecond,
 	}
 	produce := func(recs ...kafkatest.Record) {
 		t.Helper()
