@@ -61,6 +61,17 @@ func TestAlertRulesOverTime(t *testing.T) {
 			firing: []string{"3"},
 		},
 		{
+			name: "one failed request to the authority", alert: "ProjectorAuthorityFailing", minutes: 40,
+			series: `projector_authority_requests_total{` + target + `, result="ok"} 0+0x40
+				projector_authority_requests_total{` + target + `, result="error"} 0 0 1+0x38`,
+		},
+		{
+			name: "an authority down for 20 minutes", alert: "ProjectorAuthorityFailing", minutes: 40,
+			series: `projector_authority_requests_total{` + target + `, result="ok"} 0+1x10 10+0x30
+				projector_authority_requests_total{` + target + `, result="error"} 0+0x10 0+1x20 20+0x10`,
+			firing: []string{"i-1"},
+		},
+		{
 			name: "a restart loop", alert: "ProjectorStalled", minutes: 30,
 			series: `process_start_time_seconds{` + target + `} 100+0x5 400+0x5 700+0x5 1000+0x15
 				` + info + ` 1+0x30`,
