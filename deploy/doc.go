@@ -5,8 +5,10 @@
 // and label they name exists in the generated metric reference and in a
 // running projector's /metrics, every query parses with Prometheus's own
 // parser, every rule file loads as Prometheus loads it, every alert has a
-// runbook section, and the alerts fire, evaluated by Prometheus's query
-// engine, on what a projector with a held gap and lag exports.
+// runbook section, the alerts fire, evaluated by Prometheus's query
+// engine, on what a projector with a held gap and lag exports, and fire
+// (or stay silent) over written histories evaluated minute by minute, so
+// that their windows and for: durations count.
 //
 // It must never be imported: its tests link Prometheus itself.
 package deploy

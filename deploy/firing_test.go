@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
+	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql"
 	"github.com/prometheus/prometheus/rules"
 	"github.com/prometheus/prometheus/util/teststorage"
@@ -28,10 +29,11 @@ import (
 )
 
 // scrapeInterval is how far apart the scrapes of the test are placed in the
-// evaluation's storage: the alerts' windows and for: durations are minutes,
-// which a test cannot wait, so each scrape stands for one scrape interval
-// of such a run.
-const scrapeInterval = 5 * time.Minute
+// evaluation's storage, Prometheus's default: the alerts' windows and for:
+// durations are minutes, which a test cannot wait, so each scrape stands
+// for one scrape interval of such a run. A state that lasts (PostgreSQL
+// cut) is scraped once per interval it stands for.
+const scrapeInterval = time.Minute
 
 // The scrape target's labels, as Prometheus would attach them.
 const (
@@ -118,6 +120,7 @@ func appendScrape(t *testing.T, st *teststorage.TestStorage, fams map[string]*dt
 		_, err := app.Append(0, labels.FromMap(m), ms, v)
 		require.NoError(t, err, "%s", name)
 	}
+	add("up", nil, 1) // the scrape answered
 	for name, f := range fams {
 		for _, m := range f.GetMetric() {
 			switch f.GetType() {
@@ -171,16 +174,18 @@ func lagOf(s projection.Status) int64 {
 
 // TestAlertsFireOnHeldGapAndLag drives a projector (kfake over TCP, the
 // real PostgreSQL behind a proxy that can cut it, a snapshot authority
-// that answers 500) into what the alerts are for, scrapes /metrics four
-// times, stores the scrapes one scrape interval apart as Prometheus would,
-// and evaluates every alerting rule of the rule file with Prometheus's
-// rule evaluation and query engine at the last scrape:
+// that answers 500) into what the alerts are for, scrapes /metrics (once
+// per interval a state stands for), stores the scrapes one scrape interval
+// apart as Prometheus would, and evaluates every alerting rule of the rule
+// file with Prometheus's rule evaluation and query engine before the cut
+// (where only the first two troubles must show) and at the last scrape:
 //
 //   - a job held behind a gap for an hour (its durable held row dated back
 //     an hour, as a restart reloads it),
 //   - a record quarantined,
-//   - then PostgreSQL cut: records produced twice, so the lag grows while
-//     no batch commits, database errors are counted and /readyz fails.
+//   - then PostgreSQL cut for 12 intervals: records produced twice, so the
+//     lag grows while no batch commits, database errors are counted and
+//     /readyz fails.
 //
 // The alerts for each must be active, their descriptions naming the
 // partition where the series carry one; those for a stall and an open
@@ -221,8 +226,11 @@ func TestAlertsFireOnHeldGapAndLag(t *testing.T) {
 		NoReread:               true,
 		SnapshotURL:            authority.URL,
 		SnapshotTimeout:        time.Second,
-		GapRetryMin:            50 * time.Millisecond,
-		GapRetryMax:            500 * time.Millisecond,
+		// A fetch gives up after its retries of half a second, not the
+		// default 30 s: the test waits for two of them.
+		SnapshotMaxElapsed: 500 * time.Millisecond,
+		GapRetryMin:        50 * time.Millisecond,
+		GapRetryMax:        500 * time.Millisecond,
 	}
 	produce := func(recs ...kafkatest.Record) {
 		t.Helper()
@@ -256,9 +264,9 @@ func TestAlertsFireOnHeldGapAndLag(t *testing.T) {
 	errorsBefore := statusOf(run).Counters.AuthorityError
 
 	produce(kafkatest.Record{Key: []byte("bad"), Value: []byte("not json")})
-	eventually(t, 30*time.Second, "a record is quarantined and the authority asked again", func() (bool, string) {
+	eventually(t, 30*time.Second, "a record is quarantined and the authority failed 3 times more", func() (bool, string) {
 		s := statusOf(run)
-		return s.Counters.Quarantined == 1 && s.Counters.AuthorityError > errorsBefore && lagOf(s) == 0, fmt.Sprintf("%+v lag %d", s.Counters, lagOf(s))
+		return s.Counters.Quarantined == 1 && s.Counters.AuthorityError >= errorsBefore+3 && lagOf(s) == 0, fmt.Sprintf("%+v lag %d", s.Counters, lagOf(s))
 	})
 	scrapes = append(scrapes, scrape(t, run))
 
@@ -280,18 +288,27 @@ func TestAlertsFireOnHeldGapAndLag(t *testing.T) {
 				fmt.Sprintf("lag %d ready %v %+v", lagOf(s), s.Ready, s.Counters)
 		})
 	}
-	batches = statusOf(run).Counters.Batches
+	// The cut lasts 12 scrape intervals, longer than the windows of the
+	// lag and progress alerts: the lag 5 for 8, then 10 for 4. The batch
+	// count is read once the instance is not ready (PostgreSQL silent for
+	// 5 s): a batch (a held job's attempt) that committed just before the
+	// cut may count a moment after it.
 	produceLag(0, 5, 5)
-	scrapes = append(scrapes, scrape(t, run))
+	batches = statusOf(run).Counters.Batches
+	for range 8 {
+		scrapes = append(scrapes, scrape(t, run))
+	}
 	produceLag(5, 5, 10)
-	scrapes = append(scrapes, scrape(t, run))
+	for range 4 {
+		scrapes = append(scrapes, scrape(t, run))
+	}
 	require.Equal(t, batches, statusOf(run).Counters.Batches, "a batch committed with PostgreSQL cut")
 
 	// What the dashboard and the rules read is there.
 	used := usedFamilies(t, readReference(t))
 	for f := range used {
-		if strings.HasPrefix(f, "projector_sqs_") || strings.HasPrefix(f, "projector_wait") {
-			continue // --source sqs, --api-addr
+		if strings.HasPrefix(f, "projector_sqs_") || strings.HasPrefix(f, "projector_wait") || scrapeSeries[f] {
+			continue // --source sqs, --api-addr, Prometheus's own
 		}
 		_, ok := scrapes[len(scrapes)-1][f]
 		require.True(t, ok, "a Kafka run's /metrics has no %s, which the dashboard or the rules read", f)
@@ -301,36 +318,53 @@ func TestAlertsFireOnHeldGapAndLag(t *testing.T) {
 	tsdb := teststorage.New(t)
 	start := time.Unix(1_800_000_000, 0)
 	var at time.Time
+	var scrapeTimes []time.Time
 	for i, s := range scrapes {
 		at = start.Add(time.Duration(i) * scrapeInterval)
+		scrapeTimes = append(scrapeTimes, at)
 		appendScrape(t, tsdb, s, at)
 	}
-	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 1_000_000, Timeout: time.Minute, LookbackDelta: scrapeInterval})
+	engine := promql.NewEngine(promql.EngineOpts{MaxSamples: 1_000_000, Timeout: time.Minute})
 	t.Cleanup(func() { _ = engine.Close() })
 	query := rules.EngineQueryFunc(engine, tsdb)
 
-	want := map[string]bool{
+	// Before the cut (the second scrape): the gap, the quarantine and the
+	// authority's failures only.
+	judge(t, query, scrapeTimes[1], map[string]bool{
+		"ProjectorLagGrowing": false, "ProjectorNoProgress": false, "ProjectorHeldGapTooOld": true,
+		"ProjectorQuarantineGrowing": true, "ProjectorAuthorityFailing": true, "ProjectorNotReady": false,
+		"ProjectorDatabaseErrors": false, "ProjectorStalled": false, "ProjectorOpenTransactionLong": false,
+		"ProjectorDown": false,
+	})
+	// At the last scrape, PostgreSQL cut for 12 intervals.
+	judge(t, query, at, map[string]bool{
 		"ProjectorLagGrowing": true, "ProjectorNoProgress": true, "ProjectorHeldGapTooOld": true,
 		"ProjectorQuarantineGrowing": true, "ProjectorAuthorityFailing": true, "ProjectorNotReady": true,
 		"ProjectorDatabaseErrors": true, "ProjectorStalled": false, "ProjectorOpenTransactionLong": false,
-	}
+		"ProjectorDown": false,
+	})
+}
+
+// judge evaluates every alert of the rule file once at at and requires
+// those want says to be active (pending when they have a for: duration,
+// firing otherwise), with descriptions that name the instance and the
+// partition where the series carry one, and the others inactive.
+func judge(t *testing.T, query rules.QueryFunc, at time.Time, want map[string]bool) {
+	t.Helper()
 	all := alerts(t)
 	require.Len(t, all, len(want), "an alert this test does not judge")
 	for _, a := range all {
 		fire, judged := want[a.Alert]
 		require.True(t, judged, "alert %s: the test does not judge it", a.Alert)
-		expr, err := promqlParser.ParseExpr(a.Expr)
-		require.NoError(t, err)
-		rule := rules.NewAlertingRule(a.Alert, expr, time.Duration(a.For), time.Duration(a.KeepFiringFor),
-			labels.FromMap(a.Labels), labels.FromMap(a.Annotations), labels.EmptyLabels(), "", false, slog.New(slog.DiscardHandler))
-		_, err = rule.Eval(ctx, 0, at, query, nil, 0)
+		rule := newRule(t, a)
+		_, err := rule.Eval(context.Background(), 0, at, query, nil, 0)
 		require.NoError(t, err, "alert %s", a.Alert)
 		active := rule.ActiveAlerts()
 		if !fire {
-			require.Empty(t, active, "alert %s is active on a run that has no such trouble", a.Alert)
+			require.Empty(t, active, "alert %s is active at %s on a run that has no such trouble then", a.Alert, at)
 			continue
 		}
-		require.NotEmpty(t, active, "alert %s would not fire: %s", a.Alert, a.Expr)
+		require.NotEmpty(t, active, "alert %s would not fire at %s: %s", a.Alert, at, a.Expr)
 		for _, al := range active {
 			want := rules.StateFiring
 			if a.For > 0 {
@@ -348,6 +382,15 @@ func TestAlertsFireOnHeldGapAndLag(t *testing.T) {
 			t.Logf("%s %s %s value %g: %s", a.Alert, al.State, al.Labels, al.Value, b)
 		}
 	}
+}
+
+// newRule is a as Prometheus's rule manager builds it.
+func newRule(t *testing.T, a rulefmt.Rule) *rules.AlertingRule {
+	t.Helper()
+	expr, err := promqlParser.ParseExpr(a.Expr)
+	require.NoError(t, err, "alert %s", a.Alert)
+	return rules.NewAlertingRule(a.Alert, expr, time.Duration(a.For), time.Duration(a.KeepFiringFor),
+		labels.FromMap(a.Labels), labels.FromMap(a.Annotations), labels.EmptyLabels(), "", false, slog.New(slog.DiscardHandler))
 }
 
 func pgxIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -27,6 +28,10 @@ const (
 // targetLabels are the labels Prometheus attaches to every series of a
 // scrape target; the code does not export them.
 var targetLabels = []string{"instance", "job"}
+
+// scrapeSeries are the series Prometheus writes for every scrape target
+// itself (up: 1 when the scrape answered); the code does not export them.
+var scrapeSeries = map[string]bool{"up": true}
 
 // promqlParser is the parser Prometheus evaluates rules with.
 var promqlParser = parser.NewParser(parser.Options{})
@@ -58,6 +63,9 @@ func readReference(t *testing.T) map[string]family {
 		out[m[1]] = f
 	}
 	require.NotEmpty(t, out, "no metric in %s", referencePath)
+	for name := range scrapeSeries {
+		out[name] = family{typ: "gauge", labels: map[string]bool{}}
+	}
 	return out
 }
 
@@ -237,6 +245,8 @@ func checkExpr(t *testing.T, ref map[string]family, q query) []string {
 					require.True(t, allowed[m.Name], "%s: %s has no label %q (%s)", q.where, name, m.Name, q.expr)
 				}
 			}
+		case *parser.Call:
+			checkCall(t, ref, q, n)
 		case *parser.AggregateExpr:
 			if !n.Without {
 				requireLabels("the aggregation's", n.Grouping, labelsUnder(n.Expr))
@@ -250,6 +260,44 @@ func checkExpr(t *testing.T, ref map[string]family, q query) []string {
 		return nil
 	})
 	return used
+}
+
+// counterFunctions read a counter: over anything else (a gauge that goes
+// down) they count every fall as a reset and make up an increase.
+var counterFunctions = map[string]bool{"rate": true, "irate": true, "increase": true, "resets": true}
+
+// checkCall checks that a function gets the type of metric it means:
+// rate and the like a counter (or a histogram's or summary's _bucket,
+// _sum and _count, which are counters), histogram_quantile a histogram's
+// _bucket series with le kept by every aggregation between.
+func checkCall(t *testing.T, ref map[string]family, q query, c *parser.Call) {
+	t.Helper()
+	switch {
+	case counterFunctions[c.Func.Name]:
+		parser.Inspect(c, func(n parser.Node, _ []parser.Node) error {
+			if vs, ok := n.(*parser.VectorSelector); ok {
+				name := selectorName(vs)
+				base, f, _ := seriesFamily(ref, name)
+				require.True(t, f.typ == "counter" || base != name && (f.typ == "histogram" || f.typ == "summary"),
+					"%s: %s() over %s, a %s, not a counter (%s)", q.where, c.Func.Name, name, f.typ, q.expr)
+			}
+			return nil
+		})
+	case c.Func.Name == "histogram_quantile":
+		parser.Inspect(c.Args[1], func(n parser.Node, _ []parser.Node) error {
+			switch n := n.(type) {
+			case *parser.VectorSelector:
+				name := selectorName(n)
+				base, f, _ := seriesFamily(ref, name)
+				require.True(t, f.typ == "histogram" && name == base+"_bucket",
+					"%s: histogram_quantile over %s, not a histogram's _bucket series (%s)", q.where, name, q.expr)
+			case *parser.AggregateExpr:
+				keeps := slices.Contains(n.Grouping, "le") != n.Without
+				require.True(t, keeps, "%s: histogram_quantile over an aggregation that drops le (%s)", q.where, q.expr)
+			}
+			return nil
+		})
+	}
 }
 
 func selectorName(vs *parser.VectorSelector) string {
@@ -354,4 +402,53 @@ func anchor(h string) string {
 		}
 	}
 	return b.String()
+}
+
+// TestDashboardFollowsProjection: the metrics carry no projection, so the
+// dashboard shows one through the instances projector_info names for it:
+// every selector of every panel keeps to instance=~"$instance", and the
+// instance variable's All stands for the listed instances (no allValue
+// such as .*, which would match every instance of every projection and
+// make the schema and projection choice mean nothing).
+func TestDashboardFollowsProjection(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile(dashboardPath)
+	require.NoError(t, err)
+	var d struct {
+		Templating struct {
+			List []struct {
+				Name       string  `json:"name"`
+				IncludeAll bool    `json:"includeAll"`
+				AllValue   *string `json:"allValue"`
+			} `json:"list"`
+		} `json:"templating"`
+	}
+	require.NoError(t, json.Unmarshal(b, &d))
+	found := false
+	for _, v := range d.Templating.List {
+		if v.Name != "instance" {
+			continue
+		}
+		found = true
+		require.True(t, v.IncludeAll, "the instance variable offers no All")
+		if v.AllValue != nil {
+			require.Empty(t, *v.AllValue, "the instance variable's All is not the projection's instances")
+		}
+	}
+	require.True(t, found, "the dashboard has no instance variable")
+	exprs, _, _ := dashboardQueries(t)
+	for _, q := range exprs {
+		expr, err := promqlParser.ParseExpr(q.expr)
+		require.NoError(t, err, "%s", q.where)
+		parser.Inspect(expr, func(n parser.Node, _ []parser.Node) error {
+			if vs, ok := n.(*parser.VectorSelector); ok {
+				kept := false
+				for _, m := range vs.LabelMatchers {
+					kept = kept || m.Name == "instance" && m.Type == labels.MatchRegexp && m.Value == "$instance"
+				}
+				require.True(t, kept, "%s: %s does not keep to instance=~\"$instance\"", q.where, vs)
+			}
+			return nil
+		})
+	}
 }

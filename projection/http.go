@@ -18,8 +18,12 @@ import (
 // cost do not grow with the number held; a bad query is answered 400.
 // GET / is the status page: /status as HTML for a browser, each held job
 // linking to GET /explain/{job_id}, what projector explain says of it as
-// JSON.
+// JSON (a few at a time, each cut after a few seconds: see [explainer]).
 func (p *Projector) Handler() http.Handler {
+	return p.handler(newExplainer(p, explainTimeout, explainInFlight))
+}
+
+func (p *Projector) handler(explain *explainer) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeHealth(w, p.Liveness())
@@ -42,8 +46,8 @@ func (p *Projector) Handler() http.Handler {
 	})
 	mux.Handle("GET /metrics", p.metrics.handler())
 	mux.HandleFunc("GET /{$}", p.serveStatusPage)
-	mux.HandleFunc("GET /explain/{job_id}", p.serveExplain)
-	mux.HandleFunc("GET /explain", p.serveExplain)
+	mux.Handle("GET /explain/{job_id}", explain)
+	mux.Handle("GET /explain", explain)
 	return mux
 }
 
@@ -72,6 +76,8 @@ func writeHealth(w http.ResponseWriter, h Health) {
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
+	// Record text (a job id in /explain's answer) is never sniffed as HTML.
+	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(code)
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

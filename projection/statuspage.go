@@ -1,6 +1,7 @@
 package projection
 
 import (
+	"context"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -113,18 +114,45 @@ func (p *Projector) serveStatusPage(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	// Nothing but the page itself: no script, no frame, no fetch.
-	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
+	// Nothing but the page itself: no script, no fetch, no form, no base
+	// to move its links; and no other site may frame it (default-src does
+	// not cover frame-ancestors).
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	if err := statusPage.Execute(w, viewOf(s)); err != nil {
 		p.cfg.Logger.Warn("status page", "err", err)
 	}
 }
 
-// serveExplain answers GET /explain/{job_id} (or /explain?job_id=) with
-// what explain says of the job, as JSON; 404 when the store knows nothing
-// of it.
-func (p *Projector) serveExplain(w http.ResponseWriter, r *http.Request) {
+// explainer answers GET /explain/{job_id} (or /explain?job_id=). Each
+// answer is a PostgreSQL transaction on the pool the workers commit with,
+// and anyone who reaches the HTTP port can ask: so at most limit are in
+// flight (one more is answered 503 at once rather than queued, so a
+// client looping on it cannot pile up goroutines or take the workers'
+// connections), and each is cut after timeout (a PostgreSQL that does not
+// answer makes /explain answer 503, not hang, and lets the server's
+// shutdown finish).
+type explainer struct {
+	p       *Projector
+	timeout time.Duration
+	slots   chan struct{}
+}
+
+// Explain's bounds on the HTTP port.
+const (
+	explainTimeout  = 5 * time.Second
+	explainInFlight = 2
+)
+
+func newExplainer(p *Projector, timeout time.Duration, limit int) *explainer {
+	return &explainer{p: p, timeout: timeout, slots: make(chan struct{}, limit)}
+}
+
+// ServeHTTP answers with what explain says of the job, as JSON; 404 when
+// the store knows nothing of it, 503 when busy or PostgreSQL fails or
+// does not answer within the timeout.
+func (e *explainer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	job := r.PathValue("job_id")
 	if job == "" {
 		job = r.URL.Query().Get("job_id")
@@ -137,12 +165,26 @@ func (p *Projector) serveExplain(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("job id of %d bytes: at most %d", len(job), maxExplainJobID)})
 		return
 	}
-	ex, err := p.cfg.Store.Explain(r.Context(), job, DefaultExplainGaps)
+	select {
+	case e.slots <- struct{}{}:
+		defer func() { <-e.slots }()
+	default:
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": fmt.Sprintf("busy: %d explanations in flight, the most this instance answers at once; try again", cap(e.slots))})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), e.timeout)
+	defer cancel()
+	ex, err := e.p.cfg.Store.Explain(ctx, job, DefaultExplainGaps)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // the client left
 		}
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+		msg := err.Error()
+		if ctx.Err() != nil {
+			msg = fmt.Sprintf("PostgreSQL did not answer within %s", e.timeout)
+		}
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": msg})
 		return
 	}
 	if !Known(ex) {

@@ -1,19 +1,24 @@
 package projection
 
 import (
+	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/projector/projector/internal/testkit/pgtest"
+	"github.com/projector/projector/store"
 )
 
 func getBody(t *testing.T, u string) (int, http.Header, string) {
@@ -63,6 +68,8 @@ func TestStatusPageShowsHeldGapEscaped(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, page)
 	require.Equal(t, "text/html; charset=utf-8", hdr.Get("Content-Type"))
 	require.Contains(t, hdr.Get("Content-Security-Policy"), "default-src 'none'")
+	require.Contains(t, hdr.Get("Content-Security-Policy"), "frame-ancestors 'none'", "another site could frame the page")
+	require.Equal(t, "DENY", hdr.Get("X-Frame-Options"))
 	for _, c := range page {
 		if c != '\n' && (c < 0x20 || c == 0x7f || c == '\u202e') {
 			t.Fatalf("the page carries control character %U:\n%s", c, page)
@@ -93,6 +100,7 @@ func TestStatusPageShowsHeldGapEscaped(t *testing.T) {
 	code, hdr, body := getBody(t, u.ResolveReference(ref).String())
 	require.Equal(t, http.StatusOK, code, body)
 	require.Equal(t, "application/json", hdr.Get("Content-Type"))
+	require.Equal(t, "nosniff", hdr.Get("X-Content-Type-Options"), "a job id of HTML could be sniffed as a page")
 	var ex Explanation
 	require.NoError(t, json.Unmarshal([]byte(body), &ex))
 	require.Equal(t, evil, ex.JobID)
@@ -127,4 +135,80 @@ func TestExplainLink(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(body), &answer))
 		require.Equal(t, "job "+strconv.QuoteToGraphic(job)+" is neither in the read model nor held nor deleted", answer["error"])
 	}
+}
+
+// TestExplainBoundedWhenPostgresHangs: with a PostgreSQL that accepts
+// connections and never answers, GET /explain answers 503 saying so once
+// its timeout passes instead of hanging with the client, and while one
+// explanation is in flight at the bound, the next is refused 503 at once
+// (with Retry-After) instead of queueing behind it.
+func TestExplainBoundedWhenPostgresHangs(t *testing.T) {
+	t.Parallel()
+	// A black hole: connections accepted, held open, never answered.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var held sync.WaitGroup
+	conns := make(chan net.Conn, 16)
+	held.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns <- c
+		}
+	})
+	t.Cleanup(func() {
+		_ = ln.Close()
+		held.Wait()
+		close(conns)
+		for c := range conns {
+			_ = c.Close()
+		}
+	})
+	pool, err := pgxpool.New(context.Background(), "postgres://u@"+ln.Addr().String()+"/db?sslmode=disable&connect_timeout=60")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	st, err := store.New(pool, store.Config{})
+	require.NoError(t, err)
+	p, err := New(Config{Brokers: []string{"127.0.0.1:9"}, Topic: "t", Store: st})
+	require.NoError(t, err)
+	ex := newExplainer(p, 500*time.Millisecond, 1)
+	srv := httptest.NewServer(p.handler(ex))
+	defer srv.Close()
+	// Without the bound the first request would hang with PostgreSQL:
+	// the client gives up long before, and the test says so.
+	client := &http.Client{Timeout: 30 * time.Second}
+	get := func(path string) (int, http.Header, map[string]string) {
+		resp, err := client.Get(srv.URL + path)
+		require.NoError(t, err, "GET %s", path)
+		defer resp.Body.Close()
+		var body map[string]string
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+		return resp.StatusCode, resp.Header, body
+	}
+
+	type answer struct {
+		code int
+		body map[string]string
+	}
+	first := make(chan answer, 1)
+	go func() {
+		code, _, body := get("/explain/job-1")
+		first <- answer{code, body}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(ex.slots) == 0 {
+		require.True(t, time.Now().Before(deadline), "the first explanation never started")
+		time.Sleep(5 * time.Millisecond)
+	}
+	code, hdr, body := get("/explain/job-2")
+	require.Equal(t, http.StatusServiceUnavailable, code, body)
+	require.Contains(t, body["error"], "busy")
+	require.Equal(t, "1", hdr.Get("Retry-After"))
+
+	a := <-first
+	require.Equal(t, http.StatusServiceUnavailable, a.code, a.body)
+	require.Equal(t, "PostgreSQL did not answer within 500ms", a.body["error"])
+	require.Empty(t, ex.slots, "the slot is given back")
 }
