@@ -263,18 +263,21 @@ func testCaps(t *testing.T, h Harness) {
 }
 
 // testDelivers: records produced before and while a reader reads, over
-// four keys interleaved, come back each once, in the order the source
+// twelve keys interleaved, come back each once, in the order the source
 // keeps, in batches of at most the batch size (full ones among them
 // while the reader is behind), with Err nil throughout; then a Fetch
 // returns nothing and no error once its wait passed.
 func testDelivers(t *testing.T, h Harness) {
-	const batch = 7
+	// More keys than the batch size: a queue that hands out one message
+	// of a group at a time (SQS FIFO while the group has one in flight)
+	// can fill a batch too.
+	const batch, keys = 7, 12
 	env := h.New(t, batch)
-	first := messages(0, 60, 4)
+	first := messages(0, 60, keys)
 	env.Produce(t, first...)
 	rd := open(t, h, env, batch, -1, source.StartFirst)
 	batches := rd.collect(t, 10, true)
-	more := messages(60, 25, 4)
+	more := messages(60, 25, keys)
 	env.Produce(t, more...)
 	got := flat(batches)
 	batches = append(batches, rd.collect(t, 85-len(got), true)...)

@@ -36,6 +36,9 @@ type Reader struct {
 	// that answered: only that ends the outage.
 	Failed func(err error, next time.Duration)
 	OK     func()
+	// failing is the last receive's error while the receives fail (an
+	// outage), nil once one answers: [Source.Fetch] reports it.
+	failing atomic.Pointer[error]
 	// retry cuts the receiver's backoff short ([Reader.nudge]).
 	retry chan struct{}
 	// refused is closed, and refusal set, when SQS refused the
@@ -113,11 +116,13 @@ func (r *Reader) Run(ctx context.Context) {
 				return
 			}
 			d := bo.NextBackOff()
+			r.failing.Store(&err)
 			r.Failed(err, d)
 			r.backoff(ctx, d)
 			continue
 		}
 		bo.Reset()
+		r.failing.Store(nil)
 		r.OK()
 		r.mu.Lock()
 		for _, m := range msgs {
@@ -319,10 +324,15 @@ type Source struct {
 
 // Fetch takes up to a batch of received messages as records: the body is
 // the value, with no key (the job id is in the body), and the coordinate
-// names the message.
+// names the message. With nothing to take while the receives fail, it
+// returns the last receive's error: the queue is unreachable, as a
+// Kafka partition's Fetch says when its brokers are.
 func (s *Source) Fetch(ctx context.Context, wait time.Duration) ([]source.Record, error) {
 	msgs := s.r.take(ctx, s.batchSize, wait, s.linger)
 	if len(msgs) == 0 {
+		if err := s.r.failing.Load(); err != nil && ctx.Err() == nil {
+			return nil, *err
+		}
 		return nil, nil
 	}
 	recs := make([]source.Record, len(msgs))
