@@ -20,13 +20,13 @@ func TestConformance(t *testing.T) {
 	c := kafkatest.New(t)
 	sourcetest.Run(t, sourcetest.Harness{
 		Features: sourcetest.Features{OrderScope: sourcetest.OrderLane, Fenced: true, Log: true, Outage: true},
-		New: func(t *testing.T, batchSize int) sourcetest.Env {
+		New: func(t *testing.T, o sourcetest.Options) sourcetest.Env {
 			topic := kafkatest.Topic(t, c, 1)
 			link := sourcetest.NewLink(t)
 			lane := kafka.NewLane(kafka.LaneConfig{
 				Topic: topic, Partition: 0, Brokers: c.Addrs(),
 				Dialer:  &kafkago.Dialer{Timeout: 5 * time.Second, DialFunc: link.DialContext},
-				MaxWait: 200 * time.Millisecond, BatchSize: batchSize, Linger: 20 * time.Millisecond,
+				MaxWait: 200 * time.Millisecond, BatchSize: o.BatchSize, Linger: 20 * time.Millisecond,
 				Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			})
 			return sourcetest.Env{

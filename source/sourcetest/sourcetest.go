@@ -56,12 +56,24 @@ type Env struct {
 	Link *Link
 }
 
+// Options are what a case asks of a fresh lane.
+type Options struct {
+	// BatchSize bounds the records one Fetch returns.
+	BatchSize int
+	// Redelivery, when set, is how soon a record received and neither
+	// acknowledged nor released comes back on a queue (its visibility
+	// timeout): a receive whose answer an outage lost took it. Zero: far
+	// longer than the suite waits, so that a record comes back in time
+	// only when its reader released it. A log ignores it.
+	Redelivery time.Duration
+}
+
 // Harness makes the lanes the suite reads.
 type Harness struct {
 	Features Features
-	// New returns a fresh lane for t whose readers return batches of at
-	// most batchSize records. What it starts ends with t.
-	New func(t *testing.T, batchSize int) Env
+	// New returns a fresh lane for t as o asks. What it starts ends with
+	// t.
+	New func(t *testing.T, o Options) Env
 	// Within bounds how long the suite waits for records to arrive
 	// (default 30s): a deadline for a failure message, not a measurement.
 	Within time.Duration
@@ -87,6 +99,7 @@ func Run(t *testing.T, h Harness) {
 		{"AckOnlyAfterCommit", testAckAfterCommit},
 		{"ReleaseOnClose", testReleaseOnClose},
 		{"Ends", testEnds},
+		{"Lag", testLag},
 		{"StartLast", testStartLast},
 		{"Outage", testOutage},
 	} {
@@ -254,7 +267,7 @@ func (h Harness) checkDelivery(t *testing.T, recs []source.Record, want []string
 }
 
 func testCaps(t *testing.T, h Harness) {
-	env := h.New(t, 10)
+	env := h.New(t, Options{BatchSize: 10})
 	f := h.Features
 	require.Equal(t, source.LaneCaps{Fenced: f.Fenced, Log: f.Log, Shared: f.Shared}, env.Lane.Caps())
 	topic, _ := env.Lane.Scope()
@@ -272,7 +285,7 @@ func testDelivers(t *testing.T, h Harness) {
 	// of a group at a time (SQS FIFO while the group has one in flight)
 	// can fill a batch too.
 	const batch, keys = 7, 12
-	env := h.New(t, batch)
+	env := h.New(t, Options{BatchSize: batch})
 	first := messages(0, 60, keys)
 	env.Produce(t, first...)
 	rd := open(t, h, env, batch, -1, source.StartFirst)
@@ -310,7 +323,7 @@ func lens(batches [][]source.Record) []int {
 // batch, and nothing before an Ack.
 func testAckAfterCommit(t *testing.T, h Harness) {
 	const batch = 4
-	env := h.New(t, batch)
+	env := h.New(t, Options{BatchSize: batch})
 	msgs := messages(0, 12, 2)
 	env.Produce(t, msgs...)
 
@@ -355,9 +368,12 @@ func testAckAfterCommit(t *testing.T, h Harness) {
 // the harness's visibility timeout is far longer than the suite waits,
 // so only the release brings them back in time.
 func testReleaseOnClose(t *testing.T, h Harness) {
-	const batch = 3
-	env := h.New(t, batch)
-	msgs := messages(0, 30, 3)
+	// More keys than the batch size, so that a queue's receiver has read
+	// ahead of the batch (SQS FIFO hands out one message per group in
+	// flight).
+	const batch, keys = 3, 10
+	env := h.New(t, Options{BatchSize: batch})
+	msgs := messages(0, 30, keys)
 	env.Produce(t, msgs...)
 	rd := open(t, h, env, batch, -1, source.StartFirst)
 	first := rd.collect(t, 1, false)
@@ -374,7 +390,7 @@ func testReleaseOnClose(t *testing.T, h Harness) {
 // read to the end; without a log, Bounds and RecordAt answer ErrNoLog and
 // Ends -1.
 func testEnds(t *testing.T, h Harness) {
-	env := h.New(t, 10)
+	env := h.New(t, Options{BatchSize: 10})
 	msgs := messages(0, 5, 2)
 	env.Produce(t, msgs...)
 	rd := open(t, h, env, 10, -1, source.StartFirst)
@@ -409,7 +425,7 @@ func testStartLast(t *testing.T, h Harness) {
 	if !h.Features.Log {
 		t.Skip("a lane without a log has no start to choose (Features.Log false)")
 	}
-	env := h.New(t, 10)
+	env := h.New(t, Options{BatchSize: 10})
 	env.Produce(t, messages(0, 3, 1)...)
 	rd := open(t, h, env, 10, -1, source.StartLast)
 	// The reader knows where the log ends once it fetched once: wait for
@@ -438,7 +454,11 @@ func testOutage(t *testing.T, h Harness) {
 		t.Skip("the harness cannot cut the service (Features.Outage false)")
 	}
 	const batch = 5
-	env := h.New(t, batch)
+	// A receive the cut interrupts may have been answered on the service
+	// (SQS: a long poll open on the server takes messages produced
+	// meanwhile): its messages come back after a short visibility
+	// timeout.
+	env := h.New(t, Options{BatchSize: batch, Redelivery: 2 * time.Second})
 	before := messages(0, 4, 2)
 	env.Produce(t, before...)
 	rd := open(t, h, env, batch, -1, source.StartFirst)
@@ -476,4 +496,35 @@ func testOutage(t *testing.T, h Harness) {
 	t.Logf("recovered: %d records %s after the restore (%d errors after it)", len(got), time.Since(restored).Round(time.Millisecond), errs)
 	rd.quiet(t, time.Second)
 	require.NoError(t, rd.r.Err())
+}
+
+// testLag: Lag counts the records produced and not acknowledged: all of
+// them less the first batch once it was acknowledged, none once every
+// record was.
+func testLag(t *testing.T, h Harness) {
+	const batch, n = 3, 10
+	env := h.New(t, Options{BatchSize: batch})
+	env.Produce(t, messages(0, n, n)...)
+	rd := open(t, h, env, batch, -1, source.StartFirst)
+	first := rd.collect(t, 1, true)[0]
+	rd.lagIs(t, int64(n-len(first)), "after the first batch was acknowledged")
+	rd.collect(t, n-len(first), true)
+	rd.lagIs(t, 0, "once every record was acknowledged")
+}
+
+// lagIs requires Lag to come to want: a queue's counts and a log's end
+// as the reader saw it may trail the last Ack briefly.
+func (rd *reader) lagIs(t *testing.T, want int64, when string) {
+	t.Helper()
+	var lag int64
+	var err error
+	for deadline := time.Now().Add(rd.h.Within); time.Now().Before(deadline); {
+		lag, err = rd.r.Lag(t.Context())
+		require.NoError(t, err, "Lag %s", when)
+		if lag == want {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.Equal(t, want, lag, "Lag %s", when)
 }

@@ -19,9 +19,10 @@ import (
 	"github.com/projector/projector/source/sqs"
 )
 
-// conformanceVisibility is the queues' visibility timeout: far longer
-// than the suite waits for records, so that a message comes back in time
-// only when the reader released it, never because its timeout ran out.
+// conformanceVisibility is the queues' visibility timeout unless a case
+// asks for a redelivery: far longer than the suite waits for records, so
+// that a message comes back in time only when the reader released it,
+// never because its timeout ran out.
 const conformanceVisibility = 5 * time.Minute
 
 var dedup atomic.Int64
@@ -37,12 +38,16 @@ func TestConformance(t *testing.T) {
 	}
 	sourcetest.Run(t, sourcetest.Harness{
 		Features: sourcetest.Features{OrderScope: sourcetest.OrderGroup, Shared: true, Outage: true},
-		New: func(t *testing.T, batchSize int) sourcetest.Env {
-			queue := sqstest.Queue(t, e, conformanceVisibility)
+		New: func(t *testing.T, o sourcetest.Options) sourcetest.Env {
+			visibility := conformanceVisibility
+			if o.Redelivery > 0 {
+				visibility = o.Redelivery
+			}
+			queue := sqstest.Queue(t, e, visibility)
 			link := sourcetest.NewLink(t)
 			cfg := sqs.Config{
 				QueueURL: queue, Endpoint: "http://" + link.Proxy(t, emu.Host), Region: sqsemu.Region,
-				Wait: sqs.NoWait, Visibility: conformanceVisibility,
+				Wait: time.Second, Visibility: visibility,
 				Credentials: credentials.NewStaticCredentialsProvider(sqsemu.AccessKey, sqsemu.SecretKey, ""),
 			}.WithDefaults()
 			c, err := cfg.Connect(t.Context())
@@ -51,7 +56,7 @@ func TestConformance(t *testing.T) {
 			}
 			t.Cleanup(c.Close)
 			log := slog.New(slog.NewTextHandler(io.Discard, nil))
-			lane := sqs.NewLane(cfg.Name(), sqs.NewReader(c, log, batchSize), batchSize, 20*time.Millisecond)
+			lane := sqs.NewLane(cfg.Name(), sqs.NewReader(c, log, o.BatchSize), o.BatchSize, 20*time.Millisecond)
 			// Records are sent straight to the emulator, not through the
 			// link: a cut link cuts the reader only.
 			client := e.Client()
