@@ -23,9 +23,10 @@ func (s *ackRecorder) Ack(ctx context.Context, recs []Record) error {
 	_, s.hasDeadline = ctx.Deadline()
 	return nil
 }
-func (s *ackRecorder) Ends() (int64, int64) { return -1, -1 }
-func (s *ackRecorder) Err() error           { return nil }
-func (s *ackRecorder) Close() error         { return nil }
+func (s *ackRecorder) Ends() (int64, int64)               { return -1, -1 }
+func (s *ackRecorder) Lag(context.Context) (int64, error) { return 0, nil }
+func (s *ackRecorder) Err() error                         { return nil }
+func (s *ackRecorder) Close() error                       { return nil }
 
 // TestAckOfBatchCommittedAtShutdownReachesTheSource: a batch in flight when
 // the worker is stopped is still committed, so its acknowledgement must

@@ -136,6 +136,8 @@ type Reader interface {
 	Ack(ctx context.Context, recs []Record) error
 	// Ends are where the lane's log ends as the reader last saw it: the high watermark, and the last stable offset; -1 where there is no log or it is not known yet.
 	Ends() (hwm, stable int64)
+	// Lag is how many records the lane holds that are not acknowledged yet: on a log, from the position after the last acknowledged batch to the end the reader last saw (the last stable offset when it reads committed); on a queue, its messages visible and in flight, as the service counts them (approximately, on SQS).
+	Lag(ctx context.Context) (int64, error)
 	// Err is an error that ends the lane for good (the source refused the credentials); nil while reading goes on.
 	Err() error
 	// Close stops reading and releases what was not acknowledged, to be delivered again.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -28,7 +29,7 @@ type LaneConfig struct {
 	Linger    time.Duration
 	Log       *slog.Logger
 	// Committed hands acknowledged positions to the generation's
-	// committer.
+	// committer when the reader's [source.LaneHooks] name no Committed.
 	Committed func(partition int, next int64)
 }
 
@@ -92,10 +93,30 @@ func (l *Lane) RecordAt(ctx context.Context, offset int64) (source.Record, error
 // Open starts the partition's fetcher. It does not wait for the brokers:
 // a partition that cannot be read shows as errors from Fetch.
 func (l *Lane) Open(ctx context.Context, position, start int64, h source.LaneHooks) (source.Reader, error) {
+	// The hooks are the engine's word on this reader; the lane's own
+	// Committed stands in where the hooks give none.
+	committed := l.c.Committed
+	if h.Committed != nil {
+		committed = func(_ int, next int64) { h.Committed(next) }
+	}
+	if committed == nil {
+		committed = func(int, int64) {}
+	}
+	if h.Moved == nil {
+		h.Moved = func(int64) {}
+	}
+	if h.Lost == nil {
+		h.Lost = &atomic.Int64{}
+	}
+	// A stored position is where reading goes on; start is only for a
+	// lane that has none.
+	if position >= 0 {
+		start = position
+	}
 	src, err := OpenPartition(PartitionConfig{
 		Brokers: l.c.Brokers, Topic: l.c.Topic, Partition: l.c.Partition, Dialer: l.c.Dialer,
 		ReadCommitted: l.c.ReadCommitted, MaxWait: l.c.MaxWait, BatchSize: l.c.BatchSize, Linger: l.c.Linger, Log: l.c.Log,
-		Bounds: l.Bounds, Committed: l.c.Committed, Lost: h.Lost, Moved: h.Moved, NewLog: h.NewLog,
+		Bounds: l.Bounds, Committed: committed, Lost: h.Lost, Moved: h.Moved, NewLog: h.NewLog,
 	}, position, start)
 	if err != nil {
 		return nil, err

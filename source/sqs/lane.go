@@ -38,9 +38,12 @@ func (l *Lane) RecordAt(context.Context, int64) (source.Record, error) {
 }
 
 // Open starts the receiver; the reader's Close stops it, then makes what
-// is still in flight (received, never committed) visible again.
+// is still in flight (received, never committed) visible again. The
+// receiver runs until Close, not until ctx ends: a batch that commits
+// while the engine stops is acknowledged before Close, and its messages
+// stay in flight, kept invisible, until then.
 func (l *Lane) Open(ctx context.Context, _, _ int64, _ source.LaneHooks) (source.Reader, error) {
-	rctx, stop := context.WithCancel(ctx)
+	rctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	r := &laneReader{Source: NewSource(l.reader, l.batchSize, l.linger), stop: stop}
 	r.wg.Go(func() { l.reader.Run(rctx) })
 	return r, nil

@@ -36,6 +36,9 @@ type Reader struct {
 	// that answered: only that ends the outage.
 	Failed func(err error, next time.Duration)
 	OK     func()
+	// failing is the last receive's error while the receives fail (an
+	// outage), nil once one answers: [Source.Fetch] reports it.
+	failing atomic.Pointer[error]
 	// retry cuts the receiver's backoff short ([Reader.nudge]).
 	retry chan struct{}
 	// refused is closed, and refusal set, when SQS refused the
@@ -102,7 +105,7 @@ func (r *Reader) Run(ctx context.Context) {
 	bo := retryPolicy()
 	bo.MaxInterval = 10 * time.Second
 	for ctx.Err() == nil {
-		msgs, err := r.c.receive(ctx)
+		msgs, err := r.receive(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -113,11 +116,13 @@ func (r *Reader) Run(ctx context.Context) {
 				return
 			}
 			d := bo.NextBackOff()
+			r.failing.Store(&err)
 			r.Failed(err, d)
 			r.backoff(ctx, d)
 			continue
 		}
 		bo.Reset()
+		r.failing.Store(nil)
 		r.OK()
 		r.mu.Lock()
 		for _, m := range msgs {
@@ -133,6 +138,48 @@ func (r *Reader) Run(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// releaseGrace is how long a receive open when the receiver stops is
+// given to hand back the messages the stop released.
+const releaseGrace = 2 * time.Second
+
+// receive is one receive that outlives ctx just long enough not to hide
+// what the stop releases. A long poll cut short on the client stays open
+// on the server, and would take the messages released at the stop and
+// hide them for their visibility timeout. So when ctx ends with messages
+// in flight, they are released while the receive is still ours: the
+// server hands them to it, it returns them (Run keeps them in flight, and
+// [Reader.Release] releases them again), and only then, or after
+// releaseGrace, is the receive cut.
+func (r *Reader) receive(ctx context.Context) ([]Message, error) {
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	answered, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-answered:
+			return
+		case <-ctx.Done():
+		}
+		if r.releaseInFlight() > 0 {
+			t := time.NewTimer(releaseGrace)
+			defer t.Stop()
+			select {
+			case <-answered:
+			case <-t.C:
+			}
+		}
+		cancel()
+	}()
+	msgs, err := r.c.receive(rctx)
+	close(answered)
+	<-watched
+	if err != nil && ctx.Err() != nil {
+		err = ctx.Err()
+	}
+	return msgs, err
 }
 
 // backoff waits d between two failed receives, or less if ctx ends or
@@ -250,12 +297,28 @@ func (r *Reader) forget(ids []string) []Message {
 	return out
 }
 
-// release makes every message still in flight visible again at once, for
+// Release makes every message still in flight visible again at once, for
 // another consumer (or this one, later) to receive: the engine stops. It
-// is best effort: a long poll cut short by the stop may still be open on
-// the server for up to its wait and take them, and they then come back
-// after their visibility timeout.
+// is best effort: a failed release leaves them to come back after their
+// visibility timeout. (A long poll open at the stop is kept from taking
+// them: see [Reader.receive].)
 func (r *Reader) Release() {
+	// What was received and not taken yet is released with the rest: a
+	// reader opened later must not take it from the queue with a receipt
+	// that no longer holds, beside the same message received again.
+	for drained := false; !drained; {
+		select {
+		case <-r.queue:
+		default:
+			drained = true
+		}
+	}
+	r.releaseInFlight()
+}
+
+// releaseInFlight makes the messages in flight visible again and returns
+// how many there were.
+func (r *Reader) releaseInFlight() int {
 	r.mu.Lock()
 	msgs := make([]Message, 0, len(r.inFlight))
 	for _, m := range r.inFlight {
@@ -264,13 +327,14 @@ func (r *Reader) Release() {
 	clear(r.inFlight)
 	r.mu.Unlock()
 	if len(msgs) == 0 {
-		return
+		return 0
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := r.c.changeVisibility(ctx, msgs, 0); err != nil {
 		r.log.Debug("releasing messages in flight failed; they come back after their visibility timeout", "messages", len(msgs), "err", err)
 	}
+	return len(msgs)
 }
 
 // keepInvisible extends, every keep, the visibility of every message in
@@ -319,10 +383,15 @@ type Source struct {
 
 // Fetch takes up to a batch of received messages as records: the body is
 // the value, with no key (the job id is in the body), and the coordinate
-// names the message.
+// names the message. With nothing to take while the receives fail, it
+// returns the last receive's error: the queue is unreachable, as a
+// Kafka partition's Fetch says when its brokers are.
 func (s *Source) Fetch(ctx context.Context, wait time.Duration) ([]source.Record, error) {
 	msgs := s.r.take(ctx, s.batchSize, wait, s.linger)
 	if len(msgs) == 0 {
+		if err := s.r.failing.Load(); err != nil && ctx.Err() == nil {
+			return nil, *err
+		}
 		return nil, nil
 	}
 	recs := make([]source.Record, len(msgs))
