@@ -8,7 +8,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
-	"github.com/projector/projector/internal/kafkatest"
+	"github.com/projector/projector/internal/testkit/kafkatest"
 	"github.com/projector/projector/source/kafka"
 	"github.com/projector/projector/source/sourcetest"
 )

@@ -13,8 +13,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
-	"github.com/projector/projector/internal/sqsemu"
-	"github.com/projector/projector/internal/sqstest"
+	"github.com/projector/projector/internal/app/sqsemu"
+	"github.com/projector/projector/internal/testkit/sqstest"
 	"github.com/projector/projector/source/sourcetest"
 	"github.com/projector/projector/source/sqs"
 )
