@@ -259,7 +259,8 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// Validate reports every setting that cannot work, joined.
+// Validate reports every setting that cannot work, joined. It checks c as
+// it is: apply the defaults first ([Config.WithDefaults], as [New] does).
 func (c Config) Validate() error {
 	var errs []error
 	switch c.Source {
@@ -268,7 +269,7 @@ func (c Config) Validate() error {
 			errs = append(errs, errors.New("brokers: at least one broker address (host:port) is required"))
 		}
 	case SourceSQS:
-		if err := c.SQS.WithDefaults().Validate(); err != nil {
+		if err := c.SQS.Validate(); err != nil {
 			errs = append(errs, err)
 		}
 	default:
@@ -283,8 +284,8 @@ func (c Config) Validate() error {
 	if c.HeartbeatInterval < 0 || c.SessionTimeout < 0 || c.RebalanceTimeout < 0 || c.JoinGroupBackoff < 0 {
 		errs = append(errs, errors.New("heartbeat-interval, session-timeout, rebalance-timeout and join-group-backoff must not be negative"))
 	}
-	if d := c.WithDefaults(); d.HeartbeatInterval >= d.SessionTimeout {
-		errs = append(errs, fmt.Errorf("heartbeat-interval %s must be below session-timeout %s", d.HeartbeatInterval, d.SessionTimeout))
+	if c.HeartbeatInterval >= c.SessionTimeout {
+		errs = append(errs, fmt.Errorf("heartbeat-interval %s must be below session-timeout %s", c.HeartbeatInterval, c.SessionTimeout))
 	}
 	if c.Topic == "" {
 		errs = append(errs, errors.New("topic: required"))
@@ -315,9 +316,9 @@ func (c Config) Validate() error {
 	}
 	if c.SnapshotTimeout < 0 || c.SnapshotTimeoutMax < 0 || c.SnapshotConcurrency < 0 || c.GapRetryMin < 0 || c.GapRetryMax < 0 {
 		errs = append(errs, errors.New("snapshot-timeout, snapshot-timeout-max, snapshot-concurrency, gap-retry-min and gap-retry-max must not be negative"))
-	} else if d := c.WithDefaults(); d.SnapshotTimeoutMax < d.SnapshotTimeout {
+	} else if c.SnapshotTimeoutMax < c.SnapshotTimeout {
 		errs = append(errs, fmt.Errorf("snapshot-timeout-max %s is below snapshot-timeout %s: it caps the time a slow job's requests grow to (set it equal to keep every request at snapshot-timeout)",
-			d.SnapshotTimeoutMax, d.SnapshotTimeout))
+			c.SnapshotTimeoutMax, c.SnapshotTimeout))
 	}
 	if c.SnapshotRedirects != "" {
 		if _, err := snapshot.ParseRedirects(string(c.SnapshotRedirects)); err != nil {

@@ -28,6 +28,8 @@ type Projector struct {
 	// dialer is kafka's, for every Conn and Reader.
 	dialer   *kafka.Dialer
 	resolver *gapfill.Resolver
+	// policy is how held jobs are healed, from the configuration.
+	policy gapfill.Policy
 	// snapshots is the authority's client, nil when the snapshot step is
 	// off; its lanes are reported in /metrics.
 	snapshots *snapshot.Client
@@ -109,7 +111,8 @@ func New(cfg Config) (*Projector, error) {
 		p.sqs.reader = sqssrc.NewReader(qc, cfg.Logger, cfg.BatchSize)
 	}
 	p.metrics = newMetrics(p)
-	pol := cfg.gapPolicy()
+	p.policy = cfg.gapPolicy()
+	pol := p.policy
 	if pol.Reread || pol.Snapshot {
 		p.resolver = &gapfill.Resolver{Window: cfg.RereadWindow, Concurrency: cfg.SnapshotConcurrency}
 		if pol.Reread {

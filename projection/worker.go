@@ -122,9 +122,8 @@ type workerConfig struct {
 	BatchLinger  time.Duration
 	// ReadCommitted: a lane's log is read committed, so it may wait on a
 	// transaction still open.
-	ReadCommitted       bool
-	StallTimeout        time.Duration
-	SnapshotConcurrency int
+	ReadCommitted bool
+	StallTimeout  time.Duration
 	// StallWarning, when set (by tests), replaces stallWarning;
 	// OpenTxnLogAfter replaces openTxnLogAfter.
 	StallWarning, OpenTxnLogAfter time.Duration
@@ -136,9 +135,9 @@ func (p *Projector) workerDeps() workerDeps {
 	return workerDeps{
 		store: cfg.Store,
 		cfg: workerConfig{
-			Owner: cfg.Owner, Start: cfg.Start, GapPolicy: cfg.gapPolicy(),
+			Owner: cfg.Owner, Start: cfg.Start, GapPolicy: p.policy,
 			BatchSize: cfg.BatchSize, BatchLinger: cfg.BatchLinger, ReadCommitted: cfg.Kafka().ReadsCommitted(),
-			StallTimeout: cfg.StallTimeout, SnapshotConcurrency: cfg.SnapshotConcurrency,
+			StallTimeout: cfg.StallTimeout,
 			StallWarning: p.testStallWarning, OpenTxnLogAfter: p.testOpenTxnLogAfter,
 		},
 		resolver: p.resolver, fetchers: p.fetchers,
