@@ -10,10 +10,9 @@ import (
 	"strconv"
 	"time"
 
-	kafkasrc "github.com/projector/projector/source/kafka"
-
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/snapshot"
+	kafkasrc "github.com/projector/projector/source/kafka"
 	"github.com/projector/projector/store"
 )
 

@@ -28,8 +28,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/projector/projector/internal/testkit/faulttest"
 	"github.com/projector/projector/internal/app/jobgen"
+	"github.com/projector/projector/internal/testkit/faulttest"
 	"github.com/projector/projector/internal/testkit/kafkatest"
 	"github.com/projector/projector/internal/testkit/pgtest"
 	"github.com/projector/projector/store"

@@ -9,9 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	kafkasrc "github.com/projector/projector/source/kafka"
-
 	"github.com/cenkalti/backoff/v4"
+
+	kafkasrc "github.com/projector/projector/source/kafka"
 )
 
 // Health timings. A PostgreSQL answer (a commit, a claim, or the

@@ -6,13 +6,12 @@ import (
 	"testing"
 	"time"
 
-	sqssrc "github.com/projector/projector/source/sqs"
-
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/stretchr/testify/require"
 
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/internal/testkit/pgtest"
+	sqssrc "github.com/projector/projector/source/sqs"
 	"github.com/projector/projector/store"
 )
 

@@ -13,11 +13,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	sqssrc "github.com/projector/projector/source/sqs"
-
 	"github.com/cenkalti/backoff/v4"
 	"github.com/segmentio/kafka-go"
 
+	sqssrc "github.com/projector/projector/source/sqs"
 	"github.com/projector/projector/store"
 )
 

@@ -10,14 +10,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	sqssrc "github.com/projector/projector/source/sqs"
-
-	kafkasrc "github.com/projector/projector/source/kafka"
-
 	"github.com/segmentio/kafka-go"
 
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/snapshot"
+	kafkasrc "github.com/projector/projector/source/kafka"
+	sqssrc "github.com/projector/projector/source/sqs"
 	"github.com/projector/projector/store"
 )
 

@@ -5,10 +5,9 @@ import (
 	"fmt"
 	"time"
 
-	kafkasrc "github.com/projector/projector/source/kafka"
-
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
+	kafkasrc "github.com/projector/projector/source/kafka"
 	"github.com/projector/projector/store"
 )
 

@@ -10,8 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/projector/projector/internal/testkit/pgtest"
 	"github.com/projector/projector/internal/app/sqsemu"
+	"github.com/projector/projector/internal/testkit/pgtest"
 	"github.com/projector/projector/internal/testkit/sqstest"
 	"github.com/projector/projector/store"
 )

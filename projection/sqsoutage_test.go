@@ -10,13 +10,12 @@ import (
 	"testing"
 	"time"
 
-	sqssrc "github.com/projector/projector/source/sqs"
-
 	"github.com/stretchr/testify/require"
 
 	"github.com/projector/projector/internal/testkit/faulttest"
 	"github.com/projector/projector/internal/testkit/pgtest"
 	"github.com/projector/projector/internal/testkit/sqstest"
+	sqssrc "github.com/projector/projector/source/sqs"
 )
 
 // TestSQSOutageIsNotAStall cuts the queue's endpoint (a proxy in front of

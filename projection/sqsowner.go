@@ -7,7 +7,6 @@ import (
 	"unicode/utf8"
 
 	sqssrc "github.com/projector/projector/source/sqs"
-
 	"github.com/projector/projector/store"
 )
 

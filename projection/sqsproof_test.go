@@ -12,8 +12,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/stretchr/testify/require"
 
-	"github.com/projector/projector/internal/testkit/faulttest"
 	"github.com/projector/projector/internal/app/jobgen"
+	"github.com/projector/projector/internal/testkit/faulttest"
 	"github.com/projector/projector/internal/testkit/pgtest"
 	"github.com/projector/projector/store"
 )

@@ -8,10 +8,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	sqssrc "github.com/projector/projector/source/sqs"
-
 	"github.com/aws/smithy-go"
 
+	sqssrc "github.com/projector/projector/source/sqs"
 	"github.com/projector/projector/store"
 )
 

@@ -15,8 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/projector/projector/event"
-	"github.com/projector/projector/internal/testkit/faulttest"
 	"github.com/projector/projector/internal/app/jobgen"
+	"github.com/projector/projector/internal/testkit/faulttest"
 	"github.com/projector/projector/internal/testkit/kafkatest"
 	"github.com/projector/projector/internal/testkit/pgtest"
 	"github.com/projector/projector/store"

@@ -30,9 +30,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/projector/projector/internal/app/jobgen"
 	"github.com/projector/projector/internal/buildhook/failpoint"
 	"github.com/projector/projector/internal/testkit/faulttest"
-	"github.com/projector/projector/internal/app/jobgen"
 	"github.com/projector/projector/internal/testkit/kafkatest"
 	"github.com/projector/projector/internal/testkit/pgtest"
 	"github.com/projector/projector/store"

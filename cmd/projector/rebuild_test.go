@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/projector/projector/store"
 	"regexp"
 	"strconv"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/projector/projector/internal/testkit/pgtest"
+	"github.com/projector/projector/store"
 )
 
 // tablesLike lists the schema's tables whose names match the LIKE pattern.

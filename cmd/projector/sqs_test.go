@@ -15,8 +15,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/stretchr/testify/require"
 
-	"github.com/projector/projector/internal/testkit/pgtest"
 	"github.com/projector/projector/internal/app/sqsemu"
+	"github.com/projector/projector/internal/testkit/pgtest"
 	"github.com/projector/projector/internal/testkit/sqstest"
 	"github.com/projector/projector/projection"
 	"github.com/projector/projector/store"

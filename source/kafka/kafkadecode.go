@@ -9,10 +9,10 @@ import (
 	"io"
 	"time"
 
-	"github.com/projector/projector/source"
-
 	"github.com/segmentio/kafka-go/compress"
 	"github.com/segmentio/kafka-go/protocol"
+
+	"github.com/projector/projector/source"
 )
 
 // logFetch is one fetch response of a [logConn], read as a consumer with

@@ -8,9 +8,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/projector/projector/source"
-
 	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/projector/projector/source"
 )
 
 // The fetcher's limits.

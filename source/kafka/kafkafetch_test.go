@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/projector/projector/source"
-
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -20,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/projector/projector/internal/testkit/kafkatest"
+	"github.com/projector/projector/source"
 )
 
 // testKafkaSource opens a source on partition 0 of topic at position.

@@ -12,9 +12,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/cenkalti/backoff/v4"
-	"github.com/projector/projector/source"
 
 	"github.com/projector/projector/event"
+	"github.com/projector/projector/source"
 )
 
 // Reader receives from one queue for one engine. A receiver goroutine

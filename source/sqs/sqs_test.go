@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/projector/projector/source"
-
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/projector/projector/internal/app/sqsemu"
 	"github.com/projector/projector/internal/testkit/sqstest"
+	"github.com/projector/projector/source"
 )
 
 // emulatorSQS is the configuration of a queue on the emulator, with
