@@ -184,9 +184,9 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 				}
 				w.ack(ctx, msgs)
 			case moved:
-				// Moved without records: the group follows the stored
-				// position all the same.
-				w.committed(w.partition, pl.batch.NextOffset)
+				// Moved without records: the source hears of the stored
+				// position all the same (Kafka's group offset follows it).
+				w.ack(ctx, nil)
 			}
 			return nil
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/snapshot"
+	"github.com/projector/projector/source"
 	kafkasrc "github.com/projector/projector/source/kafka"
 	"github.com/projector/projector/store"
 )
@@ -19,6 +20,11 @@ import (
 // Config is everything the engine needs. Zero fields take the defaults of
 // [Config.WithDefaults]; [Config.Validate] says what to fix.
 type Config struct {
+	// From is the source of the projection's lanes, built outside the
+	// engine (source/kafka's Group, source/sqs's Queue, or any other
+	// [source.Source]). Nil: the source that Source and its settings
+	// below describe.
+	From source.Source
 	// Source is where records come from: SourceKafka (the default: Brokers,
 	// Topic, Group) or SourceSQS (the queue SQS names).
 	Source string

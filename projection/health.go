@@ -11,7 +11,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 
-	kafkasrc "github.com/projector/projector/source/kafka"
+	"github.com/projector/projector/source"
 )
 
 // Health timings. A PostgreSQL answer (a commit, a claim, or the
@@ -22,29 +22,16 @@ const (
 	databaseFresh       = 5 * time.Second
 	databasePingEvery   = time.Second
 	databasePingTimeout = 2 * time.Second
-	// brokerPollEvery is how often the high watermarks are read, so the lag
-	// is current even when nothing is fetched.
-	brokerPollEvery = 5 * time.Second
 	// progressEvery is how often catch-up progress is logged while the
-	// lag is at least progressMinLag.
-	progressEvery  = 10 * time.Second
-	progressMinLag = 1000
-	// missingTopicLogEvery is the most often a missing topic is logged.
-	missingTopicLogEvery = 30 * time.Second
-)
-
-// topic states
-const (
-	topicUnknown int32 = iota
-	topicExists
-	topicMissing
+	// lag is at least progressMinLag, and progressCheckEvery how often
+	// that is looked at.
+	progressCheckEvery = 5 * time.Second
+	progressEvery      = 10 * time.Second
+	progressMinLag     = 1000
 )
 
 // health is what /healthz and /readyz answer from.
 type health struct {
-	topic      atomic.Int32
-	inGroup    atomic.Bool
-	partitions atomic.Pointer[[]int]
 	// dbAt is when PostgreSQL last answered (unix nanoseconds); dbErr the
 	// last failure since.
 	dbAt  atomic.Int64
@@ -94,12 +81,8 @@ func (h *health) databaseFailed(err error) {
 	h.dbErr.Store(&s)
 }
 
-// Check is one condition of readiness or liveness.
-type Check struct {
-	Name   string `json:"name"`
-	OK     bool   `json:"ok"`
-	Detail string `json:"detail"`
-}
+// Check is one condition of readiness or liveness ([source.Check]).
+type Check = source.Check
 
 // Health is what /healthz and /readyz serve: OK and, check by check, why.
 type Health struct {
@@ -142,33 +125,7 @@ func (p *Projector) Liveness() Health {
 // the last few seconds, and (with ReadyMaxLag) the lag is small enough.
 func (p *Projector) Readiness() Health {
 	h := &p.health
-	var checks []Check
-	switch {
-	case p.sqs != nil:
-		checks = append(checks, p.queueCheck())
-		if !h.inGroup.Load() {
-			checks = append(checks, Check{Name: "worker", Detail: "not receiving from the queue"})
-		}
-	case h.topic.Load() == topicExists:
-		checks = append(checks, Check{Name: "topic", OK: true, Detail: fmt.Sprintf("topic %q exists", p.cfg.Topic)})
-	case h.topic.Load() == topicMissing:
-		checks = append(checks, Check{Name: "topic", Detail: fmt.Sprintf("topic %q does not exist; waiting for it", p.cfg.Topic)})
-	default:
-		checks = append(checks, Check{Name: "topic", Detail: fmt.Sprintf("topic %q not checked yet (brokers not reached)", p.cfg.Topic)})
-	}
-	switch {
-	case p.sqs != nil:
-		// No group: the queue check above stands for it.
-	case h.inGroup.Load():
-		var parts []int
-		if ps := h.partitions.Load(); ps != nil {
-			parts = *ps
-		}
-		checks = append(checks, Check{Name: "group", OK: true,
-			Detail: fmt.Sprintf("member of group %q, generation %d, partitions %v", p.groupName(), p.generation.Load(), parts)})
-	default:
-		checks = append(checks, Check{Name: "group", Detail: fmt.Sprintf("not in a generation of group %q", p.groupName())})
-	}
+	checks := p.src.Checks()
 	db := Check{Name: "database"}
 	if at := h.dbAt.Load(); at == 0 {
 		db.Detail = "PostgreSQL has not answered yet"
@@ -241,47 +198,25 @@ func (p *Projector) databaseFailed(err error, next time.Duration) {
 	p.dbOutage.failed(err, next)
 }
 
-// watchBrokers reads the topic's high watermarks every brokerPollEvery,
-// so the lag (and readiness with ReadyMaxLag) is current even when nothing
-// is fetched, and the topic's existence is known; it logs catch-up progress
-// and the quarantine lines held back.
-func (p *Projector) watchBrokers(ctx context.Context) {
-	// A turn: a poll bounded by brokerPollEvery, then the next tick.
-	b, done := p.health.loop("broker monitor", 2*(brokerPollEvery+brokerPollEvery))
-	defer done()
-	poll := time.NewTicker(brokerPollEvery)
-	defer poll.Stop()
+// logProgress logs catch-up progress while the lag is large, and the
+// count of quarantine lines held back, whichever the source.
+func (p *Projector) logProgress(ctx context.Context) {
+	t := time.NewTicker(progressCheckEvery)
+	defer t.Stop()
 	progress := progressLog{at: time.Now(), consumed: p.counters.consumed.Load()}
 	for {
-		b.now()
-		hctx, cancel := context.WithTimeout(ctx, brokerPollEvery)
-		ends, err := p.kafka.LogEnds(hctx, p.cfg.Topic)
-		cancel()
-		switch {
-		case ctx.Err() != nil:
+		select {
+		case <-ctx.Done():
 			return
-		case errors.Is(err, kafkasrc.ErrTopicMissing):
-			p.health.topic.Store(topicMissing)
-			p.sourceOutage.ok()
-		case err != nil:
-			p.sourceOutage.failed(err, brokerPollEvery)
-		default:
-			p.health.topic.Store(topicExists)
-			p.sourceOutage.ok()
-			p.book.setEnds(ends)
+		case <-t.C:
 		}
-		// Within half a poll of the interval: polls drift by a few
+		// Within half a turn of the interval: ticks drift by a few
 		// milliseconds, and a strict test would log every 15 s instead.
-		if now := time.Now(); now.Sub(progress.at) >= progressEvery-brokerPollEvery/2 {
+		if now := time.Now(); now.Sub(progress.at) >= progressEvery-progressCheckEvery/2 {
 			progress.log(p, now)
 			if n := p.quarantineLog.flush(now); n > 0 {
 				p.cfg.Logger.Warn("quarantined records not logged (rate limit); projector status lists them", "not_shown", n)
 			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-poll.C:
 		}
 	}
 }

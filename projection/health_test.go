@@ -19,6 +19,7 @@ import (
 
 	"github.com/projector/projector/internal/testkit/kafkatest"
 	"github.com/projector/projector/internal/testkit/pgtest"
+	kafkasrc "github.com/projector/projector/source/kafka"
 )
 
 // logLines keeps a projector's log lines for a test to read, and passes
@@ -428,3 +429,6 @@ func TestShortStallTimeoutKeepsIdleMonitorsLive(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// brokerPollEvery is the Kafka source's turn of reading the log ends.
+const brokerPollEvery = kafkasrc.EndsEvery

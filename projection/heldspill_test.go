@@ -34,9 +34,9 @@ func TestSpilledHeldDeltaReleasedElsewhereIsNotAnOutage(t *testing.T) {
 	// A budget of one byte: the first held job pins past half of it, and
 	// every held job after it keeps its ops in PostgreSQL.
 	w := &worker{workerDeps: p.workerDeps(), beat: &beat{}, topic: p.Config().Topic, position: -1,
-		log: p.cfg.Logger, cache: newJobCache(newCacheBudget(1)), committed: func(int, int64) {}}
+		log: p.cfg.Logger, cache: newJobCache(newCacheBudget(1)), stored: -1}
 	w.detector = gapfill.NewDetector(w.cfg.GapPolicy)
-	r := sqssrc.NewReader(p.sqs.client, p.cfg.Logger, 10)
+	r := sqssrc.NewReader(p.src.(*sqssrc.Queue).Client(), p.cfg.Logger, 10)
 	w.lane = sqssrc.NewLane(w.topic, r, 10, 0)
 	// The receiver never runs: batches are handed to the worker here.
 	w.src = sqssrc.NewSource(r, 10, 0)

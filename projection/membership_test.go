@@ -172,8 +172,7 @@ func TestAnUpgradedInstanceJoinsTheGroupItsProjectionRanIn(t *testing.T) {
 
 	up := r.start(r.config(func(c *Config) { c.Group = "" }))
 	r.eventually(45*time.Second, "the upgraded instance works some of the partitions", func() (bool, string) {
-		parts := up.p.health.partitions.Load()
-		return parts != nil && len(*parts) > 0 && up.p.health.inGroup.Load(), "no partition yet"
+		return len(up.p.Status().Partitions) > 0, "no partition yet"
 	})
 	require.Equal(t, LegacyGroup, up.p.Status().Group)
 	next, err := old.Next(gctx)

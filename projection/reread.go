@@ -7,7 +7,7 @@ import (
 
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
-	kafkasrc "github.com/projector/projector/source/kafka"
+	"github.com/projector/projector/source"
 	"github.com/projector/projector/store"
 )
 
@@ -48,19 +48,16 @@ func storedJob(id string, rows map[string]store.Job, held map[int64]gapfill.Held
 	return job, nil
 }
 
-// logReader re-reads the topic's log for held jobs' missing versions
-// ([kafkasrc.Rereader]), and decodes what it finds.
-type logReader struct{ p *Projector }
+// logReader re-reads the source's log for held jobs' missing versions
+// ([source.Rereader]), and decodes what it finds.
+type logReader struct{ r source.Rereader }
 
 func (l *logReader) Reread(ctx context.Context, jobs []string, from time.Time) ([]gapfill.Input, error) {
-	cfg := l.p.cfg
 	want := make(map[string]bool, len(jobs))
 	for _, j := range jobs {
 		want[j] = true
 	}
-	r := &kafkasrc.Rereader{Dialer: l.p.dialer, Brokers: cfg.Brokers, Topic: cfg.Topic, ReadCommitted: cfg.Kafka().ReadsCommitted(),
-		MaxBytes: cfg.RereadMaxBytes, MaxTime: cfg.RereadMaxTime}
-	recs, err := r.Reread(ctx, want, from)
+	recs, err := l.r.Reread(ctx, want, from)
 	now := time.Now()
 	var found []gapfill.Input
 	for _, m := range recs {

@@ -28,9 +28,9 @@ func TestSQSOffsetCollisionKeepsEachMessage(t *testing.T) {
 		Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
 	require.NoError(t, err)
 	w := &worker{workerDeps: p.workerDeps(), beat: &beat{}, topic: p.Config().Topic, position: -1,
-		log: p.cfg.Logger, cache: newJobCache(p.budget), committed: func(int, int64) {}}
+		log: p.cfg.Logger, cache: newJobCache(p.budget), stored: -1}
 	w.detector = gapfill.NewDetector(w.cfg.GapPolicy)
-	r := sqssrc.NewReader(p.sqs.client, p.cfg.Logger, 10)
+	r := sqssrc.NewReader(p.src.(*sqssrc.Queue).Client(), p.cfg.Logger, 10)
 	w.lane = sqssrc.NewLane(w.topic, r, 10, 0)
 	// The receiver never runs: batches are handed to the worker here.
 	w.src = sqssrc.NewSource(r, 10, 0)

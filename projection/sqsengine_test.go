@@ -144,7 +144,7 @@ func TestSQSAdoptsHeldDeltasOfAnotherInstance(t *testing.T) {
 	r := newSQSRig(t, 2*time.Second)
 	p, err := New(r.config())
 	require.NoError(t, err)
-	p.sqs.adoptEvery = 100 * time.Millisecond
+	p.adoptEvery = 100 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	run := &running{p: p, stop: cancel, done: make(chan error, 1)}
 	go func() { run.done <- p.Run(ctx) }()

@@ -54,7 +54,7 @@ func (q *sharedQueue) start(i int, mod func(*Config)) *running {
 	mod(&cfg)
 	p, err := New(cfg)
 	require.NoError(q.t, err)
-	p.sqs.adoptEvery = 200 * time.Millisecond
+	p.adoptEvery = 200 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	run := &running{p: p, stop: cancel, done: make(chan error, 1)}
 	go func() { run.done <- p.Run(ctx) }()

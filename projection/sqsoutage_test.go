@@ -233,7 +233,7 @@ func TestSQSHungReceiveIsCutAndCounted(t *testing.T) {
 		cutAt = time.Now()
 		return true, ""
 	})
-	eventually(queueFailingFor+5*time.Second, "/readyz turns 503 naming the queue", func() (bool, string) {
+	eventually(10*time.Second, "/readyz turns 503 naming the queue", func() (bool, string) {
 		code, h := probe(t, srv, "/readyz")
 		if code == http.StatusServiceUnavailable && strings.Contains(failing(h), queue) {
 			notReadyAt = time.Now()

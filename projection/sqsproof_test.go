@@ -15,6 +15,7 @@ import (
 	"github.com/projector/projector/internal/app/jobgen"
 	"github.com/projector/projector/internal/testkit/faulttest"
 	"github.com/projector/projector/internal/testkit/pgtest"
+	sqssrc "github.com/projector/projector/source/sqs"
 	"github.com/projector/projector/store"
 )
 
@@ -59,7 +60,7 @@ func TestSQSTwoConsumersWithoutExclusiveDelivery(t *testing.T) {
 		})
 		p, err := New(cfg)
 		require.NoError(t, err)
-		p.sqs.noKeep = true
+		p.src.(*sqssrc.Queue).Reader().Keep = 0
 		ctx, cancel := context.WithCancel(context.Background())
 		run := &running{p: p, stop: cancel, done: make(chan error, 1)}
 		go func() { run.done <- p.Run(ctx) }()

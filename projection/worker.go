@@ -44,8 +44,7 @@ type worker struct {
 	open openTxn
 	// last is the last record a committed batch read (from the claim
 	// until one does): what the log is compared with.
-	last      *store.LogMark
-	committed func(partition int, next int64)
+	last *store.LogMark
 	// beat is this worker's sign of life for /healthz.
 	beat *beat
 
@@ -192,10 +191,9 @@ func (w *worker) run(ctx context.Context) error {
 		w.log.Info("reading, unfenced", "held_jobs", w.detector.Len())
 	}
 	src, err := w.lane.Open(ctx, w.stored, start, LaneHooks{
-		Committed: func(next int64) { w.committed(w.partition, next) },
-		Lost:      &w.counters.lost,
-		Moved:     func(next int64) { w.position = next },
-		NewLog:    w.newLogAt,
+		Lost:   &w.counters.lost,
+		Moved:  func(next int64) { w.position = next },
+		NewLog: w.newLogAt,
 	})
 	if err != nil {
 		return err

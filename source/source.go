@@ -8,6 +8,8 @@ package source
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"time"
 )
@@ -132,7 +134,7 @@ type LaneHooks struct {
 type Reader interface {
 	// Fetch waits up to wait for a first record, then gathers more up to the batch size or the linger time; no records and no error when wait passed (or ctx ended), an error when the source is unreachable.
 	Fetch(ctx context.Context, wait time.Duration) ([]Record, error)
-	// Ack tells the source that recs' batch transaction committed (Kafka: the position goes to the group offset; SQS: the messages are deleted); a failed Ack only means they are delivered again. It is called for a batch that committed during shutdown too, with a context that is live but bounded.
+	// Ack tells the source that recs' batch transaction committed (Kafka: the position goes to the group offset; SQS: the messages are deleted); a failed Ack only means they are delivered again. It is called for a batch that committed during shutdown too, with a context that is live but bounded. With no records it says that a position the reader moved to on its own (LaneHooks.Moved) was stored.
 	Ack(ctx context.Context, recs []Record) error
 	// Ends are where the lane's log ends as the reader last saw it: the high watermark, and the last stable offset; -1 where there is no log or it is not known yet.
 	Ends() (hwm, stable int64)
@@ -147,3 +149,152 @@ type Reader interface {
 // ErrNoLog is what a lane that is not a log answers to Bounds and
 // RecordAt.
 var ErrNoLog = errors.New("source: the lane is not a log")
+
+// Source hands the engine its lanes. Kafka's consumer group hands one
+// fenced lane per partition of each generation's assignment; an SQS queue
+// hands one shared lane for as long as the instance runs. The engine runs
+// every lane with the same loop; how lanes are assigned, and what tells
+// the source's health, is the source's.
+//
+// A source is built outside the engine and handed to it. A new source is
+// a package with a Source and its [Lane]s, held to the conformance suite
+// of source/sourcetest.
+type Source interface {
+	// Run records what the source consumes as (a consumer group, a queue)
+	// through host, then hands host a lane at a time through
+	// [Host.Serve] until ctx ends, and returns nil once every lane it
+	// handed has returned. An error ends the instance: the source
+	// refused the credentials, or another projection works the group or
+	// the queue (*ConflictError).
+	Run(ctx context.Context, host Host) error
+	// Checks are the source's readiness checks: the topic exists and the
+	// instance is in a generation of the group; the queue answers.
+	Checks() []Check
+	// Status is the source's part of /status.
+	Status() Status
+	// Rereader reads the log again for held jobs' missing versions; nil
+	// for a source that is not a log.
+	Rereader() Rereader
+}
+
+// Host is the engine as a [Source] sees it.
+type Host interface {
+	// Record resolves the consumer (group or queue) the projection
+	// uses, records it in the store, and says who the projection is. It
+	// waits out the database; another projection that recorded it is a
+	// *ConflictError.
+	Record(ctx context.Context, c Consumer) (Recorded, error)
+	// Serve runs lane until ctx ends (nil), or the lane is lost (fenced:
+	// its claim was taken) or cannot go on (the source refused the
+	// credentials), and says why then.
+	Serve(ctx context.Context, lane Lane) error
+	// Ends are where the lanes' logs end, read in the background so the
+	// lag is current while nothing is fetched.
+	Ends(ends map[int]LogEnd)
+	// QueueLag is a queue's messages visible and in flight (known), or
+	// that they cannot be read (!known).
+	QueueLag(n int64, known bool)
+	// Failed and Answered report the source's outage: failing since the
+	// first Failed (retried after retryIn), until an Answered.
+	Failed(err error, retryIn time.Duration)
+	Answered()
+	// Alive registers a background loop of the source for liveness; beat
+	// marks a sign of life, done removes the loop.
+	Alive(name string, floor time.Duration) (beat func(), done func())
+	// Logger is the instance's logger.
+	Logger() *slog.Logger
+}
+
+// LogEnd is where one partition's log ends.
+type LogEnd struct {
+	// HighWatermark is the offset the next record appended gets.
+	HighWatermark int64
+	// LastStable is the last stable offset: below it every transaction
+	// has committed or aborted. It is the first offset of the oldest
+	// transaction still open, the high watermark with none.
+	LastStable int64
+	// End is where a reader at the isolation level asked reads to, and
+	// lag is measured to: LastStable reading committed, HighWatermark
+	// reading uncommitted.
+	End int64
+}
+
+// Rereader reads a log again from a time on, for the records of some
+// keys (jobs).
+type Rereader interface {
+	Reread(ctx context.Context, keys map[string]bool, from time.Time) ([]Record, error)
+}
+
+// ConsumerKind is what a source consumes as.
+type ConsumerKind int
+
+const (
+	// ConsumerGroup is a Kafka consumer group.
+	ConsumerGroup ConsumerKind = iota
+	// ConsumerQueue is an SQS queue.
+	ConsumerQueue
+)
+
+// Consumer is what a source asks to record: Explicit when the operator
+// named one, else the one recorded, else Fresh for a new projection
+// (Legacy for a projection that ran before consumers were recorded).
+type Consumer struct {
+	Kind                    ConsumerKind
+	Explicit, Fresh, Legacy string
+}
+
+// Recorded is what [Host.Record] decided.
+type Recorded struct {
+	// Name is the consumer in force; Previous the one it replaced.
+	Name, Previous string
+	// Legacy says Name was kept from before consumers were recorded.
+	Legacy bool
+	// Identity is the projection's: ID, the same in every instance of it
+	// and in no other projection; Name, how people name it.
+	ID, Projection string
+	// Suggest is a consumer group of the projection's own, for errors.
+	Suggest string
+}
+
+// Check is one condition of readiness.
+type Check struct {
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+}
+
+// Status is a source's part of /status.
+type Status struct {
+	// Group and Generation are the consumer group's (Kafka), empty and 0
+	// for a queue.
+	Group      string
+	Generation int32
+	// Queue is a queue source's own report (Kafka: nil).
+	Queue any
+}
+
+// ConflictError is a consumer group, or an SQS queue, that another
+// projection's instances already work: this instance was refused rather
+// than take part of what the other projection reads. The operator must
+// give this projection a group (or queue) of its own.
+type ConflictError struct {
+	// Group is the consumer group, or the queue.
+	Group string
+	// Ours and Theirs name the two projections.
+	Ours, Theirs string
+	// Queue says Group is an SQS queue, and Tag names the queue's tag that
+	// says whose it is.
+	Queue bool
+	Tag   string
+	// Suggest is a group of this projection's own.
+	Suggest string
+}
+
+func (e *ConflictError) Error() string {
+	if e.Queue {
+		return fmt.Sprintf("the SQS queue %s is read by another projection (%s); this one (%s) would receive only part of its messages and the other would miss them: give each projection a queue of its own (if %s no longer runs, remove the queue's tag %s)",
+			e.Group, e.Theirs, e.Ours, e.Theirs, e.Tag)
+	}
+	return fmt.Sprintf("consumer group %q is used by another projection (%s); this one (%s) would split the topic's partitions with it and both read models would miss records: give this projection a group of its own with --group (for example %s)",
+		e.Group, e.Theirs, e.Ours, e.Suggest)
+}

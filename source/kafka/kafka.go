@@ -16,6 +16,8 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
+
+	"github.com/projector/projector/source"
 )
 
 // Kafka is where the brokers are and how to reach them. Every connection
@@ -273,19 +275,8 @@ func (k Config) AsAuthError(err error) *AuthError {
 	return ae
 }
 
-// LogEnd is where a partition's log ends.
-type LogEnd struct {
-	// HighWatermark is the offset the next record appended gets.
-	HighWatermark int64
-	// LastStable is the last stable offset: below it every transaction
-	// has committed or aborted. It is the first offset of the oldest
-	// transaction still open, the high watermark with none.
-	LastStable int64
-	// End is where a reader at the isolation level asked reads to, and
-	// lag is measured to: LastStable reading committed, HighWatermark
-	// reading uncommitted.
-	End int64
-}
+// LogEnd is where a partition's log ends ([source.LogEnd]).
+type LogEnd = source.LogEnd
 
 // LogEnds asks the brokers where the log of every partition of topic
 // ends, for lag reporting and for where reading is complete.

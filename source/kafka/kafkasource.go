@@ -203,13 +203,15 @@ func (s *Partition) receive(ctx context.Context, d time.Duration) (fetched, bool
 
 // Ack is the engine's: the position after recs is offered to the
 // group's committer, which commits it to the group for lag tooling only.
+// With no records, the position the partition moved to on its own (told
+// through Moved) was stored: it is offered the same way.
 func (s *Partition) Ack(_ context.Context, recs []source.Record) error {
-	if len(recs) == 0 {
-		return nil
+	if len(recs) > 0 {
+		s.position = recs[len(recs)-1].Next()
 	}
-	next := recs[len(recs)-1].Next()
-	s.position = next
-	s.committed(s.partition, next)
+	if s.position >= 0 {
+		s.committed(s.partition, s.position)
+	}
 	return nil
 }
 

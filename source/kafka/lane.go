@@ -29,7 +29,7 @@ type LaneConfig struct {
 	Linger    time.Duration
 	Log       *slog.Logger
 	// Committed hands acknowledged positions to the generation's
-	// committer when the reader's [source.LaneHooks] name no Committed.
+	// committer (besides the reader's [source.LaneHooks] Committed).
 	Committed func(partition int, next int64)
 }
 
@@ -93,14 +93,15 @@ func (l *Lane) RecordAt(ctx context.Context, offset int64) (source.Record, error
 // Open starts the partition's fetcher. It does not wait for the brokers:
 // a partition that cannot be read shows as errors from Fetch.
 func (l *Lane) Open(ctx context.Context, position, start int64, h source.LaneHooks) (source.Reader, error) {
-	// The hooks are the engine's word on this reader; the lane's own
-	// Committed stands in where the hooks give none.
-	committed := l.c.Committed
-	if h.Committed != nil {
-		committed = func(_ int, next int64) { h.Committed(next) }
-	}
-	if committed == nil {
-		committed = func(int, int64) {}
+	// Acknowledged positions go to the lane's committer (the group's),
+	// and to the hooks' Committed where the engine asks to hear of them.
+	committed := func(partition int, next int64) {
+		if l.c.Committed != nil {
+			l.c.Committed(partition, next)
+		}
+		if h.Committed != nil {
+			h.Committed(next)
+		}
 	}
 	if h.Moved == nil {
 		h.Moved = func(int64) {}
