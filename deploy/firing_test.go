@@ -26,6 +26,8 @@ import (
 	"github.com/projector/projector/internal/testkit/kafkatest"
 	"github.com/projector/projector/internal/testkit/pgtest"
 	"github.com/projector/projector/projection"
+
+	_ "github.com/projector/projector/source/kafka"
 )
 
 // scrapeInterval is how far apart the scrapes of the test are placed in the

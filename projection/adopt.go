@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/projector/projector/source"
-	sqssrc "github.com/projector/projector/source/sqs"
+	"github.com/projector/projector/source/sqs/sqscfg"
 	"github.com/projector/projector/store"
 )
 
@@ -80,8 +80,8 @@ func (w *worker) adoptHeld(ctx context.Context) error {
 }
 
 // SQSStatus is an SQS-fed engine's view of its queue, in /status
-// ([sqssrc.Status]).
-type SQSStatus = sqssrc.Status
+// ([sqscfg.Status]).
+type SQSStatus = sqscfg.Status
 
 // sqsStatusOf is the queue's report in a source's status; nil for Kafka.
 func sqsStatusOf(s source.Status) *SQSStatus {

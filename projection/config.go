@@ -13,7 +13,7 @@ import (
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/snapshot"
 	"github.com/projector/projector/source"
-	kafkasrc "github.com/projector/projector/source/kafka"
+	"github.com/projector/projector/source/kafka/kafkacfg"
 	"github.com/projector/projector/store"
 )
 
@@ -298,7 +298,7 @@ func (c Config) Validate() error {
 	if c.Start != "earliest" && c.Start != "latest" {
 		errs = append(errs, fmt.Errorf("start: %q is not earliest or latest", c.Start))
 	}
-	if err := kafkasrc.ValidIsolation(c.Isolation); err != nil {
+	if err := kafkacfg.ValidIsolation(c.Isolation); err != nil {
 		errs = append(errs, err)
 	}
 	if c.BatchSize < 1 || c.BatchSize > 1_000_000 {

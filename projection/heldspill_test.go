@@ -6,12 +6,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/stretchr/testify/require"
 
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/internal/testkit/pgtest"
 	sqssrc "github.com/projector/projector/source/sqs"
+	"github.com/projector/projector/source/sqs/sqscfg"
 	"github.com/projector/projector/store"
 )
 
@@ -28,7 +28,7 @@ func TestSpilledHeldDeltaReleasedElsewhereIsNotAnOutage(t *testing.T) {
 	logs := &logLines{t: t}
 	// The queue is never asked: batches are planned and committed here.
 	q := SQS{QueueURL: "http://127.0.0.1:1/000000000000/spill.fifo", Region: "us-east-1",
-		Credentials: credentials.NewStaticCredentialsProvider("k", "s", "")}.WithDefaults()
+		Credentials: &sqscfg.Credentials{AccessKeyID: "k", SecretAccessKey: "s"}}.WithDefaults()
 	p, err := New(Config{Source: SourceSQS, SQS: q, Store: st, GapWait: NoGapWait, NoReread: true, Logger: logs.logger()})
 	require.NoError(t, err)
 	// A budget of one byte: the first held job pins past half of it, and

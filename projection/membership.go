@@ -8,22 +8,22 @@ import (
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/projector/projector/source"
-	kafkasrc "github.com/projector/projector/source/kafka"
-	sqssrc "github.com/projector/projector/source/sqs"
+	"github.com/projector/projector/source/kafka/kafkacfg"
+	"github.com/projector/projector/source/sqs/sqscfg"
 	"github.com/projector/projector/store"
 )
 
 // LegacyGroup is the consumer group every projection joined by default
-// before each recorded its own ([kafkasrc.LegacyGroup]).
-const LegacyGroup = kafkasrc.LegacyGroup
+// before each recorded its own ([kafkacfg.LegacyGroup]).
+const LegacyGroup = kafkacfg.LegacyGroup
 
 // DefaultGroup is the consumer group a new projection records when none
-// is given: one per projection ([kafkasrc.DefaultGroup]).
-func DefaultGroup(schema, table string) string { return kafkasrc.DefaultGroup(schema, table) }
+// is given: one per projection ([kafkacfg.DefaultGroup]).
+func DefaultGroup(schema, table string) string { return kafkacfg.DefaultGroup(schema, table) }
 
 // QueueOwnerTag is the SQS queue tag that names the projection whose
 // instances receive from the queue (its [store.Identity] ID and name).
-const QueueOwnerTag = sqssrc.OwnerTag
+const QueueOwnerTag = sqscfg.OwnerTag
 
 // GroupConflictError is a consumer group, or an SQS queue, that another
 // projection's instances already work ([source.ConflictError]).

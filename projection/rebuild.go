@@ -115,7 +115,12 @@ func (r *Rebuild) Run(ctx context.Context) (RebuildResult, error) {
 	// The target is where the shadow can read to: reading committed, the
 	// last stable offsets (a transaction open now is read once it ends,
 	// after the swap), past the markers at the logs' ends.
-	ends, err := LogEnds(hctx, cfg.Kafka(), cfg.Topic)
+	log, err := cfg.WithDefaults().source()
+	if err != nil {
+		cancel()
+		return res, fmt.Errorf("nothing was changed: %w", err)
+	}
+	ends, err := log.Ends(hctx)
 	cancel()
 	if err != nil {
 		return res, fmt.Errorf("nothing was changed: %w", err)
@@ -215,7 +220,18 @@ func (r *Rebuild) Run(ctx context.Context) (RebuildResult, error) {
 	logStarts := func(ctx context.Context, topic string, partitions []int) (map[int]int64, error) {
 		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		starts, err := LogStarts(lctx, cfg.Kafka(), topic, partitions)
+		of := log
+		if topic != cfg.Topic {
+			// Positions of another topic than the one rebuilt (the
+			// projection read it before): its own log is asked.
+			other := cfg.WithDefaults()
+			other.Topic = topic
+			var err error
+			if of, err = other.source(); err != nil {
+				return nil, err
+			}
+		}
+		starts, err := of.Starts(lctx, partitions)
 		if err == nil && cfg.Logger != nil {
 			cfg.Logger.Warn("rebuild: partitions the rebuild did not read are read again from their log's start after the swap",
 				"topic", topic, "partitions", fmt.Sprint(partitions))

@@ -23,6 +23,7 @@ import (
 
 	"github.com/projector/projector/internal/testkit/kafkatest"
 	"github.com/projector/projector/internal/testkit/pgtest"
+	kafkasrc "github.com/projector/projector/source/kafka"
 )
 
 // authFailWithin is how soon a refused credential or certificate must stop
@@ -196,7 +197,7 @@ func TestSCRAMPasswordRefusedBySASLprepStaysSecret(t *testing.T) {
 		require.NotContains(t, err.Error(), "hunter2", mech)
 		require.Contains(t, err.Error(), mech)
 		require.Contains(t, err.Error(), `"app"`)
-		_, err = Kafka{Brokers: []string{"127.0.0.1:9092"}, SASL: s}.Connect()
+		_, err = kafkasrc.Connect(Kafka{Brokers: []string{"127.0.0.1:9092"}, SASL: s})
 		require.Error(t, err, mech)
 		require.NotContains(t, err.Error(), "hunter2", mech)
 	}

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/stretchr/testify/require"
 
 	"github.com/projector/projector/internal/testkit/pgtest"
+	"github.com/projector/projector/source/sqs/sqscfg"
 )
 
 // refusingSQS is an SQS endpoint that refuses every request as AWS refuses
@@ -54,7 +54,7 @@ func TestSQSRefusedCredentialsStopRun(t *testing.T) {
 			t.Parallel()
 			url, _ := refusingSQS(t, tc.status, tc.queryError, tc.jsonType)
 			q := SQS{QueueURL: url + "/000000000000/jobs.fifo", Endpoint: url, Region: "us-east-1", Wait: NoSQSWait,
-				Credentials: credentials.NewStaticCredentialsProvider("AKIDWRONG", "wrong", "")}.WithDefaults()
+				Credentials: &sqscfg.Credentials{AccessKeyID: "AKIDWRONG", SecretAccessKey: "wrong"}}.WithDefaults()
 			p, err := New(Config{Source: SourceSQS, SQS: q, Store: pgtest.Store(t), Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
 			require.NoError(t, err)
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
@@ -72,7 +72,7 @@ func TestSQSRefusedCredentialsStopRun(t *testing.T) {
 		t.Parallel()
 		url, requests := refusingSQS(t, 500, "", "com.amazon.coral.service#InternalFailure")
 		q := SQS{QueueURL: url + "/000000000000/jobs.fifo", Endpoint: url, Region: "us-east-1", Wait: NoSQSWait,
-			Credentials: credentials.NewStaticCredentialsProvider("AKID", "secret", "")}.WithDefaults()
+			Credentials: &sqscfg.Credentials{AccessKeyID: "AKID", SecretAccessKey: "secret"}}.WithDefaults()
 		p, err := New(Config{Source: SourceSQS, SQS: q, Store: pgtest.Store(t), Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
 		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(t.Context())

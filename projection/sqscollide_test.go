@@ -6,12 +6,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/stretchr/testify/require"
 
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/internal/testkit/pgtest"
 	sqssrc "github.com/projector/projector/source/sqs"
+	"github.com/projector/projector/source/sqs/sqscfg"
 )
 
 // TestSQSOffsetCollisionKeepsEachMessage: two SQS messages whose sequence
@@ -23,7 +23,7 @@ func TestSQSOffsetCollisionKeepsEachMessage(t *testing.T) {
 	st := pgtest.Store(t)
 	// The queue is never asked: the batch is planned and committed here.
 	q := SQS{QueueURL: "http://127.0.0.1:1/000000000000/collide.fifo", Region: "us-east-1",
-		Credentials: credentials.NewStaticCredentialsProvider("k", "s", "")}.WithDefaults()
+		Credentials: &sqscfg.Credentials{AccessKeyID: "k", SecretAccessKey: "s"}}.WithDefaults()
 	p, err := New(Config{Source: SourceSQS, SQS: q, Store: st, GapWait: NoGapWait,
 		Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
 	require.NoError(t, err)

@@ -1,31 +1,27 @@
 package projection
 
 import (
-	"context"
-
-	sqssrc "github.com/projector/projector/source/sqs"
+	sqscfg "github.com/projector/projector/source/sqs/sqscfg"
 )
 
-// The SQS source lives in source/sqs; these are its names as the engine's
+// The SQS source lives in source/sqs, its settings in source/sqs/sqscfg;
+// these are their names as the engine's
 // callers have known them.
 type (
-	// SQS is an SQS FIFO queue the projector reads, and how ([sqssrc.Config]).
-	SQS = sqssrc.Config
-	// SQSCounts are a queue's approximate counts ([sqssrc.Counts]).
-	SQSCounts = sqssrc.Counts
-	// SQSCounters are what an instance's receiver saw ([sqssrc.Counters]).
-	SQSCounters = sqssrc.Counters
-	// SQSAuthError is SQS refusing the credentials ([sqssrc.AuthError]).
-	SQSAuthError = sqssrc.AuthError
+	// SQS is an SQS FIFO queue the projector reads, and how ([sqscfg.Config]).
+	SQS = sqscfg.Config
+	// SQSCounts are a queue's approximate counts ([sqscfg.Counts]).
+	SQSCounts = sqscfg.Counts
+	// SQSCounters are what an instance's receiver saw ([sqscfg.Counters]).
+	SQSCounters = sqscfg.Counters
+	// SQSAuthError is SQS refusing the credentials ([sqscfg.AuthError]).
+	SQSAuthError = sqscfg.AuthError
 )
 
-// SQS defaults ([sqssrc.DefaultWait]).
+// SQS defaults ([sqscfg.DefaultWait]).
 const (
-	DefaultSQSWait        = sqssrc.DefaultWait
-	DefaultSQSVisibility  = sqssrc.DefaultVisibility
-	DefaultSQSMaxMessages = sqssrc.DefaultMaxMessages
-	NoSQSWait             = sqssrc.NoWait
+	DefaultSQSWait        = sqscfg.DefaultWait
+	DefaultSQSVisibility  = sqscfg.DefaultVisibility
+	DefaultSQSMaxMessages = sqscfg.DefaultMaxMessages
+	NoSQSWait             = sqscfg.NoWait
 )
-
-// QueueCounts is [sqssrc.QueueCounts].
-func QueueCounts(ctx context.Context, s SQS) (SQSCounts, error) { return sqssrc.QueueCounts(ctx, s) }

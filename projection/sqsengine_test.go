@@ -13,6 +13,7 @@ import (
 	"github.com/projector/projector/internal/app/sqsemu"
 	"github.com/projector/projector/internal/testkit/pgtest"
 	"github.com/projector/projector/internal/testkit/sqstest"
+	sqssrc "github.com/projector/projector/source/sqs"
 	"github.com/projector/projector/store"
 )
 
@@ -58,7 +59,7 @@ func (r *sqsRig) start(cfg Config) *running {
 // and no job is held.
 func (r *sqsRig) drained(within time.Duration) {
 	r.t.Helper()
-	c, err := emulatorSQS(r.emu, r.queue, time.Second).Connect(r.t.Context())
+	c, err := sqssrc.Connect(r.t.Context(), emulatorSQS(r.emu, r.queue, time.Second))
 	require.NoError(r.t, err)
 	defer c.Close()
 	deadline := time.Now().Add(within)

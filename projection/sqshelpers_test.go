@@ -7,11 +7,11 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/stretchr/testify/require"
 
 	"github.com/projector/projector/internal/app/sqsemu"
+	"github.com/projector/projector/source/sqs/sqscfg"
 )
 
 // emulatorSQS is the configuration of a queue on the emulator, with
@@ -19,7 +19,7 @@ import (
 func emulatorSQS(e *sqsemu.Emulator, queueURL string, visibility time.Duration) SQS {
 	return SQS{
 		QueueURL: queueURL, Endpoint: e.Endpoint, Region: sqsemu.Region, Wait: time.Second, Visibility: visibility,
-		Credentials: credentials.NewStaticCredentialsProvider(sqsemu.AccessKey, sqsemu.SecretKey, ""),
+		Credentials: &sqscfg.Credentials{AccessKeyID: sqsemu.AccessKey, SecretAccessKey: sqsemu.SecretKey},
 	}.WithDefaults()
 }
 

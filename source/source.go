@@ -10,8 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/projector/projector/source/kafka/kafkacfg"
+	"github.com/projector/projector/source/sqs/sqscfg"
 )
 
 // Record is one record a [Reader] delivers: the wire format's key and
@@ -175,6 +179,11 @@ type Source interface {
 	// Rereader reads the log again for held jobs' missing versions; nil
 	// for a source that is not a log.
 	Rereader() Rereader
+	// Ends reads where every partition's log ends, and Starts where the
+	// given partitions' logs start; ErrNoLog for a source that is not a
+	// log.
+	Ends(ctx context.Context) (map[int]LogEnd, error)
+	Starts(ctx context.Context, partitions []int) (map[int]int64, error)
 }
 
 // Host is the engine as a [Source] sees it.
@@ -297,4 +306,54 @@ func (e *ConflictError) Error() string {
 	}
 	return fmt.Sprintf("consumer group %q is used by another projection (%s); this one (%s) would split the topic's partitions with it and both read models would miss records: give this projection a group of its own with --group (for example %s)",
 		e.Group, e.Theirs, e.Ours, e.Suggest)
+}
+
+// Settings are what a source is built from: the engine's configuration as
+// far as sources read it. Each source reads its own part.
+type Settings struct {
+	// Topic is the Kafka topic, or the name a queue's rows are stored
+	// under; Group the consumer group asked for (empty: the recorded
+	// one, else Fresh); Owner names the instance in logs.
+	Topic, Group, Fresh, Owner string
+	Kafka                      kafkacfg.Config
+	SQS                        sqscfg.Config
+	// The Kafka group protocol's timings.
+	HeartbeatInterval, SessionTimeout, RebalanceTimeout, JoinGroupBackoff, PartitionWatchInterval time.Duration
+	// MaxWait is how long a broker holds a fetch with nothing to return;
+	// BatchSize and Linger bound one batch.
+	MaxWait   time.Duration
+	BatchSize int
+	Linger    time.Duration
+	// RereadMaxBytes and RereadMaxTime bound one re-read of a log.
+	RereadMaxBytes int64
+	RereadMaxTime  time.Duration
+	Logger         *slog.Logger
+}
+
+// Builder builds a source from its settings.
+type Builder func(Settings) (Source, error)
+
+var (
+	buildersMu sync.Mutex
+	builders   = map[string]Builder{}
+)
+
+// Register makes a source buildable by name ("kafka", "sqs"): a source
+// package registers itself when it is linked in, as a database/sql driver
+// does.
+func Register(name string, b Builder) {
+	buildersMu.Lock()
+	defer buildersMu.Unlock()
+	builders[name] = b
+}
+
+// Build builds the source registered under name.
+func Build(name string, s Settings) (Source, error) {
+	buildersMu.Lock()
+	b := builders[name]
+	buildersMu.Unlock()
+	if b == nil {
+		return nil, fmt.Errorf("source %q is not linked into this program (import its package, e.g. github.com/projector/projector/source/%s)", name, name)
+	}
+	return b(s)
 }

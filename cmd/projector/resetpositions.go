@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/projector/projector/projection"
+	kafkasrc "github.com/projector/projector/source/kafka"
 	"github.com/projector/projector/store"
 )
 
@@ -85,7 +86,7 @@ Example:
 		}
 		defer st.Close()
 		kctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		ends, err := projection.LogEnds(kctx, k, o.topic)
+		ends, err := kafkasrc.LogEnds(kctx, k, o.topic)
 		var parts []int
 		if err == nil {
 			for p := range ends {
@@ -102,7 +103,7 @@ Example:
 		}
 		var starts map[int]int64
 		if err == nil {
-			starts, err = projection.LogStarts(kctx, k, o.topic, parts)
+			starts, err = kafkasrc.LogStarts(kctx, k, o.topic, parts)
 		}
 		cancel()
 		if err != nil {

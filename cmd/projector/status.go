@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/projector/projector/projection"
+	kafkasrc "github.com/projector/projector/source/kafka"
+	sqssrc "github.com/projector/projector/source/sqs"
 	"github.com/projector/projector/store"
 )
 
@@ -165,7 +167,7 @@ func buildStatus(ctx context.Context, st *store.Store, o *statusOpts) (*statusRe
 			cancel()
 			return nil, kerr
 		}
-		ends, err = projection.LogEnds(hctx, k, o.topic)
+		ends, err = kafkasrc.LogEnds(hctx, k, o.topic)
 		cancel()
 		if err != nil {
 			return nil, err
@@ -209,7 +211,7 @@ func buildStatus(ctx context.Context, st *store.Store, o *statusOpts) (*statusRe
 	}
 	if o.sqs.queueURL != "" {
 		qctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		n, err := projection.QueueCounts(qctx, o.sqs.config())
+		n, err := sqssrc.QueueCounts(qctx, o.sqs.config())
 		cancel()
 		if err != nil {
 			return nil, err

@@ -89,7 +89,7 @@ func NewGroup(c GroupConfig, log *slog.Logger) (*Group, error) {
 	if c.Topic == "" {
 		return nil, errors.New("kafka: a topic is required")
 	}
-	kc, err := c.Config.Connect()
+	kc, err := Connect(c.Config)
 	if err != nil {
 		return nil, err
 	}
@@ -294,7 +294,7 @@ func (g *Group) runGroup(ctx context.Context, host source.Host) error {
 				return nil
 			}
 			g.member.Store(false)
-			if ae := c.AsAuthError(err); ae != nil {
+			if ae := AsAuthError(c.Config, err); ae != nil {
 				return ae
 			}
 			host.Failed(fmt.Errorf("joining consumer group %q: %w", groupID, err), c.JoinGroupBackoff)
@@ -469,4 +469,26 @@ func (c *committer) flush(level slog.Level) {
 		c.sent[p] = off
 	}
 	c.mu.Unlock()
+}
+
+// Ends reads where every partition's log ends. See [source.Source].
+func (g *Group) Ends(ctx context.Context) (map[int]source.LogEnd, error) {
+	return g.clients.LogEnds(ctx, g.c.Topic)
+}
+
+// Starts reads where the partitions' logs start. See [source.Source].
+func (g *Group) Starts(ctx context.Context, partitions []int) (map[int]int64, error) {
+	return LogStarts(ctx, g.c.Config, g.c.Topic, partitions)
+}
+
+func init() {
+	source.Register("kafka", func(s source.Settings) (source.Source, error) {
+		return NewGroup(GroupConfig{
+			Config: s.Kafka, Topic: s.Topic, Group: s.Group, Fresh: s.Fresh, Owner: s.Owner,
+			HeartbeatInterval: s.HeartbeatInterval, SessionTimeout: s.SessionTimeout, RebalanceTimeout: s.RebalanceTimeout,
+			JoinGroupBackoff: s.JoinGroupBackoff, PartitionWatchInterval: s.PartitionWatchInterval,
+			MaxWait: s.MaxWait, BatchSize: s.BatchSize, Linger: s.Linger,
+			RereadMaxBytes: s.RereadMaxBytes, RereadMaxTime: s.RereadMaxTime,
+		}, s.Logger)
+	})
 }

@@ -6,9 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -18,103 +16,33 @@ import (
 	"github.com/segmentio/kafka-go/sasl/scram"
 
 	"github.com/projector/projector/source"
+	"github.com/projector/projector/source/kafka/kafkacfg"
 )
 
-// Kafka is where the brokers are and how to reach them. Every connection
-// the projector makes (group membership, fetches, the group offset commits,
-// re-reads, offset lookups, status and rebuild) goes through the one
-// dialer and the one transport [Config.Connect] builds from it.
-type Config struct {
-	Brokers []string
-	// TLS, when not nil, encrypts every connection; its RootCAs,
-	// Certificates and ServerName say whom to trust and who we are.
-	TLS *tls.Config
-	// SASL, when not nil, authenticates every connection.
-	SASL *SASL
-	// Isolation is how records written in transactions are read:
-	// ReadCommitted (also when empty) or ReadUncommitted. Where a log
-	// ends for lag, for a rebuild's target, for `--to latest`, is where a
-	// reader at this level reads to: the last stable offset reading
-	// committed, the high watermark otherwise.
-	Isolation string
-}
+// Config is where the brokers are and how to reach them
+// ([kafkacfg.Config]); SASL a mechanism and its credentials.
+type (
+	Config = kafkacfg.Config
+	SASL   = kafkacfg.SASL
+	// AuthError is a broker refusing our credentials or certificate
+	// ([kafkacfg.AuthError]).
+	AuthError = kafkacfg.AuthError
+)
 
-// Isolation levels: how records written in Kafka transactions are read.
+// Isolation levels and SASL mechanisms ([kafkacfg.ReadCommitted], ...).
 const (
-	// ReadCommitted reads as a Java consumer with
-	// isolation.level=read_committed: a transaction's records once it has
-	// committed, never those of an aborted one, and nothing past the last
-	// stable offset (the first offset of the oldest transaction still
-	// open, the high watermark with none).
-	ReadCommitted = "read_committed"
-	// ReadUncommitted reads every record as it is appended: those of
-	// transactions still open, and of aborted ones, too.
-	ReadUncommitted = "read_uncommitted"
+	ReadCommitted   = kafkacfg.ReadCommitted
+	ReadUncommitted = kafkacfg.ReadUncommitted
+	SASLPlain       = kafkacfg.SASLPlain
+	SASLScramSHA256 = kafkacfg.SASLScramSHA256
+	SASLScramSHA512 = kafkacfg.SASLScramSHA512
 )
 
-// readCommitted reports whether k reads committed.
-func (k Config) ReadsCommitted() bool { return k.Isolation != ReadUncommitted }
+// ValidIsolation says what is wrong with an isolation level.
+func ValidIsolation(iso string) error { return kafkacfg.ValidIsolation(iso) }
 
-// validIsolation says what is wrong with an isolation level.
-func ValidIsolation(iso string) error {
-	switch iso {
-	case "", ReadCommitted, ReadUncommitted:
-		return nil
-	}
-	return fmt.Errorf("isolation: %q is not %s or %s", iso, ReadCommitted, ReadUncommitted)
-}
-
-// SASL mechanisms the projector speaks.
-const (
-	SASLPlain       = "PLAIN"
-	SASLScramSHA256 = "SCRAM-SHA-256"
-	SASLScramSHA512 = "SCRAM-SHA-512"
-)
-
-// SASL is a SASL mechanism and its credentials. Its String and LogValue
-// never show the password.
-type SASL struct {
-	Mechanism string
-	Username  string
-	Password  string
-}
-
-func (s *SASL) String() string {
-	if s == nil {
-		return "none"
-	}
-	return fmt.Sprintf("%s user %q", s.Mechanism, s.Username)
-}
-
-// LogValue keeps the password out of logs.
-func (s *SASL) LogValue() slog.Value { return slog.StringValue(s.String()) }
-
-// Validate says what is wrong with the mechanism or the credentials.
-func (s *SASL) Validate() error {
-	if s == nil {
-		return nil
-	}
-	var errs []error
-	switch s.Mechanism {
-	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
-	default:
-		errs = append(errs, fmt.Errorf("sasl mechanism %q: want %s, %s or %s", s.Mechanism, SASLPlain, SASLScramSHA256, SASLScramSHA512))
-	}
-	if s.Username == "" {
-		errs = append(errs, errors.New("sasl: a username is required"))
-	}
-	if s.Password == "" {
-		errs = append(errs, errors.New("sasl: a password is required"))
-	}
-	if len(errs) == 0 && s.Mechanism != SASLPlain {
-		if _, err := s.mechanism(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-func (s *SASL) mechanism() (sasl.Mechanism, error) {
+// mechanism is kafka-go's form of s; nil without SASL.
+func mechanism(s *SASL) (sasl.Mechanism, error) {
 	if s == nil {
 		return nil, nil
 	}
@@ -122,44 +50,22 @@ func (s *SASL) mechanism() (sasl.Mechanism, error) {
 	case SASLPlain:
 		return plain.Mechanism{Username: s.Username, Password: s.Password}, nil
 	case SASLScramSHA256:
-		return s.scram(scram.SHA256)
+		return scramMechanism(s, scram.SHA256)
 	case SASLScramSHA512:
-		return s.scram(scram.SHA512)
+		return scramMechanism(s, scram.SHA512)
 	}
 	return nil, s.Validate()
 }
 
-// scram builds a SCRAM mechanism. The SCRAM library's error for a name or
-// password SASLprep refuses quotes the password: it is never passed on.
-func (s *SASL) scram(algo scram.Algorithm) (sasl.Mechanism, error) {
+// scramMechanism builds a SCRAM mechanism. The SCRAM library's error for
+// a name or password SASLprep refuses quotes the password: it is never
+// passed on.
+func scramMechanism(s *SASL, algo scram.Algorithm) (sasl.Mechanism, error) {
 	m, err := scram.Mechanism(algo, s.Username, s.Password)
 	if err == nil {
 		return m, nil
 	}
-	if strings.Contains(err.Error(), "password") {
-		return nil, fmt.Errorf("sasl %s: the password of user %q holds characters SCRAM refuses (SASLprep: no control or unassigned characters)", s.Mechanism, s.Username)
-	}
-	return nil, fmt.Errorf("sasl %s: username %q holds characters SCRAM refuses (SASLprep: no control or unassigned characters)", s.Mechanism, s.Username)
-}
-
-// Validate says what is wrong with the brokers or the security settings.
-func (k Config) Validate() error {
-	var errs []error
-	if len(k.Brokers) == 0 {
-		errs = append(errs, errors.New("brokers: at least one broker address (host:port) is required"))
-	}
-	for _, b := range k.Brokers {
-		if _, _, err := net.SplitHostPort(b); err != nil || b == "" {
-			errs = append(errs, fmt.Errorf("brokers: %q is not a host:port address", b))
-		}
-	}
-	if err := k.SASL.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := ValidIsolation(k.Isolation); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
+	return nil, kafkacfg.ScramRefused(s, err)
 }
 
 // kafkaClients are the dialer (Conn, Reader, ConsumerGroup) and the
@@ -174,11 +80,11 @@ type Clients struct {
 	Watch *BrokerWatch
 }
 
-// clients builds the dialer and the transport. The transport is the
+// Connect builds the dialer and the transport of k. The transport is the
 // projector's own, never kafkago.DefaultTransport, whose metadata cache
 // would read a topic created after it looked as unknown.
-func (k Config) Connect() (*Clients, error) {
-	mech, err := k.SASL.mechanism()
+func Connect(k Config) (*Clients, error) {
+	mech, err := mechanism(k.SASL)
 	if err != nil {
 		return nil, fmt.Errorf("projection: kafka: %w", err)
 	}
@@ -198,37 +104,10 @@ func (k Config) Connect() (*Clients, error) {
 
 func (c *Clients) Close() { c.transport.CloseIdleConnections() }
 
-// AuthError is a broker refusing our credentials or certificate, or a TLS
-// handshake that cannot succeed: retrying will not help, so the projector
-// stops with it.
-type AuthError struct {
-	// Mechanism and User are the SASL settings in use, empty without SASL.
-	Mechanism, User string
-	TLS             bool
-	Err             error
-}
-
-func (e *AuthError) Error() string {
-	what := "kafka: authentication failed"
-	switch {
-	case e.Mechanism != "":
-		what += fmt.Sprintf(" (SASL %s as user %q", e.Mechanism, e.User)
-		if e.TLS {
-			what += ", over TLS"
-		}
-		what += ")"
-	case e.TLS:
-		what += " (TLS)"
-	}
-	return what + ": " + e.Err.Error()
-}
-
-func (e *AuthError) Unwrap() error { return e.Err }
-
-// authError returns err as an *AuthError when it says the broker refused
+// AsAuthError returns err as an *AuthError when it says the broker refused
 // our credentials or certificate, or the TLS handshake failed for a reason
 // a retry cannot fix; otherwise nil.
-func (k Config) AsAuthError(err error) *AuthError {
+func AsAuthError(k Config, err error) *AuthError {
 	if err == nil {
 		return nil
 	}
@@ -281,7 +160,7 @@ type LogEnd = source.LogEnd
 // LogEnds asks the brokers where the log of every partition of topic
 // ends, for lag reporting and for where reading is complete.
 func LogEnds(ctx context.Context, k Config, topic string) (map[int]LogEnd, error) {
-	c, err := k.Connect()
+	c, err := Connect(k)
 	if err != nil {
 		return nil, err
 	}
@@ -295,7 +174,7 @@ func LogEnds(ctx context.Context, k Config, topic string) (map[int]LogEnd, error
 // LogStarts asks the brokers where the logs of partitions of topic begin
 // (their first offsets).
 func LogStarts(ctx context.Context, k Config, topic string, partitions []int) (map[int]int64, error) {
-	c, err := k.Connect()
+	c, err := Connect(k)
 	if err != nil {
 		return nil, err
 	}
@@ -312,7 +191,7 @@ var ErrTopicMissing = errors.New("topic does not exist")
 func (c *Clients) partitions(ctx context.Context, topic string) ([]int, error) {
 	meta, err := c.Client.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
-		if ae := c.k.AsAuthError(err); ae != nil {
+		if ae := AsAuthError(c.k, err); ae != nil {
 			return nil, ae
 		}
 		if ae := c.diagnose(ctx); ae != nil {
@@ -328,7 +207,7 @@ func (c *Clients) partitions(ctx context.Context, topic string) ([]int, error) {
 			if errors.Is(t.Error, kafkago.UnknownTopicOrPartition) {
 				return nil, fmt.Errorf("projection: topic %q: %w", topic, ErrTopicMissing)
 			}
-			if ae := c.k.AsAuthError(t.Error); ae != nil {
+			if ae := AsAuthError(c.k, t.Error); ae != nil {
 				return nil, ae
 			}
 			return nil, fmt.Errorf("projection: topic %s: %w", topic, t.Error)
@@ -395,7 +274,7 @@ func (c *Clients) listOffsets(ctx context.Context, topic string, ids []int, iso 
 	}
 	res, err := c.Client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{topic: reqs}, IsolationLevel: iso})
 	if err != nil {
-		if ae := c.k.AsAuthError(err); ae != nil {
+		if ae := AsAuthError(c.k, err); ae != nil {
 			return nil, ae
 		}
 		return nil, fmt.Errorf("projection: list offsets of %s: %w", topic, err)
@@ -441,7 +320,7 @@ func (c *Clients) diagnose(ctx context.Context) *AuthError {
 			conn.Close()
 			return nil
 		}
-		if ae := c.k.AsAuthError(err); ae != nil {
+		if ae := AsAuthError(c.k, err); ae != nil {
 			return ae
 		}
 		if probe != nil && probe.started.Load() && !probe.done.Load() && ctx.Err() == nil {
@@ -490,7 +369,7 @@ func (c *Clients) PartitionsFresh(ctx context.Context, topic string) ([]int, err
 	for _, addr := range c.k.Brokers {
 		conn, err := c.Dialer.DialContext(ctx, "tcp", addr)
 		if err != nil {
-			if ae := c.k.AsAuthError(err); ae != nil {
+			if ae := AsAuthError(c.k, err); ae != nil {
 				return nil, ae
 			}
 			last = err
@@ -507,7 +386,7 @@ func (c *Clients) PartitionsFresh(ctx context.Context, topic string) ([]int, err
 		case errors.Is(err, kafkago.UnknownTopicOrPartition), err == nil && len(ps) == 0:
 			return nil, fmt.Errorf("projection: topic %q: %w", topic, ErrTopicMissing)
 		case err != nil:
-			if ae := c.k.AsAuthError(err); ae != nil {
+			if ae := AsAuthError(c.k, err); ae != nil {
 				return nil, ae
 			}
 			last = err

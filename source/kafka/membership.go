@@ -14,17 +14,14 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/projector/projector/source"
+	"github.com/projector/projector/source/kafka/kafkacfg"
 )
 
-// LegacyGroup is the consumer group every projection joined by default
-// before each recorded its own: a projection that has positions and no
-// recorded group keeps it.
-const LegacyGroup = "projector"
+// LegacyGroup and DefaultGroup name a projection's consumer group
+// ([kafkacfg.LegacyGroup], [kafkacfg.DefaultGroup]).
+const LegacyGroup = kafkacfg.LegacyGroup
 
-// DefaultGroup is the consumer group a new projection records when none
-// is given: one per projection, so two projections never split a topic's
-// partitions between them.
-func DefaultGroup(schema, table string) string { return "projector-" + schema + "." + table }
+func DefaultGroup(schema, table string) string { return kafkacfg.DefaultGroup(schema, table) }
 
 // memberData is what an instance tells the group about itself, in its
 // JoinGroup metadata (read by the group's leader and by DescribeGroups).

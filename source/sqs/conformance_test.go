@@ -10,13 +10,13 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/projector/projector/internal/app/sqsemu"
 	"github.com/projector/projector/internal/testkit/sqstest"
 	"github.com/projector/projector/source/sourcetest"
 	"github.com/projector/projector/source/sqs"
+	"github.com/projector/projector/source/sqs/sqscfg"
 )
 
 // conformanceVisibility is the queues' visibility timeout unless a case
@@ -48,9 +48,9 @@ func TestConformance(t *testing.T) {
 			cfg := sqs.Config{
 				QueueURL: queue, Endpoint: "http://" + link.Proxy(t, emu.Host), Region: sqsemu.Region,
 				Wait: time.Second, Visibility: visibility,
-				Credentials: credentials.NewStaticCredentialsProvider(sqsemu.AccessKey, sqsemu.SecretKey, ""),
+				Credentials: &sqscfg.Credentials{AccessKeyID: sqsemu.AccessKey, SecretAccessKey: sqsemu.SecretKey},
 			}.WithDefaults()
-			c, err := cfg.Connect(t.Context())
+			c, err := sqs.Connect(t.Context(), cfg)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -14,6 +14,7 @@ import (
 	"github.com/aws/smithy-go"
 
 	"github.com/projector/projector/source"
+	"github.com/projector/projector/source/sqs/sqscfg"
 )
 
 // QueueConfig is an SQS FIFO queue read as one lane.
@@ -92,7 +93,7 @@ func NewQueue(ctx context.Context, c QueueConfig, log *slog.Logger) (*Queue, err
 	if log == nil {
 		log = slog.Default()
 	}
-	client, err := c.Config.Connect(ctx)
+	client, err := Connect(ctx, c.Config)
 	if err != nil {
 		return nil, err
 	}
@@ -169,6 +170,9 @@ func (q *Queue) failing(now time.Time) (time.Duration, string) {
 	return now.Sub(q.failingSince), q.failingWhy
 }
 
+// Status is a queue's report in /status ([sqscfg.Status]).
+type Status = sqscfg.Status
+
 // Rereader is nil: a queue cannot be read again. See [source.Source].
 func (q *Queue) Rereader() source.Rereader { return nil }
 
@@ -180,17 +184,6 @@ func (q *Queue) Status() source.Status {
 		s.CountsError = *e
 	}
 	return source.Status{Queue: s}
-}
-
-// Status is a queue's report in /status.
-type Status struct {
-	QueueURL string `json:"queue_url"`
-	// Counts are the queue's approximate counts as last read (every 5 s);
-	// nil while unknown: before the first read, or since a read failed,
-	// with CountsError saying why.
-	Counts      *Counts  `json:"counts"`
-	CountsError string   `json:"counts_error,omitempty"`
-	Counters    Counters `json:"counters"`
 }
 
 // Checks are the queue's readiness: its receives have not been failing
@@ -377,4 +370,18 @@ func ownerName(tag string) string {
 		return id
 	}
 	return name + " (" + id + ")"
+}
+
+// Ends and Starts: a queue is not a log ([source.ErrNoLog]).
+func (q *Queue) Ends(context.Context) (map[int]source.LogEnd, error) { return nil, source.ErrNoLog }
+
+func (q *Queue) Starts(context.Context, []int) (map[int]int64, error) { return nil, source.ErrNoLog }
+
+func init() {
+	source.Register("sqs", func(s source.Settings) (source.Source, error) {
+		// Builds the client only (the region and credential chain): the
+		// queue is first asked at Run.
+		return NewQueue(context.Background(), QueueConfig{Config: s.SQS, Scope: s.Topic, Owner: s.Owner,
+			BatchSize: s.BatchSize, Linger: s.Linger}, s.Logger)
+	})
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/source"
+	"github.com/projector/projector/source/sqs/sqscfg"
 )
 
 // Reader receives from one queue for one engine. A receiver goroutine
@@ -70,15 +71,8 @@ type stats struct {
 	extendFailed  atomic.Int64
 }
 
-// SQSCounters are the SQS source's counters.
-type Counters struct {
-	Received           int64 `json:"received"`
-	Redelivered        int64 `json:"redelivered"`
-	GroupNotJobID      int64 `json:"group_not_job_id"`
-	Deleted            int64 `json:"deleted"`
-	DeleteFailed       int64 `json:"delete_failed"`
-	VisibilityFailures int64 `json:"visibility_extend_failed"`
-}
+// Counters are the receiver's counters ([sqscfg.Counters]).
+type Counters = sqscfg.Counters
 
 func (s *stats) snapshot() Counters {
 	return Counters{
@@ -442,8 +436,8 @@ func firstFailure(f batchFailure) string {
 }
 
 // OwnerTag is the queue tag that names the projection whose queue it is
-// (its id and name), so that a second projection is refused the queue.
-const OwnerTag = "projector-projection"
+// ([sqscfg.OwnerTag]).
+const OwnerTag = sqscfg.OwnerTag
 
 // Owner is the queue's OwnerTag value, empty when untagged.
 func (c *Client) Owner(ctx context.Context) (string, error) {

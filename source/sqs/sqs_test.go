@@ -11,13 +11,13 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/stretchr/testify/require"
 
 	"github.com/projector/projector/internal/app/sqsemu"
 	"github.com/projector/projector/internal/testkit/sqstest"
 	"github.com/projector/projector/source"
+	"github.com/projector/projector/source/sqs/sqscfg"
 )
 
 // emulatorSQS is the configuration of a queue on the emulator, with
@@ -25,7 +25,7 @@ import (
 func emulatorSQS(e *sqsemu.Emulator, queueURL string, visibility time.Duration) Config {
 	return Config{
 		QueueURL: queueURL, Endpoint: e.Endpoint, Region: sqsemu.Region, Wait: time.Second, Visibility: visibility,
-		Credentials: credentials.NewStaticCredentialsProvider(sqsemu.AccessKey, sqsemu.SecretKey, ""),
+		Credentials: &sqscfg.Credentials{AccessKeyID: sqsemu.AccessKey, SecretAccessKey: sqsemu.SecretKey},
 	}.WithDefaults()
 }
 
@@ -90,7 +90,7 @@ func TestSQSClient(t *testing.T) {
 	e := sqstest.New(t)
 	url := sqstest.Queue(t, e, 2*time.Second)
 	cfg := emulatorSQS(e, url, 2*time.Second)
-	c, err := cfg.Connect(t.Context())
+	c, err := Connect(t.Context(), cfg)
 	require.NoError(t, err)
 	defer c.Close()
 	sendSQS(t, e, url, "job-1", `{"n":1}`, "job-2", `{"n":2}`, "job-2", `{"n":3}`)
@@ -158,7 +158,7 @@ func TestSQSReader(t *testing.T) {
 	// 3 s, kept every 1 s: a loaded machine does not miss a turn.
 	url := sqstest.Queue(t, e, 3*time.Second)
 	cfg := emulatorSQS(e, url, 3*time.Second)
-	c, err := cfg.Connect(t.Context())
+	c, err := Connect(t.Context(), cfg)
 	require.NoError(t, err)
 	defer c.Close()
 	r := NewReader(c, slog.New(slog.DiscardHandler), 10)
@@ -200,7 +200,7 @@ func TestSQSSourceCloseReleasesInFlight(t *testing.T) {
 	e := sqstest.New(t)
 	url := sqstest.Queue(t, e, 30*time.Second)
 	cfg := emulatorSQS(e, url, 30*time.Second)
-	c, err := cfg.Connect(t.Context())
+	c, err := Connect(t.Context(), cfg)
 	require.NoError(t, err)
 	defer c.Close()
 	src := NewSource(NewReader(c, slog.New(slog.DiscardHandler), 10), 10, 50*time.Millisecond)

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"golang.org/x/sync/errgroup"
@@ -19,6 +18,7 @@ import (
 	"github.com/projector/projector/internal/app/jobgen"
 	"github.com/projector/projector/internal/app/sqsemu"
 	"github.com/projector/projector/projection"
+	"github.com/projector/projector/source/sqs/sqscfg"
 	"github.com/projector/projector/store"
 )
 
@@ -126,7 +126,7 @@ func startQueue(ctx context.Context) (*queueFeed, error) {
 	}
 	f := &queueFeed{emu: emu, client: emu.Client(), url: url}
 	f.state = &projection.SQS{QueueURL: url, Endpoint: emu.Endpoint, Region: sqsemu.Region, Wait: time.Second, Visibility: 30 * time.Second,
-		Credentials: credentials.NewStaticCredentialsProvider(sqsemu.AccessKey, sqsemu.SecretKey, "")}
+		Credentials: &sqscfg.Credentials{AccessKeyID: sqsemu.AccessKey, SecretAccessKey: sqsemu.SecretKey}}
 	return f, nil
 }
 

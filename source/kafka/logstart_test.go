@@ -1,4 +1,4 @@
-package projection
+package kafka
 
 import (
 	"context"
@@ -24,7 +24,7 @@ func TestLogStartsFollowRetention(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.NoError(t, c.DeleteRecords(ctx, topic, 0, 4))
-	starts, err := LogStarts(ctx, Kafka{Brokers: c.Addrs()}, topic, []int{0, 1, 2})
+	starts, err := LogStarts(ctx, Config{Brokers: c.Addrs()}, topic, []int{0, 1, 2})
 	require.NoError(t, err)
 	require.Equal(t, map[int]int64{0: 4, 1: 0, 2: 0}, starts)
 }
