@@ -224,7 +224,7 @@ func TestAlertsFireOnHeldGapAndLag(t *testing.T) {
 		RebalanceTimeout:       kafkatest.GroupRebalanceTimeout,
 		JoinGroupBackoff:       kafkatest.GroupJoinBackoff,
 		PartitionWatchInterval: kafkatest.GroupPartitionWatchInterval,
-		GapWait:                projection.NoGapWait,
+		GapWaitOff:             true,
 		NoReread:               true,
 		SnapshotURL:            authority.URL,
 		SnapshotTimeout:        time.Second,

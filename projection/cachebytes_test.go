@@ -92,7 +92,7 @@ func TestHeldDeltasLeftInPostgreSQLApplyWhenTheGapCloses(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 3))
 	rng.Shuffle(len(second), func(i, j int) { second[i], second[j] = second[j], second[i] })
 	r.produce(first...)
-	run := r.start(r.config(func(c *Config) { c.CacheBytes = 4000; c.BatchSize = 13; c.GapWait = time.Hour }))
+	run := r.start(r.config(func(c *Config) { c.CacheBytes = 4000; c.BatchSize = 13; c.GapWait, c.GapWaitOff = time.Hour, false }))
 	r.caughtUp(30*time.Second, run)
 	require.Equal(t, int64(len(ids)), run.p.Status().Counters.HeldJobs)
 	require.True(t, anySpilled(run.p), "no held delta was left in PostgreSQL: the test does not test that")
@@ -147,7 +147,11 @@ func TestATinyCacheGivesTheSameRowsAsTheDefault(t *testing.T) {
 	project := func(cacheBytes int64) map[string]store.Job {
 		r := newRig(t, 2)
 		r.produce(build()...)
-		run := r.start(r.config(func(c *Config) { c.CacheBytes = cacheBytes; c.BatchSize = 50; c.GapWait = time.Hour }))
+		run := r.start(r.config(func(c *Config) {
+			c.CacheBytes = cacheBytes
+			c.BatchSize = 50
+			c.GapWait, c.GapWaitOff = time.Hour, false
+		}))
 		r.caughtUp(60*time.Second, run)
 		r.eventually(10*time.Second, "no job held", func() (bool, string) {
 			n := run.p.Status().Counters.HeldJobs

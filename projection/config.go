@@ -64,8 +64,10 @@ type Config struct {
 	Logger *slog.Logger
 
 	// GapWait is how long a held delta waits for the missing versions to
-	// arrive in the log before re-read and snapshot run; 0 skips waiting.
-	GapWait time.Duration
+	// arrive in the log before re-read and snapshot run (zero: 10s);
+	// GapWaitOff skips waiting.
+	GapWait    time.Duration
+	GapWaitOff bool
 	// NoReread turns the re-read step off.
 	NoReread bool
 	// RereadWindow is how far before a job's oldest hold the log re-read
@@ -102,9 +104,10 @@ type Config struct {
 	GapRetryMax time.Duration
 
 	// TombstoneRetention is how long a deleted job's tombstone is kept
-	// before it is pruned; KeepTombstones keeps them for ever. Zero means
-	// DefaultTombstoneRetention.
+	// before it is pruned (zero: DefaultTombstoneRetention);
+	// TombstonesForever keeps them for ever.
 	TombstoneRetention time.Duration
+	TombstonesForever  bool
 	// GapLogRetention and GapLogMaxRows bound the gap log: rows closed
 	// longer ago, and the oldest rows beyond the count, are pruned in small
 	// batches in the background.
@@ -189,11 +192,8 @@ func (c Config) WithDefaults() Config {
 	if c.CacheBytes == 0 {
 		c.CacheBytes = DefaultCacheBytes
 	}
-	if c.GapWait == 0 {
+	if c.GapWait == 0 && !c.GapWaitOff {
 		c.GapWait = 10 * time.Second
-	}
-	if c.GapWait < 0 {
-		c.GapWait = 0
 	}
 	if c.RereadWindow == 0 {
 		c.RereadWindow = 10 * time.Minute
@@ -225,7 +225,7 @@ func (c Config) WithDefaults() Config {
 	if c.GapRetryMax == 0 {
 		c.GapRetryMax = 5 * time.Minute
 	}
-	if c.TombstoneRetention == 0 {
+	if c.TombstoneRetention == 0 && !c.TombstonesForever {
 		c.TombstoneRetention = DefaultTombstoneRetention
 	}
 	if c.GapLogRetention == 0 {
@@ -339,8 +339,11 @@ func (c Config) Validate() error {
 	if c.StallTimeout < 0 {
 		errs = append(errs, fmt.Errorf("stall-timeout: %s is negative", c.StallTimeout))
 	}
-	if c.TombstoneRetention < 0 && c.TombstoneRetention != KeepTombstones {
-		errs = append(errs, fmt.Errorf("tombstone-retention: %s is negative (KeepTombstones keeps them for ever)", c.TombstoneRetention))
+	if c.TombstoneRetention < 0 {
+		errs = append(errs, fmt.Errorf("tombstone-retention: %s is negative (TombstonesForever keeps them for ever)", c.TombstoneRetention))
+	}
+	if c.GapWait < 0 {
+		errs = append(errs, fmt.Errorf("gap-wait: %s is negative (GapWaitOff skips waiting)", c.GapWait))
 	}
 	if c.Store == nil {
 		errs = append(errs, errors.New("store: required"))
@@ -357,20 +360,21 @@ const DefaultStallTimeout = 2 * time.Minute
 // authority may grow to by default.
 const DefaultSnapshotTimeoutMax = 2 * time.Minute
 
-// GapWait of this value in a Config means "do not wait": the zero value
-// already means "the default".
-const NoGapWait = -1
-
-// TombstoneRetention of this value in a Config keeps tombstones for ever.
-const KeepTombstones = -1
-
 // DefaultTombstoneRetention is how long tombstones are kept by default: a
 // week, far longer than any event should take to arrive.
 const DefaultTombstoneRetention = 7 * 24 * time.Hour
 
+// gapWait is how long held deltas wait: none when waiting is off.
+func (c Config) gapWait() time.Duration {
+	if c.GapWaitOff {
+		return 0
+	}
+	return c.GapWait
+}
+
 func (c Config) gapPolicy() gapfill.Policy {
 	return gapfill.Policy{
-		Wait:     c.GapWait,
+		Wait:     c.gapWait(),
 		Reread:   !c.NoReread,
 		Snapshot: c.SnapshotURL != "",
 		RetryMin: c.GapRetryMin,

@@ -127,7 +127,7 @@ func TestAPromptAnswerIsNotHeldUpBySlowOnes(t *testing.T) {
 	recs = append(recs, rec{0, "prompt", snap("prompt", 1, counterStateOf(1))}, rec{0, "prompt", dlt("prompt", 3, `[{"op":"increment","path":"/count","by":1}]`)})
 	r.produce(recs...)
 	run := r.start(r.config(func(c *Config) {
-		c.GapWait = gapWait
+		c.GapWait, c.GapWaitOff = gapWait, false
 		c.NoReread = true
 		c.SnapshotURL = auth.url
 		c.SnapshotConcurrency = 16
@@ -173,7 +173,7 @@ func TestProgressWaitsTheFullGapWaitAgain(t *testing.T) {
 	inc := `[{"op":"increment","path":"/count","by":1}]`
 	r.produce(rec{0, "job", snap("job", 1, counterStateOf(1))}, rec{0, "job", dlt("job", 3, inc)}, rec{0, "job", dlt("job", 5, inc)})
 	run := r.start(r.config(func(c *Config) {
-		c.GapWait = gapWait
+		c.GapWait, c.GapWaitOff = gapWait, false
 		c.NoReread = true
 		c.SnapshotURL = auth.url
 		c.GapRetryMin = 50 * time.Millisecond

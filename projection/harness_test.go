@@ -62,7 +62,7 @@ func (r *rig) config(mod ...func(*Config)) Config {
 		RebalanceTimeout:       kafkatest.GroupRebalanceTimeout,
 		JoinGroupBackoff:       kafkatest.GroupJoinBackoff,
 		PartitionWatchInterval: kafkatest.GroupPartitionWatchInterval,
-		GapWait:                NoGapWait,
+		GapWaitOff:             true,
 		GapRetryMin:            50 * time.Millisecond,
 		GapRetryMax:            500 * time.Millisecond,
 		RereadMaxTime:          5 * time.Second,

@@ -29,7 +29,7 @@ func TestSpilledHeldDeltaReleasedElsewhereIsNotAnOutage(t *testing.T) {
 	// The queue is never asked: batches are planned and committed here.
 	q := SQS{QueueURL: "http://127.0.0.1:1/000000000000/spill.fifo", Region: "us-east-1",
 		Credentials: &sqscfg.Credentials{AccessKeyID: "k", SecretAccessKey: "s"}}.WithDefaults()
-	p, err := New(Config{Source: SourceSQS, SQS: q, Store: st, GapWait: NoGapWait, NoReread: true, Logger: logs.logger()})
+	p, err := New(Config{Source: SourceSQS, SQS: q, Store: st, GapWaitOff: true, NoReread: true, Logger: logs.logger()})
 	require.NoError(t, err)
 	// A budget of one byte: the first held job pins past half of it, and
 	// every held job after it keeps its ops in PostgreSQL.

@@ -43,7 +43,7 @@ func TestRefusedHeldDeltaIsQuarantinedAndTheDeltaThatReleasedItApplies(t *testin
 			run := r.start(r.config(func(c *Config) {
 				c.BatchSize = tc.batchSize
 				c.NoReread = true
-				c.GapWait = time.Hour
+				c.GapWait, c.GapWaitOff = time.Hour, false
 			}))
 			r.caughtUp(30*time.Second, run)
 
@@ -143,7 +143,7 @@ func TestIsolationInterruptedByAFailureThatIsNotTheData(t *testing.T) {
 	)
 	run := r.start(r.config(func(c *Config) {
 		c.NoReread = true
-		c.GapWait = time.Hour
+		c.GapWait, c.GapWaitOff = time.Hour, false
 	}))
 	r.caughtUp(30*time.Second, run)
 

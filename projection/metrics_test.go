@@ -57,7 +57,7 @@ func requireMetrics(t *testing.T, got map[string]float64, want map[string]float6
 func TestMetricsRecordOutcomes(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, 1)
-	run := r.start(r.config(func(c *Config) { c.GapWait = 30 * time.Second; c.NoReread = true }))
+	run := r.start(r.config(func(c *Config) { c.GapWait, c.GapWaitOff = 30*time.Second, false; c.NoReread = true }))
 
 	r.produce(
 		rec{0, "a", snap("a", 1, `{"n":1}`)},

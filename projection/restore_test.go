@@ -57,14 +57,14 @@ func TestRestoreLeavesHeldOpsInPostgreSQLPastHalfTheBudget(t *testing.T) {
 		}
 	}
 
-	first := r.start(r.config(func(c *Config) { c.GapWait = time.Hour }))
+	first := r.start(r.config(func(c *Config) { c.GapWait, c.GapWaitOff = time.Hour, false }))
 	r.caughtUp(30*time.Second, first)
 	heldJobs(first, len(ids))
 	first.halt(t)
 
 	// A tiny budget: the restored deltas' ops stay in PostgreSQL, and are
 	// read back when the first half's gaps close.
-	tiny := r.start(r.config(func(c *Config) { c.GapWait = time.Hour; c.CacheBytes = 4000 }))
+	tiny := r.start(r.config(func(c *Config) { c.GapWait, c.GapWaitOff = time.Hour, false; c.CacheBytes = 4000 }))
 	heldJobs(tiny, len(ids))
 	require.True(t, anySpilled(tiny.p), "every restored held delta kept its ops in memory past half the budget")
 	closeGaps(tiny, ids[:20])
@@ -72,7 +72,7 @@ func TestRestoreLeavesHeldOpsInPostgreSQLPastHalfTheBudget(t *testing.T) {
 	tiny.halt(t)
 
 	// The default budget: the rest are restored with their ops.
-	roomy := r.start(r.config(func(c *Config) { c.GapWait = time.Hour }))
+	roomy := r.start(r.config(func(c *Config) { c.GapWait, c.GapWaitOff = time.Hour, false }))
 	heldJobs(roomy, 20)
 	require.False(t, anySpilled(roomy.p), "a restored held delta's ops were left in PostgreSQL with the budget nearly empty")
 	closeGaps(roomy, ids[20:])

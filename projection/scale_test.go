@@ -245,7 +245,7 @@ func TestScaleTenThousandHeldJobs(t *testing.T) {
 
 	started := time.Now()
 	run := r.start(r.config(func(c *Config) {
-		c.GapWait = gapWait
+		c.GapWait, c.GapWaitOff = gapWait, false
 		c.SnapshotURL = srv.URL
 		c.SnapshotConcurrency = concurrency
 		c.SnapshotTimeout = time.Second

@@ -119,9 +119,9 @@ func (sc *scenario) run(t *testing.T) {
 		p.auth.url = srv.URL
 	}
 	p.cfg = p.rig.config(func(c *Config) {
-		c.GapWait = sc.gapWait
+		c.GapWait, c.GapWaitOff = sc.gapWait, false
 		if sc.gapWait == 0 {
-			c.GapWait = NoGapWait
+			c.GapWaitOff = true
 		}
 		c.NoReread = !sc.reread
 		if sc.authority {

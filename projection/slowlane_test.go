@@ -60,7 +60,7 @@ func TestASlowAnswerMovesToTheSlowLaneAndStillHeals(t *testing.T) {
 	auth.set("slow", 2, slow, false)
 
 	run := r.start(r.config(func(c *Config) {
-		c.GapWait = gapWait
+		c.GapWait, c.GapWaitOff = gapWait, false
 		c.NoReread = true
 		c.SnapshotURL = auth.url
 		c.SnapshotConcurrency = 1

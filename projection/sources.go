@@ -9,9 +9,12 @@ import (
 // "sqs"; see [source.Register]), from the settings below it. The engine
 // names no source: a program links in those it offers.
 func (c Config) source() (source.Source, error) {
-	st := c.Store
+	fresh := ""
+	if st := c.Store; st != nil {
+		fresh = DefaultGroup(st.Schema(), st.Projection())
+	}
 	return source.Build(c.Source, source.Settings{
-		Topic: c.Topic, Group: c.Group, Fresh: DefaultGroup(st.Schema(), st.Projection()), Owner: c.Owner,
+		Topic: c.Topic, Group: c.Group, Fresh: fresh, Owner: c.Owner,
 		Kafka: c.Kafka(), SQS: c.SQS,
 		HeartbeatInterval: c.HeartbeatInterval, SessionTimeout: c.SessionTimeout, RebalanceTimeout: c.RebalanceTimeout,
 		JoinGroupBackoff: c.JoinGroupBackoff, PartitionWatchInterval: c.PartitionWatchInterval,

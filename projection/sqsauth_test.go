@@ -53,7 +53,7 @@ func TestSQSRefusedCredentialsStopRun(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			url, _ := refusingSQS(t, tc.status, tc.queryError, tc.jsonType)
-			q := SQS{QueueURL: url + "/000000000000/jobs.fifo", Endpoint: url, Region: "us-east-1", Wait: NoSQSWait,
+			q := SQS{QueueURL: url + "/000000000000/jobs.fifo", Endpoint: url, Region: "us-east-1", ShortPoll: true,
 				Credentials: &sqscfg.Credentials{AccessKeyID: "AKIDWRONG", SecretAccessKey: "wrong"}}.WithDefaults()
 			p, err := New(Config{Source: SourceSQS, SQS: q, Store: pgtest.Store(t), Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
 			require.NoError(t, err)
@@ -71,7 +71,7 @@ func TestSQSRefusedCredentialsStopRun(t *testing.T) {
 	t.Run("server error is an outage", func(t *testing.T) {
 		t.Parallel()
 		url, requests := refusingSQS(t, 500, "", "com.amazon.coral.service#InternalFailure")
-		q := SQS{QueueURL: url + "/000000000000/jobs.fifo", Endpoint: url, Region: "us-east-1", Wait: NoSQSWait,
+		q := SQS{QueueURL: url + "/000000000000/jobs.fifo", Endpoint: url, Region: "us-east-1", ShortPoll: true,
 			Credentials: &sqscfg.Credentials{AccessKeyID: "AKID", SecretAccessKey: "secret"}}.WithDefaults()
 		p, err := New(Config{Source: SourceSQS, SQS: q, Store: pgtest.Store(t), Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
 		require.NoError(t, err)

@@ -24,7 +24,7 @@ func TestSQSOffsetCollisionKeepsEachMessage(t *testing.T) {
 	// The queue is never asked: the batch is planned and committed here.
 	q := SQS{QueueURL: "http://127.0.0.1:1/000000000000/collide.fifo", Region: "us-east-1",
 		Credentials: &sqscfg.Credentials{AccessKeyID: "k", SecretAccessKey: "s"}}.WithDefaults()
-	p, err := New(Config{Source: SourceSQS, SQS: q, Store: st, GapWait: NoGapWait,
+	p, err := New(Config{Source: SourceSQS, SQS: q, Store: st, GapWaitOff: true,
 		Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
 	require.NoError(t, err)
 	w := &worker{workerDeps: p.workerDeps(), beat: &beat{}, topic: p.Config().Topic, position: -1,

@@ -23,5 +23,4 @@ const (
 	DefaultSQSWait        = sqscfg.DefaultWait
 	DefaultSQSVisibility  = sqscfg.DefaultVisibility
 	DefaultSQSMaxMessages = sqscfg.DefaultMaxMessages
-	NoSQSWait             = sqscfg.NoWait
 )

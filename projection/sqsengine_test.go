@@ -40,7 +40,7 @@ func (r *sqsRig) config(mod ...func(*Config)) Config {
 		Logger:      slog.New(slog.NewTextHandler(testWriter{r.t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
 		BatchSize:   500,
 		BatchLinger: 20 * time.Millisecond,
-		GapWait:     NoGapWait,
+		GapWaitOff:  true,
 		GapRetryMin: 50 * time.Millisecond,
 		GapRetryMax: 500 * time.Millisecond,
 	}

@@ -126,7 +126,7 @@ func TestSQSHeldDeltasOfAnotherInstanceLeaveNoStaleView(t *testing.T) {
 	for _, reread := range []bool{false, true} {
 		t.Run(fmt.Sprintf("reread=%v", reread), func(t *testing.T) {
 			q := newSharedQueue(t, emus)
-			mod := func(c *Config) { c.GapWait = gapWait; c.NoReread = !reread }
+			mod := func(c *Config) { c.GapWait, c.GapWaitOff = gapWait, false; c.NoReread = !reread }
 			noneHeld := func(runs ...*running) (bool, string) {
 				if h := q.held(); len(h) > 0 {
 					return false, fmt.Sprintf("held rows %+v", h)
@@ -188,7 +188,7 @@ func TestSQSHeldDeltasOfAnotherInstanceLeaveNoStaleView(t *testing.T) {
 // ends at 2 with nothing held, and the engine goes on.
 func TestSQSRefusedHeldDeltaIsQuarantined(t *testing.T) {
 	r := newSQSRig(t, 2*time.Second)
-	run := r.start(r.config(func(c *Config) { c.NoReread = true; c.GapWait = time.Hour }))
+	run := r.start(r.config(func(c *Config) { c.NoReread = true; c.GapWait, c.GapWaitOff = time.Hour, false }))
 	sendSQS(t, r.emu, r.queue,
 		"big", qsnap("big", 1, `{"n":`+big+`}`),
 		"big", fmt.Sprintf(`{"job_id":"big","version":3,"kind":"delta","ops":[{"op":"increment","path":"/n","by":%s}]}`, big),

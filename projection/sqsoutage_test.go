@@ -51,7 +51,7 @@ func TestSQSOutageIsNotAStall(t *testing.T) {
 	var gated atomic.Bool
 	cfg := Config{
 		Source: SourceSQS, SQS: emulatorSQS(e, queue, 2*time.Second), Store: st, Logger: logs.logger(),
-		BatchSize: 500, BatchLinger: 20 * time.Millisecond, GapWait: NoGapWait, StallTimeout: stall,
+		BatchSize: 500, BatchLinger: 20 * time.Millisecond, GapWaitOff: true, StallTimeout: stall,
 		testBeforeApply: func(int) {
 			if gated.Load() {
 				<-hold
@@ -179,7 +179,7 @@ func TestSQSHungReceiveIsCutAndCounted(t *testing.T) {
 	logs := &logLines{t: t}
 	cfg := Config{
 		Source: SourceSQS, SQS: emulatorSQS(e, queue, 2*time.Second), Store: st, Logger: logs.logger(),
-		BatchSize: 500, BatchLinger: 20 * time.Millisecond, GapWait: NoGapWait, StallTimeout: 4 * time.Second,
+		BatchSize: 500, BatchLinger: 20 * time.Millisecond, GapWaitOff: true, StallTimeout: 4 * time.Second,
 	}
 	cfg.SQS.Endpoint = "http://" + proxy.Addr()
 	run := startEngine(t, cfg)

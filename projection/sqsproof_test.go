@@ -53,7 +53,7 @@ func TestSQSTwoConsumersWithoutExclusiveDelivery(t *testing.T) {
 			c.Owner = name
 			c.SQS = emulatorSQS(r.emu, r.queue, time.Second)
 			c.BatchLinger = 1200 * time.Millisecond
-			c.GapWait = 200 * time.Millisecond
+			c.GapWait, c.GapWaitOff = 200*time.Millisecond, false
 			c.SnapshotURL = auth.URL
 			c.SnapshotTimeout = 2 * time.Second
 			c.SnapshotMaxElapsed = 3 * time.Second

@@ -77,7 +77,7 @@ func TestSQSReceivesFailingWhileCountsAnswerIsAnOutage(t *testing.T) {
 	logs := &logLines{t: t}
 	cfg := Config{
 		Source: SourceSQS, SQS: emulatorSQS(e, queue, 2*time.Second), Store: st, Logger: logs.logger(),
-		BatchSize: 500, BatchLinger: 20 * time.Millisecond, GapWait: NoGapWait, StallTimeout: 8 * time.Second,
+		BatchSize: 500, BatchLinger: 20 * time.Millisecond, GapWaitOff: true, StallTimeout: 8 * time.Second,
 	}
 	cfg.SQS.Endpoint = endpoint
 	run := startEngine(t, cfg)
@@ -198,7 +198,7 @@ func TestSQSCountsRefusedLeaveReadinessAlone(t *testing.T) {
 	logs := &logLines{t: t}
 	cfg := Config{
 		Source: SourceSQS, SQS: emulatorSQS(e, queue, 2*time.Second), Store: st, Logger: logs.logger(),
-		BatchSize: 500, BatchLinger: 20 * time.Millisecond, GapWait: NoGapWait, ReadyMaxLag: 1000,
+		BatchSize: 500, BatchLinger: 20 * time.Millisecond, GapWaitOff: true, ReadyMaxLag: 1000,
 	}
 	cfg.SQS.Endpoint = endpoint
 	cfg.SQS.Wait = 20 * time.Second

@@ -40,7 +40,7 @@ func getBody(t *testing.T, u string) (int, http.Header, string) {
 func TestStatusPageShowsHeldGapEscaped(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, 1)
-	run := r.start(r.config(func(c *Config) { c.GapWait = time.Hour; c.NoReread = true }))
+	run := r.start(r.config(func(c *Config) { c.GapWait, c.GapWaitOff = time.Hour, false; c.NoReread = true }))
 	evil := "job\x1b[2J\nFORGED\u202e\x07<b>&"
 	ev := func(v int64, kind string) map[string]any {
 		m := map[string]any{"job_id": evil, "version": v, "kind": kind, "event_id": "e" + kind}

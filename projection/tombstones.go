@@ -21,7 +21,7 @@ func pruneInterval(retention time.Duration) time.Duration {
 // disjoint rows (each passes over the rows another has locked).
 func (p *Projector) pruneTombstones(ctx context.Context) {
 	retention := p.cfg.TombstoneRetention
-	if retention <= 0 {
+	if p.cfg.TombstonesForever || retention <= 0 {
 		return
 	}
 	t := time.NewTicker(pruneInterval(retention))

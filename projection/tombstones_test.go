@@ -17,7 +17,7 @@ func del(job string, v int64) string {
 // a deleted job's tombstone keeps an old snapshot out while it lasts, is
 // pruned once the retention has passed, and then an old snapshot creates
 // the job again: the documented trade-off of a bounded retention. With
-// KeepTombstones nothing is pruned.
+// TombstonesForever nothing is pruned.
 func TestTombstonesArePrunedAfterRetention(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -25,7 +25,7 @@ func TestTombstonesArePrunedAfterRetention(t *testing.T) {
 	// Kept for ever: the tombstone outlives many prune intervals of a
 	// short retention and keeps refusing the old snapshot.
 	keep := newRig(t, 1)
-	run := keep.start(keep.config(func(c *Config) { c.TombstoneRetention = KeepTombstones }))
+	run := keep.start(keep.config(func(c *Config) { c.TombstonesForever = true }))
 	keep.produce(rec{0, "a", snap("a", 1, `{"n":1}`)}, rec{0, "a", del("a", 3)})
 	keep.caughtUp(20*time.Second, run)
 	keep.produce(rec{0, "a", snap("a", 2, `{"n":2}`)})

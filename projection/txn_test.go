@@ -273,7 +273,7 @@ func TestTransactionsReadCommitted(t *testing.T) {
 	r := &rig{t: t, kafka: c, topic: topic, store: st, parts: partitions}
 	cfg := r.config(func(c *Config) {
 		c.BatchSize = 40
-		c.GapWait = 200 * time.Millisecond
+		c.GapWait, c.GapWaitOff = 200*time.Millisecond, false
 		c.SnapshotURL = auth.URL
 	})
 	run := r.start(cfg)

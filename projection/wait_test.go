@@ -106,7 +106,7 @@ func TestWaitersAreAnsweredByTheCommitsOfTheEngine(t *testing.T) {
 func TestWaitOnAHeldJobTimesOutWithTheMissingVersions(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, 1)
-	r.start(r.config(func(c *Config) { c.GapWait = time.Hour }))
+	r.start(r.config(func(c *Config) { c.GapWait, c.GapWaitOff = time.Hour, false }))
 	w := r.waiterApart()
 	r.produce(rec{0, "g", snap("g", 1, `{"n":1}`)}, rec{0, "g", dlt("g", 4, `[{"op":"set","path":"/n","value":4}]`)})
 	r.caughtUp(30 * time.Second)

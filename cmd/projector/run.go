@@ -186,10 +186,7 @@ func (g *gapFlags) validate() error {
 }
 
 func (g *gapFlags) apply(c *projection.Config) {
-	c.GapWait = g.wait
-	if g.wait == 0 {
-		c.GapWait = projection.NoGapWait
-	}
+	c.GapWait, c.GapWaitOff = g.wait, g.wait == 0
 	c.NoReread = !g.reread
 	c.RereadWindow = g.rereadWindow
 	c.RereadMaxBytes = g.rereadMaxBytes
@@ -408,10 +405,7 @@ func (o *runOpts) config(st *store.Store, logger *slog.Logger) projection.Config
 		Store: st, Logger: logger, CacheBytes: int64(o.cacheBytes),
 	}
 	o.gap.apply(&cfg)
-	cfg.TombstoneRetention = o.tombstoneRetention
-	if o.tombstoneRetention == 0 {
-		cfg.TombstoneRetention = projection.KeepTombstones
-	}
+	cfg.TombstoneRetention, cfg.TombstonesForever = o.tombstoneRetention, o.tombstoneRetention == 0
 	o.groupTiming.apply(&cfg)
 	if o.sqs.source == sourceSQS {
 		cfg.Source, cfg.SQS, cfg.Brokers, cfg.Topic = projection.SourceSQS, o.sqs.config(), nil, ""

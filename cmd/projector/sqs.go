@@ -78,10 +78,6 @@ func (s *sqsFlags) validate() error {
 
 // config is the queue's settings. --sqs-wait 0 polls without waiting.
 func (s *sqsFlags) config() projection.SQS {
-	c := projection.SQS{QueueURL: s.queueURL, Endpoint: s.endpoint, Region: s.region,
-		Wait: s.wait, Visibility: s.visibility, MaxMessages: s.maxMessages}
-	if s.wait == 0 {
-		c.Wait = projection.NoSQSWait
-	}
-	return c
+	return projection.SQS{QueueURL: s.queueURL, Endpoint: s.endpoint, Region: s.region,
+		Wait: s.wait, ShortPoll: s.wait == 0, Visibility: s.visibility, MaxMessages: s.maxMessages}
 }

@@ -471,9 +471,10 @@ func (c *committer) flush(level slog.Level) {
 	c.mu.Unlock()
 }
 
-// Ends reads where every partition's log ends. See [source.Source].
+// Ends reads where every partition's log ends, on connections of its own
+// that it closes. See [source.Source].
 func (g *Group) Ends(ctx context.Context) (map[int]source.LogEnd, error) {
-	return g.clients.LogEnds(ctx, g.c.Topic)
+	return LogEnds(ctx, g.c.Config, g.c.Topic)
 }
 
 // Starts reads where the partitions' logs start. See [source.Source].

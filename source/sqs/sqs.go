@@ -7,7 +7,6 @@ import (
 	"hash/fnv"
 	bigmath "math/big"
 	"net/http"
-	"net/url"
 	"regexp"
 	"strconv"
 	"time"
@@ -38,7 +37,6 @@ const (
 	DefaultWait        = sqscfg.DefaultWait
 	DefaultVisibility  = sqscfg.DefaultVisibility
 	DefaultMaxMessages = sqscfg.DefaultMaxMessages
-	NoWait             = sqscfg.NoWait
 )
 
 // queueURLRegion finds the region in an AWS queue URL
@@ -78,10 +76,8 @@ func Connect(ctx context.Context, s Config) (*Client, error) {
 	}
 	ac.HTTPClient = &http.Client{Transport: tr}
 	if ac.Region == "" {
-		if u, err := url.Parse(s.QueueURL); err == nil {
-			if m := queueURLRegion.FindStringSubmatch(u.Host); m != nil {
-				ac.Region = m[1]
-			}
+		if m := queueURLRegion.FindStringSubmatch(s.Host()); m != nil {
+			ac.Region = m[1]
 		}
 	}
 	if ac.Region == "" {
@@ -139,7 +135,7 @@ const (
 // long poll.
 func (c *Client) receive(ctx context.Context) ([]Message, error) {
 	wait := int32(c.cfg.Wait / time.Second)
-	if c.cfg.Wait == NoWait {
+	if c.cfg.ShortPoll {
 		wait = 0
 	}
 	bound := time.Duration(wait)*time.Second + ReceiveSlack

@@ -66,7 +66,7 @@ func TestSQSValidate(t *testing.T) {
 		require.Error(t, err, "%+v", c.s)
 		require.Contains(t, err.Error(), c.want)
 	}
-	require.NoError(t, Config{QueueURL: ok.QueueURL, Wait: NoWait}.WithDefaults().Validate())
+	require.NoError(t, Config{QueueURL: ok.QueueURL, ShortPoll: true}.WithDefaults().Validate())
 	require.Equal(t, "sqs:q.fifo", ok.Name())
 }
 

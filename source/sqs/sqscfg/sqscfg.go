@@ -22,9 +22,10 @@ type Config struct {
 	// Region is the queue's AWS region; empty takes it from the standard
 	// chain (AWS_REGION, the shared config), else from the queue URL.
 	Region string
-	// Wait is the long poll of one receive, at most 20s; NoSQSWait polls
-	// without waiting.
-	Wait time.Duration
+	// Wait is the long poll of one receive, at most 20s (zero: 20s);
+	// ShortPoll polls without waiting.
+	Wait      time.Duration
+	ShortPoll bool
 	// Visibility is how long a received message stays hidden from other
 	// consumers; it is extended while the message's batch is in flight.
 	Visibility time.Duration
@@ -33,6 +34,35 @@ type Config struct {
 	// Credentials, when set, replace the standard credential chain (the
 	// demo and the tests, against the emulator).
 	Credentials *Credentials
+
+	// queue is QueueURL parsed, by WithDefaults: the name, the region and
+	// the checks all read it, once.
+	queue *queueURL
+}
+
+// queueURL is a queue URL parsed, for the URL it was parsed from.
+type queueURL struct {
+	raw string
+	u   *url.URL
+	err error
+}
+
+// parsed is QueueURL parsed: as WithDefaults parsed it, or now when it did
+// not (or the URL changed since).
+func (s Config) parsed() (*url.URL, error) {
+	if q := s.queue; q != nil && q.raw == s.QueueURL {
+		return q.u, q.err
+	}
+	return url.Parse(s.QueueURL)
+}
+
+// Host is the queue URL's host, empty when it does not parse.
+func (s Config) Host() string {
+	u, err := s.parsed()
+	if err != nil {
+		return ""
+	}
+	return u.Host
 }
 
 // Credentials are static AWS credentials.
@@ -47,13 +77,11 @@ const (
 	DefaultMaxMessages = 10
 	maxWait            = 20 * time.Second
 	maxVisibility      = 12 * time.Hour
-	// NoSQSWait makes each receive return at once (short polling).
-	NoWait = -1
 )
 
 // WithDefaults returns s with its zero fields set.
 func (s Config) WithDefaults() Config {
-	if s.Wait == 0 {
+	if s.Wait == 0 && !s.ShortPoll {
 		s.Wait = DefaultWait
 	}
 	if s.Visibility == 0 {
@@ -61,6 +89,10 @@ func (s Config) WithDefaults() Config {
 	}
 	if s.MaxMessages == 0 {
 		s.MaxMessages = DefaultMaxMessages
+	}
+	if s.queue == nil || s.queue.raw != s.QueueURL {
+		u, err := url.Parse(s.QueueURL)
+		s.queue = &queueURL{raw: s.QueueURL, u: u, err: err}
 	}
 	return s
 }
@@ -70,7 +102,7 @@ func (s Config) Validate() error {
 	var errs []error
 	if s.QueueURL == "" {
 		errs = append(errs, errors.New("sqs-queue-url: required with --source sqs: the queue's URL, e.g. https://awssqs.eu-west-1.amazonaws.com/123456789012/job-events.fifo"))
-	} else if u, err := url.Parse(s.QueueURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+	} else if u, err := s.parsed(); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		errs = append(errs, fmt.Errorf("sqs-queue-url %q: not an http or https URL, e.g. https://awssqs.eu-west-1.amazonaws.com/123456789012/job-events.fifo", s.QueueURL))
 	}
 	if s.Endpoint != "" {
@@ -78,7 +110,7 @@ func (s Config) Validate() error {
 			errs = append(errs, fmt.Errorf("sqs-endpoint %q: not an http or https URL, e.g. http://127.0.0.1:4566", s.Endpoint))
 		}
 	}
-	if s.Wait != NoWait && (s.Wait < 0 || s.Wait > maxWait || s.Wait%time.Second != 0) {
+	if !s.ShortPoll && (s.Wait < 0 || s.Wait > maxWait || s.Wait%time.Second != 0) {
 		errs = append(errs, fmt.Errorf("sqs-wait %s: want whole seconds from 0s to 20s (SQS's long poll)", s.Wait))
 	}
 	if s.Visibility < time.Second || s.Visibility > maxVisibility || s.Visibility%time.Second != 0 {
@@ -93,7 +125,7 @@ func (s Config) Validate() error {
 // Name is the queue's name, the last element of its URL: the projection's
 // "topic" in the store (positions, held and quarantine rows).
 func (s Config) Name() string {
-	u, err := url.Parse(s.QueueURL)
+	u, err := s.parsed()
 	if err != nil || u.Path == "" {
 		return s.QueueURL
 	}
