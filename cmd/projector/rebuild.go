@@ -120,6 +120,7 @@ Example:
 		if o.heldWait < 0 || o.timeout < 0 {
 			return usagef("--held-wait and --timeout must not be negative")
 		}
+		o.memory.apply(logger)
 		if name := store.ShadowName(o.table); len(name) > 63 {
 			return usagef("--table %q: too long for its rebuild table %q (PostgreSQL names have at most 63 bytes)", o.table, name)
 		}

@@ -21,6 +21,7 @@ type runOpts struct {
 	topic        string
 	group        string
 	start        string
+	memory       memoryLimit
 	schema       string
 	table        string
 	batchSize    int
@@ -252,6 +253,7 @@ Example:
 		if err := o.api.validate(); err != nil {
 			return err
 		}
+		o.memory.apply(logger)
 		warnUnverifiedTLS(logger, o.databaseURL)
 		cfg := o.storeConfig()
 		cfg.Notify = o.api.notify || o.api.addr != ""
@@ -330,6 +332,7 @@ func (o *runOpts) register(fs *flag.FlagSet, group, httpAddr string) {
 		"how long a deleted job's tombstone is kept: until then no event at or below the\ndelete's version brings the job back; after it, one older than the delete can;\n0 keeps them for ever")
 	o.groupTiming.register(fs)
 	o.bounds.register(fs)
+	o.memory.register(fs)
 }
 
 func (o *runOpts) validate() error {

@@ -1,0 +1,58 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestContainerMemoryLimit reads a cgroup v2 memory.max, a v1
+// memory.limit_in_bytes, and says there is none for "max", v1's unlimited
+// value, or no cgroup file at all.
+func TestContainerMemoryLimit(t *testing.T) {
+	t.Parallel()
+	write := func(t *testing.T, path, content string) {
+		t.Helper()
+		require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
+		require.NoError(t, os.WriteFile(path, []byte(content), 0o644))
+	}
+	for _, tc := range []struct {
+		name, cgroup, file, content string
+		want                        int64
+		ok                          bool
+	}{
+		{"v2 limit", "0::/kubepods/pod1/c1\n", "kubepods/pod1/c1/memory.max", "536870912\n", 536870912, true},
+		{"v2 max", "0::/kubepods/pod1/c1\n", "kubepods/pod1/c1/memory.max", "max\n", 0, false},
+		{"v1 limit", "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n", "memory/docker/abc/memory.limit_in_bytes", "268435456\n", 268435456, true},
+		{"v1 unlimited", "4:cpuacct,memory:/docker/abc\n", "memory/docker/abc/memory.limit_in_bytes", "9223372036854771712\n", 0, false},
+		{"v1 at the root of its mount", "4:memory:/docker/abc\n", "memory/memory.limit_in_bytes", "1073741824\n", 1073741824, true},
+		{"no file", "0::/x\n", "elsewhere", "1", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			write(t, filepath.Join(dir, "cgroup"), tc.cgroup)
+			write(t, filepath.Join(dir, "fs", tc.file), tc.content)
+			got, _, ok := containerMemoryLimit(filepath.Join(dir, "cgroup"), filepath.Join(dir, "fs"))
+			require.Equal(t, tc.ok, ok)
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// TestMemoryLimitFlag: auto by default, off, a size; anything else is
+// refused with what to write.
+func TestMemoryLimitFlag(t *testing.T) {
+	t.Parallel()
+	var m memoryLimit
+	require.Equal(t, "auto", m.String())
+	require.NoError(t, m.Set("off"))
+	require.Equal(t, "off", m.String())
+	require.NoError(t, m.Set("400MiB"))
+	require.Equal(t, "400MiB", m.String())
+	require.NoError(t, m.Set("auto"))
+	require.Equal(t, "auto", m.String())
+	err := m.Set("lots")
+	require.ErrorContains(t, err, "want auto, off or a size")
+}
