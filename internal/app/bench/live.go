@@ -159,7 +159,7 @@ func (r *run) live(ctx context.Context) error {
 	if pollErr != nil {
 		return fmt.Errorf("bench: live: %w", pollErr)
 	}
-	if err := check(ctx, r.pool, st.JobsTable(), stream.Truth, 0); err != nil {
+	if err := check(ctx, r.pool, st.JobsTable(), stream.Refs, 0); err != nil {
 		return fmt.Errorf("after the live run: %w", err)
 	}
 	slices.Sort(latencies)
