@@ -99,6 +99,9 @@ type Config struct {
 	// tamper, in tests, changes the read model after the projector's run
 	// and before it is checked.
 	tamper func(ctx context.Context, pool *pgxpool.Pool, table string) error
+	// checkChunk is how many jobs one query of the check compares
+	// (default 100,000; tests make it small to cross chunks).
+	checkChunk int
 }
 
 // Writer is one measured line.
@@ -193,6 +196,9 @@ func (c Config) withDefaults() Config {
 	if c.Progress == nil {
 		c.Progress = io.Discard
 	}
+	if c.checkChunk == 0 {
+		c.checkChunk = 100_000
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -204,7 +210,7 @@ func (c Config) Validate() error {
 	switch {
 	case !slices.Contains(Mixes, c.Mix):
 		return fmt.Errorf("Mix %q: not one of %v", c.Mix, Mixes)
-	case !slices.Contains(Shapes, c.Shape):
+	case c.Shape != "" && !slices.Contains(Shapes, c.Shape):
 		return fmt.Errorf("Shape %q: not one of %v", c.Shape, Shapes)
 	case c.Events < 100:
 		return fmt.Errorf("Events %d: must be at least 100", c.Events)
@@ -328,14 +334,9 @@ func (r *run) measure(ctx context.Context) error {
 	if err := r.broker.createTopic(ctx, topic, cfg.Partitions); err != nil {
 		return err
 	}
-	recs := make([]record, len(stream.Records))
-	for i, x := range stream.Records {
-		recs[i] = record{partition: x.Partition, key: x.Key, value: x.Value}
-	}
-	if _, err := r.broker.produce(ctx, topic, recs); err != nil {
+	if _, err := r.broker.produce(ctx, topic, stream.Records); err != nil {
 		return err
 	}
-	recs = nil
 	hwm, err := r.broker.highWatermarks(ctx, topic, cfg.Partitions)
 	if err != nil {
 		return err
@@ -620,7 +621,7 @@ func (r *run) projector(ctx context.Context, topic string, hwm map[int]int64, tr
 			return projected{}, err
 		}
 	}
-	if err := check(ctx, r.pool, st.JobsTable(), truth, int64(preload)); err != nil {
+	if err := check(ctx, r.pool, st.JobsTable(), truth, int64(preload), r.cfg.checkChunk); err != nil {
 		return projected{}, err
 	}
 	w := Writer{Name: name, Events: r.rep.Events, Seconds: elapsed.Seconds(), Note: "fetch, decode, fold, write, commit; checked exact"}
@@ -757,15 +758,12 @@ func (r *run) checkpoint(ctx context.Context) {
 	}
 }
 
-// checkChunk is how many jobs one query of the check compares.
-const checkChunk = 100_000
-
 // check compares table with the reference: every job at its version with
 // its state, and no row but theirs and the preloaded ones. A state is
 // compared by a 64-bit hash of its jsonb text, computed in the server, so
 // the check holds 16 bytes a job rather than every state. The bench's
 // streams delete no job; a deleted one would have no row.
-func check(ctx context.Context, pool *pgxpool.Pool, table string, truth []jobgen.Ref, preload int64) error {
+func check(ctx context.Context, pool *pgxpool.Pool, table string, truth []jobgen.Ref, preload int64, checkChunk int) error {
 	var wrong, live int
 	var first string
 	for lo := 0; lo < len(truth); lo += checkChunk {
@@ -832,7 +830,7 @@ func (r *run) rebuild(ctx context.Context, topic string, st *store.Store, truth 
 	if err != nil {
 		return fmt.Errorf("bench: projector rebuild: %w (output: %s)", err, out)
 	}
-	if err := check(ctx, r.pool, st.JobsTable(), truth, 0); err != nil {
+	if err := check(ctx, r.pool, st.JobsTable(), truth, 0, r.cfg.checkChunk); err != nil {
 		return fmt.Errorf("after rebuild: %w", err)
 	}
 	r.add(Writer{Name: "projector rebuild (its own process, start to swap)", Events: r.rep.Events, Seconds: elapsed.Seconds(),
