@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"time"
@@ -24,6 +23,7 @@ type benchOpts struct {
 	jobsSet     bool
 	databaseURL string
 	mix         string
+	shape       string
 	events      int
 	jobs        int
 	partitions  int
@@ -64,8 +64,13 @@ stream of job events reaches PostgreSQL through:
 
 --mix picks the stream: snapshots (every event a whole state), deltas (every
 job one snapshot, then deltas only) or mixed (mostly deltas, some snapshots).
-Late and duplicate deliveries are included. The broker runs in a child process,
-so the projector's peak heap and RSS are its own.
+--shape picks where a job's events sit: clustered (close together, about 64
+jobs live at a time in a partition, so a batch folds many versions of a job) or
+spread (each job's events evenly over its partition's whole log, as long-running
+jobs side by side: most events meet a job not seen for a while). Late and
+duplicate deliveries are included. The broker and the projector's measured run
+(the empty table) run in child processes, so the projector's peak heap and RSS
+are its own: none of the generated stream, the reference or the broker.
 
 --preload N also runs the projector into a table already holding N rows and
 reports its rate as a ratio of the empty table's (growth). --waiters N also runs
@@ -84,12 +89,14 @@ It works in a schema of its own and drops it at the end.
 
 Examples:
   projector bench --mix mixed --events 2000000
+  projector bench --mix mixed --shape spread --events 2000000 --jobs 200000
   projector bench --mix snapshots --events 2000000 --preload 10000000 --json
   projector bench --mix mixed --events 200000 --live --rate 10000 --duration 60s`,
 	flags: func(fs *flag.FlagSet) any {
 		o := &benchOpts{}
 		fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL connection string (default: the local server on 127.0.0.1:5432)")
 		fs.StringVar(&o.mix, "mix", bench.MixSnapshots, "events of the stream: "+strings.Join(bench.Mixes, ", "))
+		fs.StringVar(&o.shape, "shape", bench.ShapeClustered, "where a job's events sit in the log: "+strings.Join(bench.Shapes, ", "))
 		fs.IntVar(&o.events, "events", 200000, "events in the stream, about (jobs get a varying number each)")
 		fs.IntVar(&o.jobs, "jobs", defaultBenchJobs, "`number` of distinct jobs the events are spread over")
 		jobs := fs.Lookup("jobs")
@@ -108,7 +115,7 @@ Examples:
 		fs.BoolVar(&o.rebuild, "rebuild", false, "also time 'projector rebuild' of the same stream")
 		fs.BoolVar(&o.json, "json", false, "print the report as one JSON object (progress goes to stderr)")
 		fs.StringVar(&o.cpuProfile, "cpu-profile", "", "write a pprof CPU profile of the projector's run (empty table) to this file")
-		fs.StringVar(&o.memProfile, "alloc-profile", "", "write a pprof allocation profile, taken after the projector's run, to this file")
+		fs.StringVar(&o.memProfile, "alloc-profile", "", "write a pprof allocation profile of the projector's run, taken when it has caught up\n(before it stops, so its heap in use is there too: -sample_index=inuse_space), to this file")
 		fs.IntVar(&o.swapRows, "swap-rows", 0, "measure a rebuild's swap with this many rows instead of the throughput (0: the throughput)")
 		fs.IntVar(&o.swapDiffer, "swap-differ-percent", 1, "with --swap-rows, the percentage of rows the rebuilt model changes")
 		fs.BoolVar(&o.swapKeepOld, "swap-keep-old", false, "with --swap-rows, swap as 'projector rebuild --keep-old' does")
@@ -125,6 +132,9 @@ Examples:
 		logger, err := o.log.logger(env.stderr)
 		if err != nil {
 			return err
+		}
+		if spec := os.Getenv(bench.ProjectorChildEnv); spec != "" {
+			return bench.ServeProjector(ctx, spec, env.stdout, logger)
 		}
 		url := o.databaseURL
 		if url == "" {
@@ -146,6 +156,8 @@ Examples:
 		switch {
 		case !contains(bench.Mixes, o.mix):
 			return usagef("--mix %q: must be one of %s", o.mix, strings.Join(bench.Mixes, ", "))
+		case !contains(bench.Shapes, o.shape):
+			return usagef("--shape %q: must be one of %s", o.shape, strings.Join(bench.Shapes, ", "))
 		case o.events < 1000:
 			return usagef("--events %d: must be at least 1000", o.events)
 		case o.jobs < 1 || o.jobs*3 > o.events:
@@ -176,24 +188,23 @@ Examples:
 			progress = env.stderr
 		}
 		cfg := bench.Config{
-			DatabaseURL: url, Mix: o.mix, Events: o.events, Jobs: o.jobs, Partitions: o.partitions, StateBytes: o.stateBytes,
+			DatabaseURL: url, Mix: o.mix, Shape: o.shape, Events: o.events, Jobs: o.jobs, Partitions: o.partitions, StateBytes: o.stateBytes,
 			Seed: o.seed, NaiveSample: o.naive, BatchSize: o.batchSize, Preload: o.preload, Waiters: o.waiters,
 			Live: o.live, LiveRate: o.rate, LiveDuration: o.duration, Rebuild: o.rebuild,
-			Executable: self, Progress: progress, Logger: logger,
+			Executable: self, ChildArgs: []string{"--log-level", o.log.level, "--log-format", o.log.format},
+			CPUProfile: o.cpuProfile, AllocProfile: o.memProfile, Progress: progress, Logger: logger,
 		}
-		for _, pf := range []struct {
-			path string
-			to   *io.Writer
-		}{{o.cpuProfile, &cfg.CPUProfile}, {o.memProfile, &cfg.AllocProfile}} {
-			if pf.path == "" {
+		// The profiles are written by the projector's process: a file
+		// that cannot be created is refused here, before the run.
+		for _, path := range []string{o.cpuProfile, o.memProfile} {
+			if path == "" {
 				continue
 			}
-			f, err := os.Create(pf.path)
+			f, err := os.Create(path)
 			if err != nil {
 				return usagef("profile file: %v", err)
 			}
-			defer f.Close()
-			*pf.to = f
+			f.Close()
 		}
 		rep, err := bench.Run(ctx, cfg)
 		var wrong *bench.MismatchError

@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -24,7 +26,7 @@ func TestBenchTable(t *testing.T) {
 	} {
 		require.Regexp(t, `(?m)^`+row, r.stdout, "%s", r)
 	}
-	require.Regexp(t, `(?m)^projector: [\d.]+x raw COPY, [\d.]+x the naive consumer; peak heap [\d.]+ MiB, peak RSS [\d.]+ MiB \(broker: child process`, r.stdout, "%s", r)
+	require.Regexp(t, `(?m)^projector: [\d.]+x raw COPY, [\d.]+x the naive consumer; peak heap [\d.]+ MiB, peak RSS [\d.]+ MiB \(projector: child process.*; broker: child process`, r.stdout, "%s", r)
 }
 
 // TestBenchJSON runs every part of the benchmark once, small, and checks
@@ -39,8 +41,10 @@ func TestBenchJSON(t *testing.T) {
 	var got map[string]any
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &got), "stdout is one JSON object: %s", r)
 	require.Equal(t, "deltas", got["mix"])
+	require.Equal(t, "clustered", got["shape"], "the default shape")
+	require.Contains(t, got["projector"], "child process", "the projector's memory is measured in a process of its own")
 	for _, k := range []string{"events", "projector_events_per_second", "projector_ratio_to_copy", "projector_ratio_to_naive",
-		"peak_heap_bytes", "peak_rss_bytes", "growth_ratio", "empty_table_events_per_second", "rebuild_seconds",
+		"peak_heap_bytes", "peak_rss_bytes", "distinct_jobs_per_batch", "growth_ratio", "empty_table_events_per_second", "rebuild_seconds",
 		"rebuild_ratio_to_copy", "latency_p50_ms", "latency_p99_ms", "latency_max_ms"} {
 		v, ok := got[k].(float64)
 		require.True(t, ok, "%s is a number: %s", k, r.stdout)
@@ -71,13 +75,27 @@ func TestBenchJSON(t *testing.T) {
 // TestBenchShortStreamSpreadsOverFewerJobs: without --jobs, a stream
 // shorter than the default's 200,000 events spreads over a quarter as
 // many jobs instead of being refused; --jobs given too large still is.
+// The run is of the spread shape, which the report names, and profiles of
+// the projector's process are written where asked.
 func TestBenchShortStreamSpreadsOverFewerJobs(t *testing.T) {
 	t.Parallel()
-	r := runBin(t, 3*time.Minute, dbEnv(), "bench", "--json", "--mix", "mixed", "--events", "2000", "--naive-sample", "20")
+	alloc := filepath.Join(t.TempDir(), "alloc.pprof")
+	r := runBin(t, 3*time.Minute, dbEnv(), "bench", "--json", "--mix", "mixed", "--shape", "spread", "--events", "2000",
+		"--naive-sample", "20", "--batch-size", "100", "--alloc-profile", alloc)
 	require.Equal(t, 0, r.code, "%s", r)
 	var got map[string]any
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &got), "stdout is one JSON object: %s", r)
 	require.Equal(t, 500.0, got["jobs"], "a quarter of --events 2000")
+	require.Equal(t, "spread", got["shape"])
+	require.Equal(t, 100.0, got["batch_size"])
+	require.Greater(t, got["distinct_jobs_per_batch"], 50.0, "a batch of 100 of the spread shape meets many jobs: %s", r.stdout)
+	info, err := os.Stat(alloc)
+	require.NoError(t, err)
+	require.Positive(t, info.Size(), "the projector's process wrote its profile")
+
+	r = runBin(t, time.Minute, dbEnv(), "bench", "--events", "2000", "--shape", "round")
+	require.Equal(t, 2, r.code, "%s", r)
+	require.Contains(t, r.stderr, `--shape "round": must be one of clustered, spread`)
 
 	r = runBin(t, time.Minute, dbEnv(), "bench", "--events", "2000", "--jobs", "1000")
 	require.Equal(t, 2, r.code, "%s", r)

@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"runtime/pprof"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -39,13 +38,26 @@ const (
 // Mixes lists the mixes in the order --help shows them.
 var Mixes = []string{MixSnapshots, MixDeltas, MixMixed}
 
+// Shapes of a stream, as the generator has them: a job's events close
+// together (clustered) or spread over the whole log (spread).
+const (
+	ShapeClustered = jobgen.ShapeClustered
+	ShapeSpread    = jobgen.ShapeSpread
+)
+
+// Shapes lists the shapes in the order --help shows them.
+var Shapes = jobgen.Shapes
+
 // Config shapes a run.
 type Config struct {
 	DatabaseURL string
 	Mix         string
-	Events      int // events in the stream, about (jobs get a varying number each)
-	Jobs        int
-	Partitions  int
+	// Shape is where a job's events sit in the log: ShapeClustered (the
+	// default) or ShapeSpread.
+	Shape      string
+	Events     int // events in the stream, about (jobs get a varying number each)
+	Jobs       int
+	Partitions int
 	// StateBytes pads each job's state to about this size (0: natural).
 	StateBytes int
 	Seed       uint64
@@ -67,13 +79,19 @@ type Config struct {
 	LiveDuration time.Duration
 	// Rebuild times `projector rebuild` of the stream (needs Executable).
 	Rebuild bool
-	// Executable is the projector binary: it runs the broker in a child
-	// process (so the projector's memory is measured alone) and the
-	// rebuild. Empty runs the broker in this process (tests).
+	// Executable is the projector binary: it runs the broker and the
+	// projector's measured run (on the empty table) in child processes,
+	// so the projector's memory is measured alone, and the rebuild. Empty
+	// runs both in this process (tests).
 	Executable string
-	// CPUProfile and AllocProfile, when set, receive pprof profiles of
-	// this process during the projector's run on the empty table.
-	CPUProfile, AllocProfile io.Writer
+	// ChildArgs are the arguments after "bench" the projector's child
+	// process gets (its log flags).
+	ChildArgs []string
+	// CPUProfile and AllocProfile, when set, name files that receive pprof
+	// profiles of the projector's run on the empty table: CPU during it,
+	// and allocations (with the heap in use) at its end, before the engine
+	// stops.
+	CPUProfile, AllocProfile string
 	// Progress receives one line per measured writer as it finishes.
 	Progress io.Writer
 	Logger   *slog.Logger
@@ -81,6 +99,9 @@ type Config struct {
 	// tamper, in tests, changes the read model after the projector's run
 	// and before it is checked.
 	tamper func(ctx context.Context, pool *pgxpool.Pool, table string) error
+	// checkChunk is how many jobs one query of the check compares
+	// (default 100,000; tests make it small to cross chunks).
+	checkChunk int
 }
 
 // Writer is one measured line.
@@ -102,8 +123,12 @@ type Writer struct {
 // Report is everything one run measured; its JSON is `projector bench --json`.
 type Report struct {
 	Mix                       string   `json:"mix"`
+	Shape                     string   `json:"shape"`
 	Events                    int      `json:"events"`
 	Jobs                      int      `json:"jobs"`
+	BatchSize                 int      `json:"batch_size"`
+	DistinctJobsPerBatch      float64  `json:"distinct_jobs_per_batch"`
+	DistinctJobsPerBatchHow   string   `json:"distinct_jobs_per_batch_how"`
 	Partitions                int      `json:"partitions"`
 	StateBytes                int      `json:"state_bytes"`
 	MeanStateBytes            int      `json:"mean_state_bytes"`
@@ -114,6 +139,7 @@ type Report struct {
 	PeakHeapBytes             int64    `json:"peak_heap_bytes"`
 	PeakRSSBytes              int64    `json:"peak_rss_bytes"`
 	HeapBeforeBytes           int64    `json:"heap_before_bytes"`
+	Projector                 string   `json:"projector"`
 	Broker                    string   `json:"broker"`
 	BrokerPeakRSSBytes        int64    `json:"broker_peak_rss_bytes,omitempty"`
 	Checked                   string   `json:"checked"`
@@ -158,6 +184,9 @@ func (c Config) withDefaults() Config {
 	if c.Mix == "" {
 		c.Mix = MixSnapshots
 	}
+	if c.Shape == "" {
+		c.Shape = ShapeClustered
+	}
 	if c.NaiveSample == 0 {
 		c.NaiveSample = 2000
 	}
@@ -166,6 +195,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Progress == nil {
 		c.Progress = io.Discard
+	}
+	if c.checkChunk == 0 {
+		c.checkChunk = 100_000
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -178,6 +210,8 @@ func (c Config) Validate() error {
 	switch {
 	case !slices.Contains(Mixes, c.Mix):
 		return fmt.Errorf("Mix %q: not one of %v", c.Mix, Mixes)
+	case c.Shape != "" && !slices.Contains(Shapes, c.Shape):
+		return fmt.Errorf("Shape %q: not one of %v", c.Shape, Shapes)
 	case c.Events < 100:
 		return fmt.Errorf("Events %d: must be at least 100", c.Events)
 	case c.Jobs < 1 || c.Jobs*3 > c.Events:
@@ -214,9 +248,12 @@ func (c Config) stream(seed uint64, events int, faults bool) *jobgen.Stream {
 		jobs = max(1, events/16)
 	}
 	return jobgen.Generate(jobgen.Config{
-		Seed: seed, Jobs: jobs, EventsPerJob: max(events/jobs, 3), Partitions: c.Partitions,
+		Seed: seed, Jobs: jobs, EventsPerJob: max(events/jobs, 3), Partitions: c.Partitions, Shape: c.Shape,
 		SnapshotsOnly: c.Mix == MixSnapshots, DeltasOnly: c.Mix == MixDeltas, StateBytes: c.StateBytes,
 		LateRate: rate, DuplicateRate: rate,
+		// A version and a hash a job: the states of millions of jobs would
+		// take gigabytes of this process.
+		LeanReference: true,
 	})
 }
 
@@ -256,10 +293,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	defer r.broker.close()
-	r.rep = &Report{Mix: cfg.Mix, Jobs: cfg.Jobs, Partitions: cfg.Partitions, StateBytes: cfg.StateBytes, CPUs: runtime.NumCPU(),
-		Broker: "child process (not in the memory figures)", Checked: "exact: every job's version and state equal the reference, and no other row"}
+	r.rep = &Report{Mix: cfg.Mix, Shape: cfg.Shape, Jobs: cfg.Jobs, BatchSize: cfg.BatchSize, Partitions: cfg.Partitions, StateBytes: cfg.StateBytes, CPUs: runtime.NumCPU(),
+		Projector: "child process: the memory figures are its own", Broker: "child process (not in the memory figures)",
+		Checked: "exact: every job's version and state (a 64-bit hash of it as jsonb text, computed in PostgreSQL) equal the reference, and no other row"}
 	if r.broker.inProcess {
 		r.rep.Broker = "in this process (its memory is in the figures)"
+	}
+	if cfg.Executable == "" {
+		r.rep.Projector = "in this process: the memory figures include the reference and the bench's own"
 	}
 	if err := r.measure(ctx); err != nil {
 		return r.rep, err
@@ -283,26 +324,19 @@ func (r *run) measure(ctx context.Context) error {
 	cfg := r.cfg
 	stream := cfg.stream(cfg.Seed, cfg.Events, true)
 	r.rep.Events = len(stream.Records)
-	var stateBytes int
-	for _, t := range stream.Truth {
-		stateBytes += len(t.State)
-	}
-	r.rep.MeanStateBytes = stateBytes / len(stream.Truth)
-	fmt.Fprintf(cfg.Progress, "projector bench: mix %s, %d events for %d jobs (late and duplicate deliveries included), states of about %d bytes, %d partitions, %d CPUs\n",
-		cfg.Mix, len(stream.Records), len(stream.Truth), r.rep.MeanStateBytes, cfg.Partitions, runtime.NumCPU())
+	r.rep.MeanStateBytes = int(stream.StateBytes / int64(stream.Jobs))
+	r.rep.DistinctJobsPerBatch = stream.DistinctJobsPerBatch(0, cfg.BatchSize)
+	r.rep.DistinctJobsPerBatchHow = fmt.Sprintf("mean over partition 0's log cut every %d records (--batch-size), as full batches hold them", cfg.BatchSize)
+	fmt.Fprintf(cfg.Progress, "projector bench: mix %s, shape %s, %d events for %d jobs (late and duplicate deliveries included), states of about %d bytes, %d partitions, %.0f distinct jobs a batch of %d, %d CPUs\n",
+		cfg.Mix, cfg.Shape, len(stream.Records), stream.Jobs, r.rep.MeanStateBytes, cfg.Partitions, r.rep.DistinctJobsPerBatch, cfg.BatchSize, runtime.NumCPU())
 
 	const topic = "bench"
 	if err := r.broker.createTopic(ctx, topic, cfg.Partitions); err != nil {
 		return err
 	}
-	recs := make([]record, len(stream.Records))
-	for i, x := range stream.Records {
-		recs[i] = record{partition: x.Partition, key: x.Key, value: x.Value}
-	}
-	if _, err := r.broker.produce(ctx, topic, recs); err != nil {
+	if _, err := r.broker.produce(ctx, topic, stream.Records); err != nil {
 		return err
 	}
-	recs = nil
 	hwm, err := r.broker.highWatermarks(ctx, topic, cfg.Partitions)
 	if err != nil {
 		return err
@@ -328,7 +362,7 @@ func (r *run) measure(ctx context.Context) error {
 		}
 		r.add(w)
 	}
-	truth := stream.Truth
+	truth := stream.Refs
 	stream = nil // the projector's memory is measured without the generated stream
 
 	first := emptyLeg
@@ -506,14 +540,7 @@ type projected struct {
 }
 
 func (r *run) engine(st *store.Store, topic, group string) (*projection.Projector, error) {
-	return projection.New(projection.Config{
-		Brokers: r.broker.addrs, Topic: topic, Group: group, Store: st, Logger: r.cfg.Logger,
-		// The batch linger, fetch wait and gap wait of `projector run`.
-		BatchSize:         r.cfg.BatchSize,
-		HeartbeatInterval: broker.GroupHeartbeatInterval, SessionTimeout: broker.GroupSessionTimeout,
-		RebalanceTimeout: broker.GroupRebalanceTimeout, JoinGroupBackoff: broker.GroupJoinBackoff,
-		PartitionWatchInterval: broker.GroupPartitionWatchInterval,
-	})
+	return newEngine(childSpec{Brokers: r.broker.addrs, Topic: topic, Group: group, BatchSize: r.cfg.BatchSize}, st, r.cfg.Logger)
 }
 
 // projector runs the real engine from the broker into a fresh table
@@ -530,7 +557,7 @@ type leg struct {
 
 var emptyLeg = leg{name: "projector (Kafka to PostgreSQL, end to end)", table: "jobs"}
 
-func (r *run) projector(ctx context.Context, topic string, hwm map[int]int64, truth map[string]jobgen.Truth, l leg) (projected, error) {
+func (r *run) projector(ctx context.Context, topic string, hwm map[int]int64, truth []jobgen.Ref, l leg) (projected, error) {
 	name, table, preload, waiters, measureMemory := l.name, l.table, l.preload, l.waiters, l.measureMemory
 	st, err := store.New(r.pool, store.Config{Schema: r.schema, Table: table})
 	if err != nil {
@@ -544,10 +571,6 @@ func (r *run) projector(ctx context.Context, topic string, hwm map[int]int64, tr
 			return projected{}, err
 		}
 	}
-	p, err := r.engine(st, topic, "bench-"+table)
-	if err != nil {
-		return projected{}, err
-	}
 	if waiters > 0 {
 		release, err := r.holdWaiters(ctx, st, waiters)
 		if err != nil {
@@ -556,29 +579,32 @@ func (r *run) projector(ctx context.Context, topic string, hwm map[int]int64, tr
 		defer release()
 	}
 	r.checkpoint(ctx)
-	var mem *memSampler
-	if measureMemory {
-		mem = startMemSampler()
-		if r.cfg.CPUProfile != nil {
-			if err := pprof.StartCPUProfile(r.cfg.CPUProfile); err != nil {
-				return projected{}, fmt.Errorf("bench: cpu profile: %w", err)
-			}
-		}
-	}
 	before, err := ioCounters(ctx, r.pool, st.JobsTable())
 	if err != nil {
 		return projected{}, err
 	}
-	elapsed, err := r.runUntil(ctx, p, st, hwm)
-	if mem != nil {
-		if r.cfg.CPUProfile != nil {
-			pprof.StopCPUProfile()
-		}
-		r.rep.PeakHeapBytes, r.rep.PeakRSSBytes, r.rep.HeapBeforeBytes = mem.finish()
-		if r.cfg.AllocProfile != nil {
-			if err := pprof.Lookup("allocs").WriteTo(r.cfg.AllocProfile, 0); err != nil {
-				return projected{}, fmt.Errorf("bench: alloc profile: %w", err)
-			}
+	var elapsed time.Duration
+	spec := childSpec{DatabaseURL: r.cfg.DatabaseURL, Schema: r.schema, Table: table, Topic: topic, Group: "bench-" + table,
+		Brokers: r.broker.addrs, BatchSize: r.cfg.BatchSize, HWM: hwm}
+	switch {
+	case measureMemory && r.cfg.Executable != "":
+		// The projector alone in its own process: its heap and RSS are
+		// what `projector run` would have, with nothing of the bench's.
+		spec.CPUProfile, spec.AllocProfile = r.cfg.CPUProfile, r.cfg.AllocProfile
+		var res childResult
+		res, err = runProjectorChild(ctx, r.cfg.Executable, r.cfg.ChildArgs, spec)
+		elapsed = time.Duration(res.Seconds * float64(time.Second))
+		r.rep.PeakHeapBytes, r.rep.PeakRSSBytes, r.rep.HeapBeforeBytes = res.PeakHeapBytes, res.PeakRSSBytes, res.HeapBeforeBytes
+	case measureMemory:
+		spec.CPUProfile, spec.AllocProfile = r.cfg.CPUProfile, r.cfg.AllocProfile
+		var res childResult
+		res, err = projectorRun(ctx, r.pool, spec, r.cfg.Logger)
+		elapsed = time.Duration(res.Seconds * float64(time.Second))
+		r.rep.PeakHeapBytes, r.rep.PeakRSSBytes, r.rep.HeapBeforeBytes = res.PeakHeapBytes, res.PeakRSSBytes, res.HeapBeforeBytes
+	default:
+		var p *projection.Projector
+		if p, err = r.engine(st, topic, spec.Group); err == nil {
+			elapsed, err = runUntil(ctx, p, st, hwm, nil)
 		}
 	}
 	if err != nil {
@@ -595,7 +621,7 @@ func (r *run) projector(ctx context.Context, topic string, hwm map[int]int64, tr
 			return projected{}, err
 		}
 	}
-	if err := check(ctx, r.pool, st.JobsTable(), truth, int64(preload)); err != nil {
+	if err := check(ctx, r.pool, st.JobsTable(), truth, int64(preload), r.cfg.checkChunk); err != nil {
 		return projected{}, err
 	}
 	w := Writer{Name: name, Events: r.rep.Events, Seconds: elapsed.Seconds(), Note: "fetch, decode, fold, write, commit; checked exact"}
@@ -605,18 +631,25 @@ func (r *run) projector(ctx context.Context, topic string, hwm map[int]int64, tr
 }
 
 // runUntil runs p until every partition's stored position reaches hwm and
-// returns how long that took.
-func (r *run) runUntil(ctx context.Context, p *projection.Projector, st *store.Store, hwm map[int]int64) (time.Duration, error) {
+// returns how long that took. caught, when set, runs then, before the
+// engine stops, with the engine's memory still in use.
+func runUntil(ctx context.Context, p *projection.Projector, st *store.Store, hwm map[int]int64, caught func() error) (time.Duration, error) {
 	start := time.Now()
 	e := startEngine(ctx, p)
 	defer e.stop()
 	for {
-		caught, err := reached(ctx, st, hwm)
+		done, err := reached(ctx, st, hwm)
 		if err != nil {
 			return 0, err
 		}
-		if caught {
-			return time.Since(start), nil
+		if done {
+			elapsed := time.Since(start)
+			if caught != nil {
+				if err := caught(); err != nil {
+					return 0, err
+				}
+			}
+			return elapsed, nil
 		}
 		select {
 		case <-ctx.Done():
@@ -726,30 +759,52 @@ func (r *run) checkpoint(ctx context.Context) {
 }
 
 // check compares table with the reference: every job at its version with
-// its state, and no row but theirs and the preloaded ones.
-func check(ctx context.Context, pool *pgxpool.Pool, table string, truth map[string]jobgen.Truth, preload int64) error {
-	ids := make([]string, 0, len(truth))
-	vers := make([]int64, 0, len(truth))
-	states := make([]string, 0, len(truth))
-	for id, t := range truth {
-		ids, vers, states = append(ids, id), append(vers, t.Version), append(states, string(t.State))
-	}
-	var wrong int
-	var first *string
-	err := pool.QueryRow(ctx, `SELECT count(*), min(t.job_id) FROM unnest($1::text[], $2::bigint[], $3::text[]) AS t(job_id, version, state)
-		LEFT JOIN `+table+` j ON j.job_id = t.job_id
-		WHERE j.job_id IS NULL OR j.version <> t.version OR j.state <> t.state::jsonb`, ids, vers, states).Scan(&wrong, &first)
-	if err != nil {
-		return fmt.Errorf("bench: check %s: %w", table, err)
+// its state, and no row but theirs and the preloaded ones. A state is
+// compared by a 64-bit hash of its jsonb text, computed in the server, so
+// the check holds 16 bytes a job rather than every state. The bench's
+// streams delete no job; a deleted one would have no row.
+func check(ctx context.Context, pool *pgxpool.Pool, table string, truth []jobgen.Ref, preload int64, checkChunk int) error {
+	var wrong, live int
+	var first string
+	for lo := 0; lo < len(truth); lo += checkChunk {
+		refs := truth[lo:min(lo+checkChunk, len(truth))]
+		ids := make([]string, 0, len(refs))
+		vers := make([]int64, 0, len(refs))
+		hashes := make([]int64, 0, len(refs))
+		var gone []string
+		for i, t := range refs {
+			if t.Deleted {
+				gone = append(gone, jobgen.JobID(lo+i))
+				continue
+			}
+			ids, vers, hashes = append(ids, jobgen.JobID(lo+i)), append(vers, int64(t.Version)), append(hashes, t.Hash)
+		}
+		live += len(ids)
+		var n int
+		var firstHere *string
+		err := pool.QueryRow(ctx, `SELECT count(*), min(job_id) FROM (
+				SELECT t.job_id FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS t(job_id, version, hash)
+				LEFT JOIN `+table+` j ON j.job_id = t.job_id
+				WHERE j.job_id IS NULL OR j.version <> t.version OR ('x' || left(md5(j.state::text), 16))::bit(64)::bigint <> t.hash
+				UNION ALL
+				SELECT j.job_id FROM `+table+` j WHERE j.job_id = ANY($4::text[])
+			) AS w`, ids, vers, hashes, gone).Scan(&n, &firstHere)
+		if err != nil {
+			return fmt.Errorf("bench: check %s: %w", table, err)
+		}
+		if n > 0 && wrong == 0 {
+			first = *firstHere
+		}
+		wrong += n
 	}
 	if wrong > 0 {
-		return &MismatchError{Table: table, Wrong: wrong, FirstJobID: *first}
+		return &MismatchError{Table: table, Wrong: wrong, FirstJobID: first}
 	}
 	var rows int64
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&rows); err != nil {
 		return fmt.Errorf("bench: check %s: %w", table, err)
 	}
-	if want := int64(len(truth)) + preload; rows != want {
+	if want := int64(live) + preload; rows != want {
 		return &MismatchError{Table: table, Rows: rows, WantRows: want}
 	}
 	return nil
@@ -759,7 +814,7 @@ func check(ctx context.Context, pool *pgxpool.Pool, table string, truth map[stri
 // projector wrote, from process start to exit, and checks the result. The
 // rebuild runs with its own defaults (its batches are larger than the
 // projector's), as an operator would run it.
-func (r *run) rebuild(ctx context.Context, topic string, st *store.Store, truth map[string]jobgen.Truth) error {
+func (r *run) rebuild(ctx context.Context, topic string, st *store.Store, truth []jobgen.Ref) error {
 	g := func(d time.Duration) string { return d.String() }
 	cmd := exec.CommandContext(ctx, r.cfg.Executable, "rebuild",
 		"--database-url", r.cfg.DatabaseURL, "--brokers", r.broker.addrs[0], "--topic", topic,
@@ -775,7 +830,7 @@ func (r *run) rebuild(ctx context.Context, topic string, st *store.Store, truth 
 	if err != nil {
 		return fmt.Errorf("bench: projector rebuild: %w (output: %s)", err, out)
 	}
-	if err := check(ctx, r.pool, st.JobsTable(), truth, 0); err != nil {
+	if err := check(ctx, r.pool, st.JobsTable(), truth, 0, r.cfg.checkChunk); err != nil {
 		return fmt.Errorf("after rebuild: %w", err)
 	}
 	r.add(Writer{Name: "projector rebuild (its own process, start to swap)", Events: r.rep.Events, Seconds: elapsed.Seconds(),
@@ -798,8 +853,9 @@ func Print(out io.Writer, rep *Report) {
 		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%.2f\t%s\n", w.Name, w.Events, w.Seconds, w.EventsPerSecond, w.RatioToCopy, note)
 	}
 	tw.Flush()
-	fmt.Fprintf(out, "\nprojector: %.2fx raw COPY, %.1fx the naive consumer; peak heap %s, peak RSS %s (broker: %s)\n",
-		rep.ProjectorRatioToCopy, rep.ProjectorRatioToNaive, mib(rep.PeakHeapBytes), mib(rep.PeakRSSBytes), rep.Broker)
+	fmt.Fprintf(out, "\nprojector: %.2fx raw COPY, %.1fx the naive consumer; peak heap %s, peak RSS %s (projector: %s; broker: %s)\n",
+		rep.ProjectorRatioToCopy, rep.ProjectorRatioToNaive, mib(rep.PeakHeapBytes), mib(rep.PeakRSSBytes), rep.Projector, rep.Broker)
+	fmt.Fprintf(out, "stream: shape %s, %d jobs, %.1f distinct jobs a batch of %d\n", rep.Shape, rep.Jobs, rep.DistinctJobsPerBatch, rep.BatchSize)
 	if rep.Preload > 0 {
 		fmt.Fprintf(out, "growth: with %d rows already in the table, %.0f events/s, %.2fx the empty table's %.0f\n",
 			rep.Preload, rep.ProjectorEventsPerSecond, rep.GrowthRatio, rep.EmptyTableEventsPerSecond)

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/projector/projector/internal/app/broker"
+	"github.com/projector/projector/internal/app/jobgen"
 )
 
 // BrokerChildEnv, set in the environment of `projector bench`, makes the
@@ -153,20 +154,14 @@ func (b *brokerProc) createTopic(ctx context.Context, topic string, partitions i
 	}
 }
 
-// record is one record to produce at an explicit partition.
-type record struct {
-	partition  int
-	key, value []byte
-}
-
 // produce writes recs (in order within each partition, partitions at once,
 // batches of up to 5000 records or 512 KiB) and returns each record's
 // offset.
-func (b *brokerProc) produce(ctx context.Context, topic string, recs []record) ([]int64, error) {
+func (b *brokerProc) produce(ctx context.Context, topic string, recs []jobgen.Record) ([]int64, error) {
 	offsets := make([]int64, len(recs))
 	byPart := map[int][]int{}
 	for i, r := range recs {
-		byPart[r.partition] = append(byPart[r.partition], i)
+		byPart[r.Partition] = append(byPart[r.Partition], i)
 	}
 	now := time.Now()
 	g, gctx := errgroup.WithContext(ctx)
@@ -176,7 +171,7 @@ func (b *brokerProc) produce(ctx context.Context, topic string, recs []record) (
 			for len(idx) > 0 {
 				n, size := 0, 0
 				for n < len(idx) && n < 5000 {
-					size += len(recs[idx[n]].key) + len(recs[idx[n]].value) + 64
+					size += len(recs[idx[n]].Key) + len(recs[idx[n]].Value) + 64
 					if n > 0 && size > 512<<10 {
 						break
 					}
@@ -184,7 +179,7 @@ func (b *brokerProc) produce(ctx context.Context, topic string, recs []record) (
 				}
 				batch := make([]kafka.Record, n)
 				for i, ri := range idx[:n] {
-					batch[i] = kafka.Record{Time: now, Key: kafka.NewBytes(recs[ri].key), Value: kafka.NewBytes(recs[ri].value)}
+					batch[i] = kafka.Record{Time: now, Key: kafka.NewBytes(recs[ri].Key), Value: kafka.NewBytes(recs[ri].Value)}
 				}
 				resp, err := b.client.Produce(gctx, &kafka.ProduceRequest{
 					Topic: topic, Partition: p, RequiredAcks: kafka.RequireAll, Records: kafka.NewRecordReader(batch...),

@@ -125,10 +125,7 @@ func (r *run) live(ctx context.Context) error {
 	for next < len(recs) {
 		due := min(len(recs), int(time.Since(start).Seconds()*float64(cfg.LiveRate))+1)
 		if due > next {
-			chunk := make([]record, due-next)
-			for i, x := range recs[next:due] {
-				chunk[i] = record{partition: x.Partition, key: x.Key, value: x.Value}
-			}
+			chunk := recs[next:due]
 			at := time.Now()
 			offs, err := r.broker.produce(ctx, topic, chunk)
 			if err != nil {
@@ -139,7 +136,7 @@ func (r *run) live(ctx context.Context) error {
 			}
 			mu.Lock()
 			for i, o := range offs {
-				pending[chunk[i].partition] = append(pending[chunk[i].partition], sent{offset: o, at: at})
+				pending[chunk[i].Partition] = append(pending[chunk[i].Partition], sent{offset: o, at: at})
 			}
 			mu.Unlock()
 			next = due
@@ -159,7 +156,7 @@ func (r *run) live(ctx context.Context) error {
 	if pollErr != nil {
 		return fmt.Errorf("bench: live: %w", pollErr)
 	}
-	if err := check(ctx, r.pool, st.JobsTable(), stream.Truth, 0); err != nil {
+	if err := check(ctx, r.pool, st.JobsTable(), stream.Refs, 0, cfg.checkChunk); err != nil {
 		return fmt.Errorf("after the live run: %w", err)
 	}
 	slices.Sort(latencies)

@@ -5,12 +5,29 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/projector/projector/delta"
 )
+
+// Shapes of a stream: where a job's events sit in its partition's log.
+const (
+	// ShapeClustered keeps a job's events close together: about 64 jobs
+	// are live at a time in a partition, so a batch of the projector
+	// folds many versions of each job it holds.
+	ShapeClustered = "clustered"
+	// ShapeSpread spreads every job's events evenly over its partition's
+	// whole log, as long-running jobs side by side would: consecutive
+	// events of a job are about as far apart as the partition has jobs,
+	// so most events meet a job not seen for a while.
+	ShapeSpread = "spread"
+)
+
+// Shapes lists the shapes in the order --help shows them.
+var Shapes = []string{ShapeClustered, ShapeSpread}
 
 // Config shapes a stream. Rates are per job: the chance that a job gets
 // one fault of that kind.
@@ -19,6 +36,12 @@ type Config struct {
 	Jobs         int
 	EventsPerJob int // about; each job gets EventsPerJob ± 25%
 	Partitions   int
+	// Shape is ShapeClustered (the default) or ShapeSpread.
+	Shape string
+	// LeanReference keeps the reference as Refs (a version and a state
+	// hash a job) instead of Truth (every final state): at millions of
+	// jobs the states would take gigabytes.
+	LeanReference bool
 	// SnapshotsOnly makes every event a full snapshot (the benchmark's
 	// baseline workload).
 	SnapshotsOnly bool
@@ -51,6 +74,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Partitions == 0 {
 		c.Partitions = 6
+	}
+	if c.Shape == "" {
+		c.Shape = ShapeClustered
 	}
 	return c
 }
@@ -88,10 +114,16 @@ type Truth struct {
 // Stream is a generated stream with its reference model.
 type Stream struct {
 	Records []Record
-	Truth   map[string]Truth
-	Faults  Faults
+	// Truth is the reference, unless Config.LeanReference; then Refs is,
+	// Refs[i] being job JobID(i)'s.
+	Truth  map[string]Truth
+	Refs   []Ref
+	Faults Faults
 	// Events counts the job events (without bad records or duplicates).
 	Events int
+	// Jobs counts the jobs; StateBytes sums their final states' sizes.
+	Jobs       int
+	StateBytes int64
 }
 
 type ev struct {
@@ -105,16 +137,37 @@ type ev struct {
 // Generate builds a stream. The same Config always yields the same stream.
 func Generate(cfg Config) *Stream {
 	cfg = cfg.WithDefaults()
+	if !slices.Contains(Shapes, cfg.Shape) {
+		panic(fmt.Sprintf("jobgen: shape %q: not one of %v", cfg.Shape, Shapes))
+	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
-	s := &Stream{Truth: make(map[string]Truth, cfg.Jobs)}
+	s := &Stream{Jobs: cfg.Jobs}
+	if cfg.LeanReference {
+		s.Refs = make([]Ref, cfg.Jobs)
+	} else {
+		s.Truth = make(map[string]Truth, cfg.Jobs)
+	}
 	perPart := make([][]Record, cfg.Partitions)
 	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 	for i := 0; i < cfg.Jobs; i++ {
-		id := fmt.Sprintf("job-%05d", i)
+		id := JobID(i)
 		p := PartitionOf(id, cfg.Partitions)
 		evs, truth := history(rng, id, cfg, base.Add(time.Duration(i)*time.Second))
-		s.Truth[id] = truth
+		s.StateBytes += int64(len(truth.State))
+		if cfg.LeanReference {
+			ref := Ref{Version: uint32(truth.Version), Deleted: truth.Deleted}
+			if !truth.Deleted {
+				h, err := StateHash(truth.State)
+				if err != nil {
+					panic(err)
+				}
+				ref.Hash = h
+			}
+			s.Refs[i] = ref
+		} else {
+			s.Truth[id] = truth
+		}
 		switch {
 		case truth.Deleted:
 			s.Faults.Deleted++
@@ -123,8 +176,9 @@ func Generate(cfg Config) *Stream {
 		}
 		s.Events += len(evs)
 		recs := make([]Record, len(evs))
+		key := []byte(id) // one key a job, shared by its records
 		for k, e := range evs {
-			recs[k] = Record{Partition: p, Key: []byte(id), Value: e.value}
+			recs[k] = Record{Partition: p, Key: key, Value: e.value}
 		}
 		recs = s.inject(rng, cfg, evs, recs, p)
 		perPart[p] = append(perPart[p], recs...)
@@ -132,7 +186,11 @@ func Generate(cfg Config) *Stream {
 	// Interleave jobs within each partition so a batch holds many jobs,
 	// keeping each job's own order (faults already placed it).
 	for p := range perPart {
-		perPart[p] = interleave(rng, perPart[p])
+		if cfg.Shape == ShapeSpread {
+			perPart[p] = spread(rng, perPart[p])
+		} else {
+			perPart[p] = interleave(rng, perPart[p])
+		}
 	}
 	// Misrouted records sit in another partition; gather all by round robin.
 	for more := true; more; {
@@ -270,6 +328,43 @@ func interleave(rng *rand.Rand, recs []Record) []Record {
 	return out
 }
 
+// spread places each job's records evenly over the whole of recs, keeping
+// each job's own order: the k-th of a job's n records goes to about
+// (k + phase) / n of the way, the phase drawn once a job so that jobs
+// with as many records do not all move in step.
+func spread(rng *rand.Rand, recs []Record) []Record {
+	type placed struct {
+		at  float64
+		rec Record
+	}
+	out := make([]placed, 0, len(recs))
+	for start := 0; start < len(recs); {
+		end := start + 1
+		for end < len(recs) && string(recs[end].Key) == string(recs[start].Key) {
+			end++
+		}
+		n, phase := float64(end-start), rng.Float64()
+		for k, r := range recs[start:end] {
+			out = append(out, placed{at: (float64(k) + phase) / n, rec: r})
+		}
+		start = end
+	}
+	slices.SortStableFunc(out, func(a, b placed) int {
+		switch {
+		case a.at < b.at:
+			return -1
+		case a.at > b.at:
+			return 1
+		}
+		return 0
+	})
+	res := recs[:0]
+	for _, p := range out {
+		res = append(res, p.rec)
+	}
+	return res
+}
+
 // PartitionOf routes a job id to a partition the way the generator's
 // producer does.
 func PartitionOf(id string, partitions int) int {
@@ -402,10 +497,41 @@ func countVerbs(s string) int {
 
 // JobIDs lists the stream's jobs, sorted.
 func (s *Stream) JobIDs() []string {
-	ids := make([]string, 0, len(s.Truth))
-	for id := range s.Truth {
-		ids = append(ids, id)
+	ids := make([]string, 0, s.Jobs)
+	for i := range s.Jobs {
+		ids = append(ids, JobID(i))
 	}
 	sort.Strings(ids)
 	return ids
+}
+
+// DistinctJobsPerBatch is the mean, over the batches of partition p's log
+// cut every batchSize records, of the distinct jobs a batch holds: what
+// the projector's batches hold when each is full (a batch cut short by
+// its linger holds fewer).
+func (s *Stream) DistinctJobsPerBatch(p, batchSize int) float64 {
+	seen := map[string]struct{}{}
+	var batches, sum, n int
+	flush := func() {
+		if n > 0 {
+			batches++
+			sum += len(seen)
+			clear(seen)
+			n = 0
+		}
+	}
+	for _, r := range s.Records {
+		if r.Partition != p {
+			continue
+		}
+		seen[string(r.Key)] = struct{}{}
+		if n++; n == batchSize {
+			flush()
+		}
+	}
+	flush()
+	if batches == 0 {
+		return 0
+	}
+	return float64(sum) / float64(batches)
 }
