@@ -319,6 +319,7 @@ func (w *Waiter) check(ctx context.Context, sel selection) (int, error) {
 	if err != nil {
 		return len(batch), err
 	}
+	w.read.Add(int64(len(batch)))
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, wt := range batch {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/projector/projector/store"
@@ -146,6 +147,9 @@ type Waiter struct {
 	all     map[*waiter]struct{}
 	fresh   []*waiter
 	stopped bool
+
+	// read counts the waiters Run's checks have read, for [Waiter.Read].
+	read atomic.Int64
 }
 
 // waiter is one caller's wait, a few hundred bytes.
@@ -186,6 +190,12 @@ func New(cfg Config) (*Waiter, error) {
 		all:       make(map[*waiter]struct{}),
 	}, nil
 }
+
+// Read is how many waiters Run's checks have read since it started (a
+// waiter read by several checks counts each time): a Waiter whose Read
+// reached the waiters it holds has read each of them at least once
+// since they came, as a new waiter's first check reads it alone.
+func (w *Waiter) Read() int64 { return w.read.Load() }
 
 // Waiting is the number of waiters held now.
 func (w *Waiter) Waiting() int {

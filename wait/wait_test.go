@@ -392,3 +392,27 @@ func leased(t *testing.T, r *rig) {
 		return n == 1
 	}, 10*time.Second, time.Millisecond)
 }
+
+// TestReadCountsTheWaitersChecksRead: new waiters are read once each, so
+// Read reaches their number while they still wait, and grows with every
+// check after (here the poll's).
+func TestReadCountsTheWaitersChecksRead(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, wait.Config{Poll: 50 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errs := make(chan error, 3)
+	for _, id := range []string{"a", "b", "c"} {
+		go func() {
+			_, err := r.waiter.WaitJob(ctx, id, 1)
+			errs <- err
+		}()
+	}
+	require.Eventually(t, func() bool { return r.waiter.Waiting() == 3 && r.waiter.Read() >= 3 }, 10*time.Second, 5*time.Millisecond)
+	at := r.waiter.Read()
+	require.Eventually(t, func() bool { return r.waiter.Read() >= at+3 }, 10*time.Second, 5*time.Millisecond, "the poll reads them again")
+	cancel()
+	for range 3 {
+		require.ErrorIs(t, <-errs, context.Canceled)
+	}
+}
