@@ -22,8 +22,9 @@ import (
 type Config struct {
 	// From is the source of the projection's lanes, built outside the
 	// engine (source/kafka's Group, source/sqs's Queue, or any other
-	// [source.Source]). Nil: the source that Source and its settings
-	// below describe.
+	// [source.Source]), for one Projector: a source is run once. Nil: the
+	// source that Source and its settings below describe, built by name
+	// ([source.Build]). A [Rebuild] refuses it: it builds its own.
 	From source.Source
 	// Source is where records come from: SourceKafka (the default: Brokers,
 	// Topic, Group) or SourceSQS (the queue SQS names).

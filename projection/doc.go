@@ -41,5 +41,5 @@
 // (statuspage.go: /status as HTML, record text through [Printable]) and a
 // job's [Explanation] as JSON; outages are
 // logged when they start, at most every 30 s while they last, and when they
-// end.
+// end. It never logs or returns a SASL password.
 package projection

@@ -25,6 +25,8 @@ func (h host) Failed(err error, retryIn time.Duration) { h.p.sourceOutage.failed
 
 func (h host) Answered() { h.p.sourceOutage.ok() }
 
+func (h host) Failing(now time.Time) (time.Duration, string) { return h.p.sourceOutage.failingFor(now) }
+
 func (h host) Ends(ends map[int]source.LogEnd) { h.p.book.setEnds(ends) }
 
 func (h host) QueueLag(n int64, known bool) {
@@ -65,7 +67,6 @@ func (h host) Record(ctx context.Context, c source.Consumer) (source.Recorded, e
 	if err != nil {
 		return source.Recorded{}, err
 	}
-	p.identity = rec.Identity
 	return source.Recorded{Name: rec.Name, Previous: rec.Previous, Legacy: rec.Legacy,
 		ID: rec.Identity.ID, Projection: rec.Identity.Name, Suggest: p.ownGroup()}, nil
 }

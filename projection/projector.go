@@ -11,7 +11,6 @@ import (
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/snapshot"
 	"github.com/projector/projector/source"
-	"github.com/projector/projector/store"
 )
 
 // Projector runs the projection of one topic into one store.
@@ -53,9 +52,6 @@ type Projector struct {
 	// deltas other instances stored: heldAdoptEvery, shorter in tests.
 	adoptEvery time.Duration
 
-	// identity is the projection's, resolved when the source recorded
-	// what it consumes as.
-	identity store.Identity
 	// testStallWarning, when set by a test before Run, replaces
 	// stallWarning.
 	testStallWarning time.Duration

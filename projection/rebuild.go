@@ -101,6 +101,12 @@ func (r *Rebuild) Run(ctx context.Context) (RebuildResult, error) {
 	var res RebuildResult
 	cfg := r.Config
 	live := r.Live
+	if cfg.From != nil {
+		// The shadow reads through a source of its own (its own group),
+		// and the live log's ends are asked of another: a source is run
+		// once, by one engine.
+		return res, &RebuildSetupError{Msg: "rebuild: Config.From is set; a rebuild builds its sources from the configuration (Source and its settings)"}
+	}
 	began := time.Now()
 	release, err := live.LockRebuild(ctx)
 	if errors.Is(err, store.ErrRebuildRunning) {

@@ -204,9 +204,16 @@ type Host interface {
 	// that they cannot be read (!known).
 	QueueLag(n int64, known bool)
 	// Failed and Answered report the source's outage: failing since the
-	// first Failed (retried after retryIn), until an Answered.
+	// first Failed (retried after retryIn), until an Answered. A lane's
+	// Fetch errors are reported by the engine too: a source reports what
+	// its own background work meets (joining, reading log ends, a queue's
+	// receiver) and when it answers again. Failing is the outage in
+	// progress, one for the source, as the engine's
+	// health, readiness, watchdog and metrics read it: how long it has
+	// lasted at now, and its last error; 0 when there is none.
 	Failed(err error, retryIn time.Duration)
 	Answered()
+	Failing(now time.Time) (time.Duration, string)
 	// Alive registers a background loop of the source for liveness; beat
 	// marks a sign of life, done removes the loop.
 	Alive(name string, floor time.Duration) (beat func(), done func())
@@ -301,8 +308,12 @@ type ConflictError struct {
 
 func (e *ConflictError) Error() string {
 	if e.Queue {
+		tag := e.Tag
+		if tag == "" {
+			tag = sqscfg.OwnerTag
+		}
 		return fmt.Sprintf("the SQS queue %s is read by another projection (%s); this one (%s) would receive only part of its messages and the other would miss them: give each projection a queue of its own (if %s no longer runs, remove the queue's tag %s)",
-			e.Group, e.Theirs, e.Ours, e.Theirs, e.Tag)
+			e.Group, e.Theirs, e.Ours, e.Theirs, tag)
 	}
 	return fmt.Sprintf("consumer group %q is used by another projection (%s); this one (%s) would split the topic's partitions with it and both read models would miss records: give this projection a group of its own with --group (for example %s)",
 		e.Group, e.Theirs, e.Ours, e.Suggest)
@@ -344,6 +355,12 @@ var (
 func Register(name string, b Builder) {
 	buildersMu.Lock()
 	defer buildersMu.Unlock()
+	if b == nil {
+		panic("source: Register of a nil builder for " + name)
+	}
+	if _, dup := builders[name]; dup {
+		panic("source: Register called twice for " + name)
+	}
 	builders[name] = b
 }
 

@@ -319,13 +319,13 @@ func (w *Waiter) check(ctx context.Context, sel selection) (int, error) {
 	if err != nil {
 		return len(batch), err
 	}
-	w.read.Add(int64(len(batch)))
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, wt := range batch {
 		if _, ok := w.all[wt]; !ok || wt.reached {
 			continue
 		}
+		wt.read = true
 		if wt.byJob {
 			st, moved := jobs[wt.job]
 			if !moved {

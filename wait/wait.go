@@ -9,7 +9,6 @@ import (
 	"os"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/projector/projector/store"
@@ -147,9 +146,6 @@ type Waiter struct {
 	all     map[*waiter]struct{}
 	fresh   []*waiter
 	stopped bool
-
-	// read counts the waiters Run's checks have read, for [Waiter.Read].
-	read atomic.Int64
 }
 
 // waiter is one caller's wait, a few hundred bytes.
@@ -160,6 +156,8 @@ type waiter struct {
 	version int64
 	pos     store.PositionKey
 	offset  int64
+	// read says a check has read the waiter's rows once.
+	read bool
 	// done is closed once the wait is over: reached, or stopped.
 	done chan struct{}
 
@@ -191,11 +189,18 @@ func New(cfg Config) (*Waiter, error) {
 	}, nil
 }
 
-// Read is how many waiters Run's checks have read since it started (a
-// waiter read by several checks counts each time): a Waiter whose Read
-// reached the waiters it holds has read each of them at least once
-// since they came, as a new waiter's first check reads it alone.
-func (w *Waiter) Read() int64 { return w.read.Load() }
+// Unread is how many of the waiters held now no check has read yet.
+func (w *Waiter) Unread() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for wt := range w.all {
+		if !wt.read {
+			n++
+		}
+	}
+	return n
+}
 
 // Waiting is the number of waiters held now.
 func (w *Waiter) Waiting() int {

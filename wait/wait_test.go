@@ -393,12 +393,13 @@ func leased(t *testing.T, r *rig) {
 	}, 10*time.Second, time.Millisecond)
 }
 
-// TestReadCountsTheWaitersChecksRead: new waiters are read once each, so
-// Read reaches their number while they still wait, and grows with every
-// check after (here the poll's).
-func TestReadCountsTheWaitersChecksRead(t *testing.T) {
+// TestUnreadCountsTheWaitersNoCheckRead: new waiters are unread until
+// the check after their arrival reads them, and stay read while they wait.
+func TestUnreadCountsTheWaitersNoCheckRead(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, wait.Config{Poll: 50 * time.Millisecond})
+	// The poll an hour away: the check that reads them is the one their
+	// arrival asks for.
+	r := newRig(t, wait.Config{Poll: time.Hour})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errs := make(chan error, 3)
@@ -408,11 +409,10 @@ func TestReadCountsTheWaitersChecksRead(t *testing.T) {
 			errs <- err
 		}()
 	}
-	require.Eventually(t, func() bool { return r.waiter.Waiting() == 3 && r.waiter.Read() >= 3 }, 10*time.Second, 5*time.Millisecond)
-	at := r.waiter.Read()
-	require.Eventually(t, func() bool { return r.waiter.Read() >= at+3 }, 10*time.Second, 5*time.Millisecond, "the poll reads them again")
+	require.Eventually(t, func() bool { return r.waiter.Waiting() == 3 && r.waiter.Unread() == 0 }, 10*time.Second, 5*time.Millisecond)
 	cancel()
 	for range 3 {
 		require.ErrorIs(t, <-errs, context.Canceled)
 	}
+	require.Zero(t, r.waiter.Waiting())
 }

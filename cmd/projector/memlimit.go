@@ -31,6 +31,9 @@ type memoryLimit struct {
 // outside the heap, and the runtime's own.
 const memoryShare = 0.85
 
+// minMemoryLimit is the smallest --memory-limit taken.
+const minMemoryLimit = 16 << 20
+
 func (m *memoryLimit) String() string {
 	switch {
 	case m.off:
@@ -54,6 +57,16 @@ func (m *memoryLimit) Set(s string) error {
 	if err := b.Set(s); err != nil {
 		return fmt.Errorf("want auto, off or a size such as 400MiB: %w", err)
 	}
+	if b < minMemoryLimit {
+		// A limit this small would keep the collector running without
+		// pause: a zero size means off, anything else is refused.
+		if b == 0 {
+			*m = memoryLimit{off: true}
+			return nil
+		}
+		floor := byteSize(minMemoryLimit)
+		return fmt.Errorf("%s is below %s: the collector would never rest; want auto, off or a size such as 400MiB", b.String(), floor.String())
+	}
 	*m = memoryLimit{bytes: b}
 	return nil
 }
@@ -72,6 +85,10 @@ func (m *memoryLimit) apply(log *slog.Logger) {
 	switch {
 	case m.off:
 		debug.SetMemoryLimit(math.MaxInt64)
+		if _, ok := os.LookupEnv("GOMEMLIMIT"); ok {
+			log.Info("memory limit off (--memory-limit off overrides GOMEMLIMIT)")
+			return
+		}
 		log.Info("memory limit off")
 	case !m.auto:
 		debug.SetMemoryLimit(int64(m.bytes))
@@ -94,15 +111,18 @@ func (m *memoryLimit) apply(log *slog.Logger) {
 }
 
 // containerMemoryLimit reads the memory limit of the cgroup this process
-// is in: cgroup v2's memory.max, else v1's memory.limit_in_bytes. ok is
-// false without a limit ("max", or v1's page-rounded "unlimited" value).
+// is in: the smallest of cgroup v2's memory.max from its cgroup up to the
+// hierarchy's root (a limit set on a parent bounds its children too), else
+// v1's memory.limit_in_bytes the same way. ok is false without a limit
+// ("max", or v1's page-rounded "unlimited" value, all the way up).
 func containerMemoryLimit(procCgroup, root string) (limit int64, path string, ok bool) {
 	f, err := os.Open(procCgroup)
 	if err != nil {
 		return 0, "", false
 	}
 	defer f.Close()
-	var candidates []string
+	type hierarchy struct{ dir, cgroup, file string }
+	var found []hierarchy
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		// hierarchy-ID:controller-list:cgroup-path
@@ -112,32 +132,49 @@ func containerMemoryLimit(procCgroup, root string) (limit int64, path string, ok
 		}
 		switch {
 		case parts[0] == "0" && parts[1] == "":
-			candidates = append(candidates,
-				filepath.Join(root, parts[2], "memory.max"),
-				filepath.Join(root, "memory.max"))
+			found = append(found, hierarchy{root, parts[2], "memory.max"})
 		case hasController(parts[1], "memory"):
-			candidates = append(candidates,
-				filepath.Join(root, "memory", parts[2], "memory.limit_in_bytes"),
-				filepath.Join(root, "memory", "memory.limit_in_bytes"))
+			found = append(found, hierarchy{filepath.Join(root, "memory"), parts[2], "memory.limit_in_bytes"})
 		}
 	}
-	for _, c := range candidates {
-		b, err := os.ReadFile(c)
-		if err != nil {
-			continue
+	for _, h := range found {
+		// From the process's cgroup up to the root of its mount: a
+		// container's namespace may show its own cgroup as the root.
+		cg := filepath.Clean("/" + h.cgroup)
+		for {
+			c := filepath.Join(h.dir, cg, h.file)
+			if n, set := readLimit(c); set && (!ok || n < limit) {
+				limit, path, ok = n, c, true
+			}
+			if cg == "/" {
+				break
+			}
+			cg = filepath.Dir(cg)
 		}
-		s := strings.TrimSpace(string(b))
-		if s == "max" {
-			return 0, c, false
+		if ok {
+			return limit, path, true
 		}
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil || n <= 0 || n >= 1<<62 {
-			// v1 says "no limit" with a huge page-rounded number.
-			return 0, c, false
-		}
-		return n, c, true
 	}
 	return 0, "", false
+}
+
+// readLimit reads one cgroup limit file; set is false for none ("max",
+// v1's unlimited value) or a file that cannot be read.
+func readLimit(path string) (n int64, set bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "max" {
+		return 0, false
+	}
+	n, err = strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 || n >= 1<<62 {
+		// v1 says "no limit" with a huge page-rounded number.
+		return 0, false
+	}
+	return n, true
 }
 
 func hasController(list, name string) bool {

@@ -29,6 +29,7 @@ func TestContainerMemoryLimit(t *testing.T) {
 		{"v1 unlimited", "4:cpuacct,memory:/docker/abc\n", "memory/docker/abc/memory.limit_in_bytes", "9223372036854771712\n", 0, false},
 		{"v1 at the root of its mount", "4:memory:/docker/abc\n", "memory/memory.limit_in_bytes", "1073741824\n", 1073741824, true},
 		{"no file", "0::/x\n", "elsewhere", "1", 0, false},
+		{"v2 limit on a parent", "0::/init\n", "memory.max", "536870912\n", 536870912, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -53,6 +54,9 @@ func TestMemoryLimitFlag(t *testing.T) {
 	require.Equal(t, "400MiB", m.String())
 	require.NoError(t, m.Set("auto"))
 	require.Equal(t, "auto", m.String())
+	require.NoError(t, m.Set("0MiB"))
+	require.Equal(t, "off", m.String(), "a zero size is off, never a limit of nothing")
+	require.ErrorContains(t, m.Set("1KiB"), "below")
 	err := m.Set("lots")
 	require.ErrorContains(t, err, "want auto, off or a size")
 }

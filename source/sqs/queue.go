@@ -56,10 +56,9 @@ type Queue struct {
 	// refused. It tells a queue that is silent (a connection that hangs)
 	// from one that answers.
 	answeredAt atomic.Int64
-	// failing is the receives' failure in progress: since when, and why.
-	failMu       sync.Mutex
-	failingSince time.Time
-	failingWhy   string
+	// failing is the source's outage as the engine keeps it (set by Run,
+	// read by Checks from any goroutine).
+	failing atomic.Pointer[func(now time.Time) (time.Duration, string)]
 	// receiving says the lane is being served.
 	receiving atomic.Bool
 }
@@ -112,6 +111,13 @@ func (q *Queue) Reader() *Reader { return q.reader }
 func (q *Queue) Run(ctx context.Context, host source.Host) error {
 	defer q.client.Close()
 	url := q.c.QueueURL
+	// The counts first: the lag (which the stall watchdog reads) is known
+	// by the time the lane is served.
+	mctx, stop := context.WithCancel(ctx)
+	var monitor sync.WaitGroup
+	monitor.Go(func() { q.watchCounts(mctx, host) })
+	defer monitor.Wait()
+	defer stop()
 	rec, err := host.Record(ctx, source.Consumer{Kind: source.ConsumerQueue, Explicit: url})
 	var ce *source.ConflictError
 	if errors.As(err, &ce) {
@@ -127,16 +133,16 @@ func (q *Queue) Run(ctx context.Context, host source.Host) error {
 		return err
 	}
 	q.log.Info("projector started", "source", "sqs", "queue", url, "owner", q.c.Owner, "projection", rec.Projection)
-	mctx, stop := context.WithCancel(ctx)
-	var monitor sync.WaitGroup
-	monitor.Go(func() { q.watchCounts(mctx, host) })
-	defer monitor.Wait()
-	defer stop()
 
-	q.reader.Failed = func(err error, _ time.Duration) { q.failed(err) }
+	// The receiver reports its failures as they happen (a hung receive is
+	// cut and reported at once; the lane's Fetch returns the error only
+	// once nothing is left to take), and a receive that answers ends the
+	// outage. Readiness reads the outage back from the engine.
+	failing := host.Failing
+	q.failing.Store(&failing)
+	q.reader.Failed = host.Failed
 	q.reader.OK = func() {
 		q.answeredAt.Store(time.Now().UnixNano())
-		q.ok()
 		host.Answered()
 	}
 	q.receiving.Store(true)
@@ -145,29 +151,14 @@ func (q *Queue) Run(ctx context.Context, host source.Host) error {
 	return host.Serve(ctx, NewLane(q.c.Scope, q.reader, q.c.BatchSize, q.c.Linger))
 }
 
-func (q *Queue) failed(err error) {
-	q.failMu.Lock()
-	defer q.failMu.Unlock()
-	if q.failingSince.IsZero() {
-		q.failingSince = time.Now()
-	}
-	q.failingWhy = err.Error()
-}
-
-func (q *Queue) ok() {
-	q.failMu.Lock()
-	defer q.failMu.Unlock()
-	q.failingSince, q.failingWhy = time.Time{}, ""
-}
-
-// failing is how long the receives have been failing at now, and why.
-func (q *Queue) failing(now time.Time) (time.Duration, string) {
-	q.failMu.Lock()
-	defer q.failMu.Unlock()
-	if q.failingSince.IsZero() {
+// failingFor is how long the receives have been failing at now, and
+// why: the engine's outage of this source.
+func (q *Queue) failingFor(now time.Time) (time.Duration, string) {
+	f := q.failing.Load()
+	if f == nil {
 		return 0, ""
 	}
-	return now.Sub(q.failingSince), q.failingWhy
+	return (*f)(now)
 }
 
 // Status is a queue's report in /status ([sqscfg.Status]).
@@ -202,7 +193,7 @@ func (q *Queue) Checks() []source.Check {
 func (q *Queue) queueCheck() source.Check {
 	url := q.c.QueueURL
 	now := time.Now()
-	if d, why := q.failing(now); d >= failingFor {
+	if d, why := q.failingFor(now); d >= failingFor {
 		return source.Check{Name: "queue", Detail: fmt.Sprintf("receives from queue %s have been failing for %s: %s", url, d.Round(time.Second), why)}
 	}
 	at := q.answeredAt.Load()
@@ -252,7 +243,7 @@ func (q *Queue) watchCounts(ctx context.Context, host source.Host) {
 			q.countsErr.Store(nil)
 			host.QueueLag(n.Visible+n.InFlight, true)
 			failures.ok(q.log, now)
-			if d, _ := q.failing(now); d > 0 {
+			if d, _ := q.failingFor(now); d > 0 {
 				q.reader.Nudge()
 			}
 		}

@@ -63,7 +63,7 @@ func (r *run) holdWaiters(ctx context.Context, st *store.Store, n int) (release 
 	// Held, and each read once: a run beside them measures waits held,
 	// not waits arriving (whose first read is one query for all of them).
 	deadline := time.Now().Add(time.Minute)
-	for w.Waiting() < n || w.Read() < int64(n) {
+	for w.Waiting() < n || w.Unread() > 0 {
 		if time.Now().After(deadline) {
 			release()
 			return nil, errors.New("bench: the waits were not all held and read once within a minute")
