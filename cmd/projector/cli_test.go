@@ -17,7 +17,7 @@ var allCommands = []string{"run", "rebuild", "status", "explain", "verify", "dem
 var runFlags = map[string]string{
 	"database-url": "DATABASE_URL", "brokers": "PROJECTOR_BROKERS", "topic": "PROJECTOR_TOPIC",
 	"group": "PROJECTOR_GROUP", "start": "PROJECTOR_START", "schema": "PROJECTOR_SCHEMA",
-	"table": "PROJECTOR_TABLE", "tombstone-retention": "PROJECTOR_TOMBSTONE_RETENTION", "batch-size": "PROJECTOR_BATCH_SIZE", "batch-linger": "PROJECTOR_BATCH_LINGER",
+	"table": "PROJECTOR_TABLE", "tombstone-retention": "PROJECTOR_TOMBSTONE_RETENTION", "memory-limit": "PROJECTOR_MEMORY_LIMIT", "batch-size": "PROJECTOR_BATCH_SIZE", "batch-linger": "PROJECTOR_BATCH_LINGER",
 	"gap-wait": "PROJECTOR_GAP_WAIT", "reread": "PROJECTOR_REREAD", "reread-window": "PROJECTOR_REREAD_WINDOW",
 	"reread-max-bytes": "PROJECTOR_REREAD_MAX_BYTES", "snapshot-url": "PROJECTOR_SNAPSHOT_URL",
 	"snapshot-timeout": "PROJECTOR_SNAPSHOT_TIMEOUT", "snapshot-timeout-max": "PROJECTOR_SNAPSHOT_TIMEOUT_MAX",

@@ -120,7 +120,6 @@ Example:
 		if o.heldWait < 0 || o.timeout < 0 {
 			return usagef("--held-wait and --timeout must not be negative")
 		}
-		o.memory.apply(logger)
 		if name := store.ShadowName(o.table); len(name) > 63 {
 			return usagef("--table %q: too long for its rebuild table %q (PostgreSQL names have at most 63 bytes)", o.table, name)
 		}
@@ -138,6 +137,7 @@ Example:
 			return err
 		}
 		defer live.Close()
+		o.memory.apply(logger)
 		rb := &projection.Rebuild{
 			Live: live, Config: o.config(nil, logger),
 			KeepOld: o.keepOld, Restart: o.restart, DryRun: o.dryRun, HeldWait: o.heldWait, Timeout: o.timeout,

@@ -253,7 +253,6 @@ Example:
 		if err := o.api.validate(); err != nil {
 			return err
 		}
-		o.memory.apply(logger)
 		warnUnverifiedTLS(logger, o.databaseURL)
 		cfg := o.storeConfig()
 		cfg.Notify = o.api.notify || o.api.addr != ""
@@ -273,6 +272,8 @@ Example:
 		if err != nil {
 			return &usageError{err.Error()}
 		}
+		// Set once everything the command was given checked out.
+		o.memory.apply(logger)
 		stop, err := o.serve(ctx, p, logger)
 		if err != nil {
 			return err
