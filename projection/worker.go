@@ -288,7 +288,7 @@ func (w *worker) storedAt(next int64) { w.position, w.stored = next, next }
 // lane that is not a log. A job that begins to wait now has its first
 // attempt wait until the lane has read this far (gapfill's HoldUntil).
 func (w *worker) logEnd() int64 {
-	if !w.lane.Caps().Log {
+	if w.lane == nil || !w.lane.Caps().Log {
 		return -1
 	}
 	if w.cfg.ReadCommitted {
@@ -300,7 +300,7 @@ func (w *worker) logEnd() int64 {
 // readPosition is where the lane reads next, for gapfill's Take; -1 for a
 // lane that is not a log.
 func (w *worker) readPosition() int64 {
-	if !w.lane.Caps().Log {
+	if w.lane == nil || !w.lane.Caps().Log {
 		return -1
 	}
 	return w.position
