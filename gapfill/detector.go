@@ -86,6 +86,11 @@ type Gap struct {
 
 type entry struct {
 	Gap
+	// until is where the job's log ended when it began to wait (-1: not
+	// known, or not a log): its first attempt waits, beyond Wait, until
+	// the lane has read that far, since the missing version may simply
+	// not be read yet ([Detector.HoldUntil]).
+	until int64
 	// index is the entry's place in the due queue; -1 while in flight.
 	index int
 	// progressed is set when the job moved forward since it was taken:
@@ -127,7 +132,17 @@ func (d *Detector) schedule(e *entry, at time.Time) {
 }
 
 // Hold records that job is held since since; an older record is kept.
-func (d *Detector) Hold(job string, since time.Time) {
+func (d *Detector) Hold(job string, since time.Time) { d.HoldUntil(job, since, -1) }
+
+// HoldUntil is [Detector.Hold] for a job of a log that ended at end when
+// it began to wait: its first attempt is not taken ([Detector.Take])
+// before the lane's position reaches end, for at most logWaitFactor times
+// Wait, beyond Wait itself. On a log read behind its end, a version that
+// is missing is most likely among the records not read yet (a late
+// delivery further on), which reading finds at no cost; a re-read or a
+// request to the authority would not. A zero Wait (waiting off) takes it
+// as Hold does.
+func (d *Detector) HoldUntil(job string, since time.Time, end int64) {
 	d.version++
 	if e, ok := d.gaps[job]; ok {
 		if since.Before(e.Since) {
@@ -137,21 +152,38 @@ func (d *Detector) Hold(job string, since time.Time) {
 		return
 	}
 	e := &entry{Gap: Gap{JobID: job, Since: since, NextAttempt: since.Add(d.policy.Wait), LastStep: StepWait,
-		Timeout: d.policy.SnapshotTimeout}}
+		Timeout: d.policy.SnapshotTimeout}, until: end}
 	d.gaps[job] = e
 	heap.Push(&d.queue, e)
+}
+
+// logWaitFactor bounds how long a first attempt waits for the lane to
+// read as far as its log ended when the gap opened, in Waits: a lane
+// that stopped moving (an outage, a transaction held open) does not keep
+// its held jobs from the other steps for longer.
+const logWaitFactor = 10
+
+// readsFurther reports whether e's first attempt still waits for the lane
+// to read as far as its log ended when e began to wait.
+func (d *Detector) readsFurther(e *entry, now time.Time, position int64) bool {
+	return e.Attempts == 0 && e.until >= 0 && position >= 0 && position < e.until &&
+		d.policy.Wait > 0 && now.Before(e.Since.Add(logWaitFactor*d.policy.Wait))
 }
 
 // Progress records that a held job moved forward but is still held: it
 // waits afresh for the next missing version, attempts and backoff reset.
 // An attempt in flight for it ends without a penalty.
-func (d *Detector) Progress(job string, now time.Time) {
+func (d *Detector) Progress(job string, now time.Time) { d.ProgressUntil(job, now, -1) }
+
+// ProgressUntil is [Detector.Progress] on a log that ends at end now (see
+// [Detector.HoldUntil]).
+func (d *Detector) ProgressUntil(job string, now time.Time, end int64) {
 	e, ok := d.gaps[job]
 	if !ok {
 		return
 	}
 	d.version++
-	e.Since, e.Attempts, e.LastStep, e.LastErr = now, 0, StepWait, ""
+	e.Since, e.Attempts, e.LastStep, e.LastErr, e.until = now, 0, StepWait, "", end
 	e.progressed = true
 	d.schedule(e, now.Add(d.policy.Wait))
 }
@@ -207,18 +239,32 @@ func (d *Detector) Due(now time.Time) []string {
 // Take returns up to limit held jobs whose next attempt is due at now,
 // the longest due first, and marks them in flight: they are not due again
 // until [Detector.Failed], [Detector.Progress] or [Detector.Close] ends
-// their attempt.
-func (d *Detector) Take(now time.Time, limit int) []string {
+// their attempt. position is where the lane reads next (-1: not a log): a
+// first attempt due before the lane has read as far as its log ended when
+// the job began to wait is put off by a Wait, uncounted
+// ([Detector.HoldUntil]).
+func (d *Detector) Take(now time.Time, limit int, position int64) []string {
 	if len(d.Steps()) == 0 {
 		return nil
 	}
 	var out []string
+	var later []*entry
 	for len(out) < limit && len(d.queue) > 0 && !now.Before(d.queue[0].NextAttempt) {
 		e := heap.Pop(&d.queue).(*entry)
+		if d.readsFurther(e, now, position) {
+			later = append(later, e)
+			continue
+		}
 		e.InFlight, e.progressed = true, false
 		out = append(out, e.JobID)
 	}
-	if len(out) > 0 {
+	for _, e := range later {
+		// Looked at again after a short while: by then the lane has
+		// most likely read further.
+		e.NextAttempt = now.Add(min(d.policy.Wait, time.Second))
+		heap.Push(&d.queue, e)
+	}
+	if len(out) > 0 || len(later) > 0 {
 		d.version++
 	}
 	return out

@@ -212,3 +212,51 @@ func TestDetectorOldest(t *testing.T) {
 	require.NotEqual(t, all[0].JobID, d.Oldest(1)[0].JobID)
 	require.Equal(t, all[1].JobID, d.Oldest(1)[0].JobID)
 }
+
+// TestFirstAttemptWaitsForTheLaneToReadAsFarAsItsLogEnded: a job held
+// while its lane is behind is not taken, beyond Wait, before the lane has
+// read as far as its log ended then; the put-off counts no attempt; past
+// logWaitFactor Waits, or once read that far, it is taken. Without a log,
+// with waiting off, or on a later attempt nothing is put off.
+func TestFirstAttemptWaitsForTheLaneToReadAsFarAsItsLogEnded(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	wait := 10 * time.Second
+	pol := gapfill.Policy{Wait: wait, Reread: true}
+
+	d := gapfill.NewDetector(pol)
+	d.HoldUntil("j", t0, 100)
+	require.Empty(t, d.Take(t0.Add(wait), 10, 50), "due by time, but the lane has not read as far as its log ended")
+	g, _ := d.Gap("j")
+	require.Zero(t, g.Attempts, "a put-off is no attempt")
+	require.True(t, g.NextAttempt.After(t0.Add(wait)), "looked at again later")
+	require.Equal(t, []string{"j"}, d.Take(g.NextAttempt, 10, 100), "read that far: taken")
+
+	d = gapfill.NewDetector(pol)
+	d.HoldUntil("j", t0, 100)
+	require.Equal(t, []string{"j"}, d.Take(t0.Add(10*wait), 10, 50), "past ten Waits the lane is not waited for")
+
+	for name, tc := range map[string]struct {
+		pol      gapfill.Policy
+		end, pos int64
+	}{
+		"not a log":   {pol, 100, -1},
+		"end unknown": {pol, -1, 50},
+		"waiting off": {gapfill.Policy{Reread: true}, 100, 50},
+	} {
+		d = gapfill.NewDetector(tc.pol)
+		d.HoldUntil("j", t0, tc.end)
+		require.Equal(t, []string{"j"}, d.Take(t0.Add(tc.pol.Wait), 10, tc.pos), name)
+	}
+
+	d = gapfill.NewDetector(pol)
+	d.HoldUntil("j", t0, 100)
+	require.Equal(t, []string{"j"}, d.Take(t0.Add(wait), 10, 100))
+	d.Failed("j", t0.Add(wait), gapfill.StepReread, "not found")
+	g, _ = d.Gap("j")
+	require.Equal(t, []string{"j"}, d.Take(g.NextAttempt, 10, 50), "a later attempt is not put off")
+
+	d = gapfill.NewDetector(pol)
+	d.HoldUntil("j", t0, 100)
+	d.ProgressUntil("j", t0.Add(time.Second), 200)
+	require.Empty(t, d.Take(t0.Add(time.Second+wait), 10, 150), "moved forward: it waits for the log's end as it is then")
+}

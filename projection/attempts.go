@@ -210,7 +210,7 @@ func (a *attempts) schedule(w *worker) {
 	// The next round is re-read while the fetchers still have work, so
 	// they do not wait for it.
 	if a.canTake() {
-		if ids := w.detector.Take(now, rereadRound); len(ids) > 0 {
+		if ids := w.detector.Take(now, rereadRound, w.readPosition()); len(ids) > 0 {
 			round := make([]gapfill.Attempt, 0, len(ids))
 			for _, id := range ids {
 				j, ok := w.cache.get(id)

@@ -115,7 +115,7 @@ func TestAttemptsRouteJobsFoundSlow(t *testing.T) {
 			w.detector.Slow(id, true)
 		}
 	}
-	require.Len(t, w.detector.Take(time.Now(), 10), 3)
+	require.Len(t, w.detector.Take(time.Now(), 10, -1), 3)
 	// A pool with no fetchers running: one place in each queue.
 	pool := &fetchPool{in: make(chan fetchJob, 1), retryIn: make(chan fetchJob, 1), slowIn: make(chan fetchJob, 1), main: 0, slowed: 1}
 	a := &attempts{resolver: &gapfill.Resolver{}, snapshot: true, pool: pool, fetchers: 10,
@@ -168,7 +168,7 @@ func TestAttemptsKeepJobsCutByTheirTimeoutInTheSlowLane(t *testing.T) {
 		w.detector.TimedOut(id)
 	}
 	w.detector.Slow("cut-then-503", false)
-	require.Len(t, w.detector.Take(time.Now(), 10), 3)
+	require.Len(t, w.detector.Take(time.Now(), 10, -1), 3)
 	pool := &fetchPool{in: make(chan fetchJob, 3), retryIn: make(chan fetchJob, 3), slowIn: make(chan fetchJob, 3), main: 0, slowed: 1}
 	a := &attempts{resolver: &gapfill.Resolver{}, snapshot: true, pool: pool, fetchers: 10,
 		ctx: context.Background(), out: make(chan finished, 10)}
@@ -256,12 +256,12 @@ func TestAttemptsFirstAttemptsPassRetriesWaitingForRoom(t *testing.T) {
 	for _, id := range []string{"retry-1", "retry-2"} {
 		w.detector.Hold(id, long)
 	}
-	require.Len(t, w.detector.Take(long, 2), 2)
+	require.Len(t, w.detector.Take(long, 2, -1), 2)
 	for _, id := range []string{"retry-1", "retry-2"} {
 		w.detector.Failed(id, long, gapfill.StepSnapshot, "503 (test)")
 	}
 	w.detector.Hold("first", time.Now().Add(-time.Minute))
-	ids := w.detector.Take(time.Now(), 10)
+	ids := w.detector.Take(time.Now(), 10, -1)
 	require.Equal(t, []string{"retry-1", "retry-2", "first"}, ids, "the retries are due first")
 
 	// A pool with no fetchers running: one place in each queue.

@@ -367,12 +367,12 @@ func (w *worker) settle(pl *plan, res store.Result, now time.Time) {
 	for id, since := range pl.holding {
 		switch _, held := w.detector.Gap(id); {
 		case !held:
-			w.detector.Hold(id, since)
+			w.detector.HoldUntil(id, since, w.logEnd())
 			w.counters.gapsOpened.Add(1)
 		case pl.progress[id]:
 			// It moved forward but waits for a later version: the wait
 			// starts afresh for that one.
-			w.detector.Progress(id, now)
+			w.detector.ProgressUntil(id, now, w.logEnd())
 		}
 	}
 	w.counters.add(t)

@@ -283,6 +283,29 @@ func (w *worker) publish() {
 // storedAt records that the partition's position next is committed.
 func (w *worker) storedAt(next int64) { w.position, w.stored = next, next }
 
+// logEnd is where the lane's log ends as its reader last saw it, as far as
+// this worker reads (the last stable offset reading committed); -1 for a
+// lane that is not a log. A job that begins to wait now has its first
+// attempt wait until the lane has read this far (gapfill's HoldUntil).
+func (w *worker) logEnd() int64 {
+	if w.lane == nil || !w.lane.Caps().Log {
+		return -1
+	}
+	if w.cfg.ReadCommitted {
+		return w.stable
+	}
+	return w.hwm
+}
+
+// readPosition is where the lane reads next, for gapfill's Take; -1 for a
+// lane that is not a log.
+func (w *worker) readPosition() int64 {
+	if w.lane == nil || !w.lane.Caps().Log {
+		return -1
+	}
+	return w.position
+}
+
 func errString(err error) string {
 	if err == nil {
 		return ""
