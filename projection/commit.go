@@ -235,7 +235,7 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 				"statement_timeout", w.store.StatementTimeout().String(), "records", len(msgs), "first_offset", firstOffset(msgs))
 		}
 		w.databaseFailed(fmt.Errorf("batch %s/%d@%d: %w", w.topic, w.partition, firstOffset(msgs), err), d)
-		w.dbOutage.wait(ctx, d)
+		w.dbOutage.Wait(ctx, d)
 		if ctx.Err() != nil {
 			w.log.Warn("batch abandoned: the partition's generation ended before a retry; it will be read again", "first_offset", firstOffset(msgs))
 			return nil

@@ -189,13 +189,13 @@ func (p *Projector) watchDatabase(ctx context.Context) {
 
 func (p *Projector) databaseAnswered() {
 	p.health.databaseAnswered()
-	p.dbOutage.ok()
+	p.dbOutage.OK()
 }
 
 func (p *Projector) databaseFailed(err error, next time.Duration) {
 	p.counters.dbErrors.Add(1)
 	p.health.databaseFailed(err)
-	p.dbOutage.failed(err, next)
+	p.dbOutage.Failed(err, next)
 }
 
 // logProgress logs catch-up progress while the lag is large, and the
@@ -214,7 +214,7 @@ func (p *Projector) logProgress(ctx context.Context) {
 		// milliseconds, and a strict test would log every 15 s instead.
 		if now := time.Now(); now.Sub(progress.at) >= progressEvery-progressCheckEvery/2 {
 			progress.log(p, now)
-			if n := p.quarantineLog.flush(now); n > 0 {
+			if n := p.quarantineLog.Flush(now); n > 0 {
 				p.cfg.Logger.Warn("quarantined records not logged (rate limit); projector status lists them", "not_shown", n)
 			}
 		}
@@ -272,7 +272,7 @@ func (w *worker) retryDatabase(ctx context.Context, op func() error) error {
 		}
 		d := bo.NextBackOff()
 		w.databaseFailed(fmt.Errorf("%s/%d: %w", w.topic, w.partition, err), d)
-		w.dbOutage.wait(ctx, d)
+		w.dbOutage.Wait(ctx, d)
 	}
 }
 
@@ -280,7 +280,7 @@ func (w *worker) retryDatabase(ctx context.Context, op func() error) error {
 // instance; the count of those not shown goes with the next line shown, or
 // into a line of its own.
 func (w *worker) logQuarantined(partition int, offset int64, reason string) {
-	ok, notShown := w.quarantineLog.allow(time.Now())
+	ok, notShown := w.quarantineLog.Allow(time.Now())
 	if !ok {
 		return
 	}

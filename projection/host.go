@@ -21,11 +21,11 @@ var _ source.Host = host{}
 
 func (h host) Logger() *slog.Logger { return h.p.cfg.Logger }
 
-func (h host) Failed(err error, retryIn time.Duration) { h.p.sourceOutage.failed(err, retryIn) }
+func (h host) Failed(err error, retryIn time.Duration) { h.p.sourceOutage.Failed(err, retryIn) }
 
-func (h host) Answered() { h.p.sourceOutage.ok() }
+func (h host) Answered() { h.p.sourceOutage.OK() }
 
-func (h host) Failing(now time.Time) (time.Duration, string) { return h.p.sourceOutage.failingFor(now) }
+func (h host) Failing(now time.Time) (time.Duration, string) { return h.p.sourceOutage.FailingFor(now) }
 
 func (h host) Ends(ends map[int]source.LogEnd) { h.p.book.setEnds(ends) }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/projector/projector/gapfill"
+	"github.com/projector/projector/observe"
 	"github.com/projector/projector/snapshot"
 	"github.com/projector/projector/source"
 )
@@ -45,9 +46,9 @@ type Projector struct {
 	// dbOutage is PostgreSQL's outage; sourceOutage is the source's,
 	// whichever it is (Kafka's brokers, the SQS queue): the workers, the
 	// source's monitors, the watchdog and readiness share it.
-	dbOutage, sourceOutage outage
+	dbOutage, sourceOutage observe.Outage
 	// quarantineLog rate-limits the log line of each quarantined record.
-	quarantineLog sampler
+	quarantineLog observe.Sampler
 	// adoptEvery is how often a shared lane's worker adopts the held
 	// deltas other instances stored: heldAdoptEvery, shorter in tests.
 	adoptEvery time.Duration
@@ -77,14 +78,14 @@ func New(cfg Config) (*Projector, error) {
 		cfg:           cfg,
 		src:           src,
 		budget:        newCacheBudget(cfg.CacheBytes),
-		dbOutage:      outage{service: "PostgreSQL", log: cfg.Logger},
-		sourceOutage:  outage{service: "Kafka", log: cfg.Logger},
-		quarantineLog: sampler{window: 10 * time.Second, burst: 10},
+		dbOutage:      observe.Outage{Service: "PostgreSQL", Log: cfg.Logger},
+		sourceOutage:  observe.Outage{Service: "Kafka", Log: cfg.Logger},
+		quarantineLog: observe.Sampler{Window: 10 * time.Second, Burst: 10},
 		adoptEvery:    heldAdoptEvery,
 	}
 	p.book.stable = cfg.Source == SourceKafka && cfg.Kafka().ReadsCommitted()
 	if cfg.Source == SourceSQS {
-		p.sourceOutage.service = "SQS"
+		p.sourceOutage.Service = "SQS"
 	}
 	p.metrics = newMetrics(p)
 	p.policy = cfg.gapPolicy()

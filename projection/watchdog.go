@@ -64,7 +64,7 @@ func (p *Projector) watchProgress(ctx context.Context, stalled func(error)) {
 		fresh := swapWaitFresh + 2*p.cfg.Store.ClaimLockTimeout()
 		swapping := now.Sub(time.Unix(0, p.swapWaitAt.Load())) < fresh
 		seen := map[int]bool{}
-		outage := p.dbOutage.failing() || p.sourceOutage.failing()
+		outage := p.dbOutage.Failing() || p.sourceOutage.Failing()
 		for _, ps := range p.book.list() {
 			seen[ps.Partition] = true
 			m, ok := marks[ps.Partition]

@@ -13,6 +13,7 @@ import (
 
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/internal/buildhook/failpoint"
+	"github.com/projector/projector/observe"
 	"github.com/projector/projector/store"
 )
 
@@ -100,11 +101,11 @@ type workerDeps struct {
 	// dbOutage and sourceOutage log outages of PostgreSQL and of the
 	// source; databaseAnswered and databaseFailed report to the health
 	// checks as well.
-	dbOutage, sourceOutage *outage
+	dbOutage, sourceOutage *observe.Outage
 	databaseAnswered       func()
 	databaseFailed         func(err error, next time.Duration)
 	// quarantineLog rate-limits the log line of each quarantined record.
-	quarantineLog *sampler
+	quarantineLog *observe.Sampler
 	// swapWaitAt and applying tell the stall watchdog about pauses it does
 	// not count (see [Projector]).
 	swapWaitAt *atomic.Int64
