@@ -80,7 +80,7 @@ func (w *worker) watchStall(records int) (stop func()) {
 				return
 			case <-alive.C:
 				if time.Since(start) < bound {
-					w.beat.now()
+					w.beat.Now()
 				}
 			case <-t.C:
 				w.log.Warn("batch transaction still running: PostgreSQL is slow, stalled or unreachable",
@@ -152,7 +152,7 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 	bo := retryPolicy()
 	staleRetries := 0
 	for {
-		w.beat.now()
+		w.beat.Now()
 		actx, cancel := w.applyContext(ctx)
 		now := time.Now()
 		pl, err := w.plan(actx, msgs, res, now)
@@ -198,7 +198,7 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 			// batch wrote nothing; it is tried again until the swap
 			// commits and fences it.
 			w.swapWait(swap)
-			w.beat.now()
+			w.beat.Now()
 			if err := w.restore(ctx); err != nil {
 				return w.unrestored(ctx, err)
 			}

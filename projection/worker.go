@@ -47,7 +47,7 @@ type worker struct {
 	// until one does): what the log is compared with.
 	last *store.LogMark
 	// beat is this worker's sign of life for /healthz.
-	beat *beat
+	beat *observe.Beat
 
 	// lane is what the worker runs, and src its records once opened.
 	lane Lane
@@ -210,7 +210,7 @@ func (w *worker) run(ctx context.Context) error {
 	w.attempts = w.startAttempts(rctx, &wg)
 	adopted := time.Now()
 	for {
-		w.beat.now()
+		w.beat.Now()
 		if caps.Shared && time.Since(adopted) >= w.adoptEvery {
 			adopted = time.Now()
 			if err := w.adoptHeld(ctx); err != nil && ctx.Err() == nil {
