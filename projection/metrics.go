@@ -264,8 +264,8 @@ func (c *projectorCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descPosition, float64(ps.Position), part)
 		gauge(descEpoch, float64(ps.Epoch), part)
 		// A partition's view is sorted oldest first.
-		if len(ps.view) > 0 && (oldest.IsZero() || ps.view[0].Since.Before(oldest)) {
-			oldest = ps.view[0].Since
+		if len(ps.View) > 0 && (oldest.IsZero() || ps.View[0].Since.Before(oldest)) {
+			oldest = ps.View[0].Since
 		}
 	}
 	age := 0.0

@@ -190,7 +190,7 @@ func (p *Projector) Status() Status {
 // error.
 func (p *Projector) StatusPage(q HeldQuery) (Status, error) {
 	parts := p.book.list()
-	page, err := pageHeld(parts, q)
+	page, err := observe.PageHeld(parts, q)
 	if err != nil {
 		return Status{}, err
 	}
@@ -214,9 +214,9 @@ func (p *Projector) StatusPage(q HeldQuery) (Status, error) {
 		HeldPage:   page,
 	}
 	if p.cfg.Source == SourceKafka {
-		st.Isolation, st.LagMeasuredTo = p.cfg.Isolation, lagToHighWatermark
+		st.Isolation, st.LagMeasuredTo = p.cfg.Isolation, observe.LagToHighWatermark
 		if p.book.stable {
-			st.LagMeasuredTo = lagToStable
+			st.LagMeasuredTo = observe.LagToStable
 		}
 	}
 	return st, nil

@@ -273,12 +273,12 @@ func (w *worker) publish() {
 				Since: g.Since.Round(0), Attempts: g.Attempts, NextAttempt: g.NextAttempt.Round(0), LastStep: string(g.LastStep), LastError: g.LastErr,
 			})
 		}
-		w.heldView, w.heldViewOf = sortHeld(w.partition, held), w.detector.Len()
+		w.heldView, w.heldViewOf = observe.SortHeld(w.partition, held), w.detector.Len()
 		w.heldVersion, w.heldBuiltAt, w.heldViewSeen = v, time.Now(), true
 	}
 	w.book.set(PartitionStatus{Partition: w.partition, Position: w.stored, HighWatermark: w.hwm, LastStable: w.stable,
 		OpenTransaction: w.waitsOnTransaction(), Epoch: w.epoch,
-		HeldJobs: w.detector.Len(), view: w.heldView, viewOf: w.heldViewOf}, w)
+		HeldJobs: w.detector.Len(), View: w.heldView, ViewOf: w.heldViewOf}, w)
 }
 
 // storedAt records that the partition's position next is committed.
