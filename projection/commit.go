@@ -173,7 +173,7 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 		if err == nil {
 			failpoint.Hit(failpoint.AfterCommit)
 			w.databaseAnswered()
-			w.metrics.batch(time.Since(now), len(msgs))
+			w.metrics.Batch(time.Since(now), len(msgs))
 			w.settle(pl, result, now)
 			moved := pl.batch.NextOffset != w.stored
 			w.storedAt(pl.batch.NextOffset)

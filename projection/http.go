@@ -28,7 +28,7 @@ func (p *Projector) Handler() http.Handler {
 }
 
 func (p *Projector) handler(explain *explainer) http.Handler {
-	return observe.Handler(p, p.metrics.handler(), explain, p.cfg.Logger)
+	return observe.Handler(p, p.metrics.Handler(), explain, p.cfg.Logger)
 }
 
 // What a status pages through, in package observe.

@@ -32,7 +32,7 @@ type Projector struct {
 	fetchers *fetchPool
 	counters counters
 	book     partitionBook
-	metrics  *metrics
+	metrics  *observe.Metrics
 	health   health
 	stall    stallState
 	// swapWaitAt is when a worker last found a rebuild's swap holding its

@@ -96,7 +96,7 @@ type workerDeps struct {
 	// topic, partition and epoch.
 	instanceLog *slog.Logger
 	counters    *counters
-	metrics     *metrics
+	metrics     *observe.Metrics
 	book        *partitionBook
 	// dbOutage and sourceOutage log outages of PostgreSQL and of the
 	// source; databaseAnswered and databaseFailed report to the health
