@@ -44,7 +44,7 @@ type Health = observe.Health
 // StallTimeout is wedged.
 func (p *Projector) Liveness() Health {
 	checks := p.health.Checks(time.Now(), p.cfg.StallTimeout)
-	return observe.Liveness(append(checks, p.stallCheck())...)
+	return observe.Liveness(append(checks, p.watchdog.Check())...)
 }
 
 // Readiness reports whether the instance does its work: the topic exists,

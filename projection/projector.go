@@ -34,7 +34,8 @@ type Projector struct {
 	book     partitionBook
 	metrics  *observe.Metrics
 	health   health
-	stall    stallState
+	// watchdog stops Run at a stall, and says so on /healthz.
+	watchdog *observe.Watchdog
 	// swapWaitAt is when a worker last found a rebuild's swap holding its
 	// partition (unix nanoseconds): a pause the watchdog does not count.
 	swapWaitAt atomic.Int64
@@ -88,6 +89,8 @@ func New(cfg Config) (*Projector, error) {
 		p.sourceOutage.Service = "SQS"
 	}
 	p.metrics = newMetrics(p)
+	p.watchdog = &observe.Watchdog{Timeout: cfg.StallTimeout, Topic: cfg.Topic, Log: cfg.Logger,
+		Engine: watched{p}, Stalls: &p.counters.stalls}
 	p.policy = cfg.gapPolicy()
 	pol := p.policy
 	if pol.Reread || pol.Snapshot {
@@ -140,9 +143,9 @@ func (p *Projector) Config() Config { return p.cfg }
 // not ready and logs the topic's name at most every 30 s.
 //
 // A partition with lag whose position has not moved for StallTimeout ends
-// Run with an error wrapping [ErrStalled] (see [Projector.runWatched]).
+// Run with an error wrapping [ErrStalled] (see [observe.Watchdog.Run]).
 func (p *Projector) Run(ctx context.Context) error {
-	return p.runWatched(ctx, p.run)
+	return p.watchdog.Run(ctx, p.run)
 }
 
 func (p *Projector) run(ctx context.Context) error {
