@@ -253,7 +253,7 @@ func (w *worker) claim(ctx context.Context) (store.Claim, error) {
 				w.log.Warn("claim waits for the previous owner's open batch transaction on this partition (a slow, stalled or frozen owner); PostgreSQL ends it once its client is idle past the bound; retrying",
 					"previous_owner", wait.Owner, "waited", waited.String())
 			}
-			w.beat.now()
+			w.beat.Now()
 			sleep(ctx, claimRetryPause)
 			claim, err = w.store.ClaimFrom(ctx, w.topic, w.partition, w.cfg.Owner, start)
 		}

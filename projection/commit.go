@@ -80,7 +80,7 @@ func (w *worker) watchStall(records int) (stop func()) {
 				return
 			case <-alive.C:
 				if time.Since(start) < bound {
-					w.beat.now()
+					w.beat.Now()
 				}
 			case <-t.C:
 				w.log.Warn("batch transaction still running: PostgreSQL is slow, stalled or unreachable",
@@ -152,7 +152,7 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 	bo := retryPolicy()
 	staleRetries := 0
 	for {
-		w.beat.now()
+		w.beat.Now()
 		actx, cancel := w.applyContext(ctx)
 		now := time.Now()
 		pl, err := w.plan(actx, msgs, res, now)
@@ -173,7 +173,7 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 		if err == nil {
 			failpoint.Hit(failpoint.AfterCommit)
 			w.databaseAnswered()
-			w.metrics.batch(time.Since(now), len(msgs))
+			w.metrics.Batch(time.Since(now), len(msgs))
 			w.settle(pl, result, now)
 			moved := pl.batch.NextOffset != w.stored
 			w.storedAt(pl.batch.NextOffset)
@@ -198,7 +198,7 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 			// batch wrote nothing; it is tried again until the swap
 			// commits and fences it.
 			w.swapWait(swap)
-			w.beat.now()
+			w.beat.Now()
 			if err := w.restore(ctx); err != nil {
 				return w.unrestored(ctx, err)
 			}
@@ -235,7 +235,7 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 				"statement_timeout", w.store.StatementTimeout().String(), "records", len(msgs), "first_offset", firstOffset(msgs))
 		}
 		w.databaseFailed(fmt.Errorf("batch %s/%d@%d: %w", w.topic, w.partition, firstOffset(msgs), err), d)
-		w.dbOutage.wait(ctx, d)
+		w.dbOutage.Wait(ctx, d)
 		if ctx.Err() != nil {
 			w.log.Warn("batch abandoned: the partition's generation ended before a retry; it will be read again", "first_offset", firstOffset(msgs))
 			return nil

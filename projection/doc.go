@@ -31,15 +31,19 @@
 // offset ahead of the position stored in PostgreSQL: the stored position is
 // the truth, the group offset only feeds lag tooling.
 //
-// It also owns how the engine is watched and reached: [Projector.Liveness]
-// and [Projector.Readiness] say, check by check, whether its loops are
-// alive and whether it does its work (the source's checks: topic and group
-// generation, or the queue; a recent PostgreSQL answer; lag); [Projector.Metrics] is a Prometheus registry of its own per
-// Projector, read from the same counters as [Projector.Status], whose every
-// family [MetricFamilies] lists for the generated reference;
-// [Projector.Handler] serves them with /status, the status page
-// (statuspage.go: /status as HTML, record text through [Printable]) and a
-// job's [Explanation] as JSON; outages are
-// logged when they start, at most every 30 s while they last, and when they
-// end. It never logs or returns a SASL password.
+// How the engine is watched and reached lives in package observe, which
+// reads it through interfaces it implements: [Projector.Liveness] and
+// [Projector.Readiness] say, check by check, whether its loops are alive
+// and whether it does its work (the source's checks: topic and group
+// generation, or the queue; a recent PostgreSQL answer; lag);
+// [Projector.Metrics] is a Prometheus registry of its own per Projector,
+// read from the same counters as [Projector.Status], whose every family
+// [MetricFamilies] lists for the generated reference; [Projector.Handler]
+// serves them with /status, the status page and a job's [Explanation] as
+// JSON (the explainer reads the store, so it stays here: http.go);
+// outages are logged when they start, at most every 30 s while they last,
+// and when they end; and a partition with lag that does not move ends
+// [Projector.Run] with [ErrStalled]. The status types ([Status],
+// [Counters], [PartitionStatus], [HeldJob], [HeldQuery], [HeldPage]) are
+// observe's, named here too. It never logs or returns a SASL password.
 package projection

@@ -24,7 +24,7 @@ func (w *worker) fetch(ctx context.Context) []Record {
 	}
 	recs, err := w.src.Fetch(ctx, wait)
 	if err != nil {
-		w.sourceOutage.failed(err, time.Second)
+		w.sourceOutage.Failed(err, time.Second)
 		sleep(ctx, time.Second)
 		return nil
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/projector/projector/internal/testkit/kafkatest"
 	"github.com/projector/projector/internal/testkit/pgtest"
+	"github.com/projector/projector/observe"
 	kafkasrc "github.com/projector/projector/source/kafka"
 )
 
@@ -204,7 +205,7 @@ func TestHealthzFailsWhenWorkerWedged(t *testing.T) {
 	select {
 	case err := <-done:
 		require.ErrorIs(t, err, ErrStalled)
-	case <-time.After(stall + stallExitGrace + 10*time.Second):
+	case <-time.After(stall + observe.StallExitGrace + 10*time.Second):
 		t.Fatal("Run did not end after the stall")
 	}
 	require.Len(t, logs.matching("partition stalled"), 1)

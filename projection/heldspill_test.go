@@ -10,6 +10,7 @@ import (
 
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/internal/testkit/pgtest"
+	"github.com/projector/projector/observe"
 	sqssrc "github.com/projector/projector/source/sqs"
 	"github.com/projector/projector/source/sqs/sqscfg"
 	"github.com/projector/projector/store"
@@ -33,7 +34,7 @@ func TestSpilledHeldDeltaReleasedElsewhereIsNotAnOutage(t *testing.T) {
 	require.NoError(t, err)
 	// A budget of one byte: the first held job pins past half of it, and
 	// every held job after it keeps its ops in PostgreSQL.
-	w := &worker{workerDeps: p.workerDeps(), beat: &beat{}, topic: p.Config().Topic, position: -1,
+	w := &worker{workerDeps: p.workerDeps(), beat: &observe.Beat{}, topic: p.Config().Topic, position: -1,
 		log: p.cfg.Logger, cache: newJobCache(newCacheBudget(1)), stored: -1}
 	w.detector = gapfill.NewDetector(w.cfg.GapPolicy)
 	r := sqssrc.NewReader(p.src.(*sqssrc.Queue).Client(), p.cfg.Logger, 10)

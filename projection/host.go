@@ -21,11 +21,11 @@ var _ source.Host = host{}
 
 func (h host) Logger() *slog.Logger { return h.p.cfg.Logger }
 
-func (h host) Failed(err error, retryIn time.Duration) { h.p.sourceOutage.failed(err, retryIn) }
+func (h host) Failed(err error, retryIn time.Duration) { h.p.sourceOutage.Failed(err, retryIn) }
 
-func (h host) Answered() { h.p.sourceOutage.ok() }
+func (h host) Answered() { h.p.sourceOutage.OK() }
 
-func (h host) Failing(now time.Time) (time.Duration, string) { return h.p.sourceOutage.failingFor(now) }
+func (h host) Failing(now time.Time) (time.Duration, string) { return h.p.sourceOutage.FailingFor(now) }
 
 func (h host) Ends(ends map[int]source.LogEnd) { h.p.book.setEnds(ends) }
 
@@ -38,8 +38,8 @@ func (h host) QueueLag(n int64, known bool) {
 }
 
 func (h host) Alive(name string, floor time.Duration) (beat func(), done func()) {
-	b, done := h.p.health.loop(name, floor)
-	return b.now, done
+	b, done := h.p.health.Loop(name, floor)
+	return b.Now, done
 }
 
 // Record records what the source consumes as in the store, waiting out
@@ -83,7 +83,7 @@ func (h host) Serve(ctx context.Context, lane source.Lane) error {
 		name, log = "queue worker", cfg.Logger.With("queue", topic)
 		p.book.setQueue(partition)
 	}
-	b, alive := p.health.loop(name, 0)
+	b, alive := p.health.Loop(name, 0)
 	defer alive()
 	w := &worker{
 		workerDeps: p.workerDeps(),

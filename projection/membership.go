@@ -48,7 +48,7 @@ func (p *Projector) retryDatabase(ctx context.Context, op func() error) error {
 		}
 		d := bo.NextBackOff()
 		p.databaseFailed(err, d)
-		p.dbOutage.wait(ctx, d)
+		p.dbOutage.Wait(ctx, d)
 	}
 }
 

@@ -4,64 +4,35 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
-	"strconv"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
+	"github.com/projector/projector/observe"
 	"github.com/projector/projector/snapshot"
 )
 
-// metrics are one Projector's Prometheus metrics, in a registry of its
-// own so several projectors can run in one process.
-type metrics struct {
-	reg           *prometheus.Registry
-	batchDuration prometheus.Histogram
-	batchRecords  prometheus.Histogram
+// newMetrics is p's metrics, its collector reading p at scrape time.
+func newMetrics(p *Projector) *observe.Metrics {
+	return observe.NewMetrics(prometheus.NewRegistry(), observe.NewCollector(scraped{p}), p.cfg.Version, p.cfg.Revision, Build().GoVersion)
 }
 
-func newMetrics(p *Projector) *metrics {
-	return registerMetrics(prometheus.NewRegistry(), &projectorCollector{p: p}, p.cfg.Version, p.cfg.Revision)
+// scraped is what the metrics collector reads of p ([observe.Scraped]).
+type scraped struct{ p *Projector }
+
+func (s scraped) Status() Status { return s.p.Status() }
+
+func (s scraped) Names() (schema, table string, queue bool) {
+	return s.p.cfg.Store.Schema(), s.p.cfg.Store.Projection(), s.p.cfg.Source == SourceSQS
 }
 
-// registerMetrics registers in reg every collector of an instance, own
-// being the one that reads the engine's counters and partitions.
-func registerMetrics(reg *prometheus.Registry, own prometheus.Collector, version, revision string) *metrics {
-	m := &metrics{
-		reg: reg,
-		batchDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "projector_batch_duration_seconds",
-			Help:    "Time to plan and commit one batch transaction, retries excluded.",
-			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 120},
-		}),
-		batchRecords: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "projector_batch_records",
-			Help:    "Records in one committed batch.",
-			Buckets: []float64{1, 10, 50, 100, 500, 1000, 2500, 5000, 10000, 50000},
-		}),
+func (s scraped) AuthorityLanes() (snapshot.LaneStats, bool) {
+	if sc := s.p.snapshots; sc != nil {
+		return sc.Lanes(), true
 	}
-	m.reg.MustRegister(
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.batchDuration, m.batchRecords,
-		own,
-	)
-	build := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "projector_build_info",
-		Help: "Always 1; the labels say which build runs.",
-		ConstLabels: prometheus.Labels{
-			"version": version, "revision": revision, "goversion": Build().GoVersion,
-		},
-	})
-	build.Set(1)
-	m.reg.MustRegister(build)
-	return m
+	return snapshot.LaneStats{}, false
 }
 
 // MetricFamilies gathers the family of every metric an instance can
@@ -70,244 +41,28 @@ func registerMetrics(reg *prometheus.Registry, own prometheus.Collector, version
 // adds with [Projector.RegisterMetrics] (extra), sorted by name: what
 // the metric reference lists. Their sample values mean nothing.
 func MetricFamilies(extra ...prometheus.Collector) ([]*dto.MetricFamily, error) {
-	m := registerMetrics(prometheus.NewRegistry(), everyFamily{}, "", "")
+	m := observe.NewMetrics(prometheus.NewRegistry(), observe.EveryFamily{}, "", "", Build().GoVersion)
 	for _, c := range extra {
-		if err := m.reg.Register(c); err != nil {
+		if err := m.Registry().Register(c); err != nil {
 			return nil, fmt.Errorf("projection: register metrics: %w", err)
 		}
 	}
-	return m.reg.Gather()
+	return m.Registry().Gather()
 }
 
 // Metrics is the Projector's registry: what /metrics serves. A program
 // embedding the Projector may gather it into its own endpoint.
-func (p *Projector) Metrics() prometheus.Gatherer { return p.metrics.reg }
+func (p *Projector) Metrics() prometheus.Gatherer { return p.metrics.Registry() }
 
 // RegisterMetrics adds collectors of a program embedding the Projector
 // (the waiters of package wait) to its registry, served on /metrics.
 func (p *Projector) RegisterMetrics(cs ...prometheus.Collector) error {
 	for _, c := range cs {
-		if err := p.metrics.reg.Register(c); err != nil {
+		if err := p.metrics.Registry().Register(c); err != nil {
 			return fmt.Errorf("projection: register metrics: %w", err)
 		}
 	}
 	return nil
-}
-
-func (m *metrics) handler() http.Handler {
-	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
-}
-
-func (m *metrics) batch(d time.Duration, records int) {
-	m.batchDuration.Observe(d.Seconds())
-	if records > 0 {
-		m.batchRecords.Observe(float64(records))
-	}
-}
-
-// family is one metric family of [projectorCollector]: a Desc says
-// neither its type nor its labels, which the metric reference needs.
-type family struct {
-	desc   *prometheus.Desc
-	kind   prometheus.ValueType
-	labels []string
-}
-
-// families are every family [projectorCollector] may export, in the order
-// declared.
-var families []family
-
-func newFamily(kind prometheus.ValueType, name, help string, labels ...string) *prometheus.Desc {
-	d := prometheus.NewDesc(name, help, labels, nil)
-	families = append(families, family{desc: d, kind: kind, labels: labels})
-	return d
-}
-
-var (
-	descInfo = newFamily(prometheus.GaugeValue, "projector_info",
-		"Always 1; the labels name what the instance projects: the read model's schema and table, the topic (with --source sqs, sqs:QUEUE_NAME, which stands for the topic in the store's rows) and the Kafka consumer group (empty with --source sqs, which has none). Join on instance to filter any other metric by projection.",
-		"schema", "table", "topic", "group")
-	descRecords = newFamily(prometheus.CounterValue, "projector_records_total",
-		"Records by outcome: applied (changed the read model), stale (snapshot at or below the row's version), duplicate (delta at or below it), conflict (same version, other content; the first won), held (delta waiting behind a gap), quarantined (broke the contract; stored with its error), deleted (a delete removed the job).", "outcome")
-	descCovered = newFamily(prometheus.CounterValue, "projector_held_covered_total",
-		"Held deltas dropped because a snapshot or a delete covered them.")
-	descTombstonesPruned = newFamily(prometheus.CounterValue, "projector_tombstones_pruned_total",
-		"Tombstones removed after the tombstone retention.")
-	descConsumed = newFamily(prometheus.CounterValue, "projector_records_consumed_total",
-		"Records read from Kafka and committed in a batch.")
-	descLost = newFamily(prometheus.CounterValue, "projector_records_lost_total",
-		"Records deleted from the log (retention, compaction) before they were read.")
-	descNewLogs = newFamily(prometheus.CounterValue, "projector_new_logs_total",
-		"Partitions found reading a new log under the same name (a topic deleted and recreated: the stored position past the log's end, or another record at the offset last read) and read again from the new log's start.")
-	descBatches = newFamily(prometheus.CounterValue, "projector_batches_total",
-		"Batch transactions committed.")
-	descFenced = newFamily(prometheus.CounterValue, "projector_fenced_total",
-		"Batches rolled back because another owner claimed the partition.")
-	descGapsOpened = newFamily(prometheus.CounterValue, "projector_gaps_opened_total",
-		"Jobs that started waiting behind a gap.")
-	descGapsClosed = newFamily(prometheus.CounterValue, "projector_gaps_closed_total",
-		"Gaps closed, by the step that closed them: wait (the versions arrived), reread (found in the store or the log again), snapshot (a trusted snapshot).", "by")
-	descAuthority = newFamily(prometheus.CounterValue, "projector_authority_requests_total",
-		"Snapshot fetches from the authority by result: ok, not_found, error (after its retries).", "result")
-	descAuthorityTimeouts = newFamily(prometheus.CounterValue, "projector_authority_timeouts_total",
-		"Snapshot fetches whose request to the authority was cut by its timeout (counted in projector_authority_requests_total{result=\"error\"} too); each doubles its job's next timeout, from --snapshot-timeout up to --snapshot-timeout-max, until the gap closes.")
-	descAuthorityInFlight = newFamily(prometheus.GaugeValue, "projector_authority_requests_in_flight",
-		"Requests to the authority in flight, by the lane they count against: main (--snapshot-concurrency) or slow (requests past a few median answer times, up to --snapshot-concurrency more).", "lane")
-	descAuthoritySlowMoves = newFamily(prometheus.CounterValue, "projector_authority_slow_lane_moves_total",
-		"Requests to the authority that ran past the slow threshold and moved to the slow lane, freeing their main slot.")
-	descAuthoritySlowFull = newFamily(prometheus.CounterValue, "projector_authority_slow_lane_full_total",
-		"Requests to the authority that ran past the slow threshold while the slow lane was full, and so were cut (counted in projector_authority_slow_cut_total too).")
-	descAuthoritySlowCut = newFamily(prometheus.CounterValue, "projector_authority_slow_cut_total",
-		"Requests to the authority cut for slowness: past the slow threshold with the slow lane full (the job is asked in the main lane again), or moved to it and still running at 3 x the threshold (the job is found slow: its next requests start in the slow lane).")
-	descAuthoritySlowStarts = newFamily(prometheus.CounterValue, "projector_authority_slow_lane_starts_total",
-		"Requests to the authority started in the slow lane, for jobs found slow (their last request was cut at 3 x the slow threshold after a move, or timed out); they run to --snapshot-timeout.")
-	descAuthoritySlowAfter = newFamily(prometheus.GaugeValue, "projector_authority_slow_after_seconds",
-		"How long a request to the authority runs before it leaves the main lane: 3 x the median of the last 64 answers, at least 0.05; 0 until 8 answers have been seen.")
-	descDBErrors = newFamily(prometheus.CounterValue, "projector_database_errors_total",
-		"Failed PostgreSQL operations (batches, claims, reloads, pings); each is retried.")
-	descStalls = newFamily(prometheus.CounterValue, "projector_stalls_total",
-		"Partitions found with lag and no progress for the stall timeout; the instance stops at the first.")
-	descHeldJobs = newFamily(prometheus.GaugeValue, "projector_held_jobs",
-		"Jobs held behind a gap right now, on this instance's partitions.")
-	descOldestHeld = newFamily(prometheus.GaugeValue, "projector_oldest_held_seconds",
-		"Age of the oldest hold on this instance's partitions; 0 when nothing is held.")
-	descLag = newFamily(prometheus.GaugeValue, "projector_partition_lag",
-		"Records between the stored position and where this instance can read to, read at least every 5 s: the last stable offset with --kafka-isolation read_committed (a transaction still open is waited on, not lag), the high watermark with read_uncommitted.", "partition")
-	descOpenTxn = newFamily(prometheus.GaugeValue, "projector_partition_open_transaction_seconds",
-		"How long the partition has waited on a transaction still open (read_committed: every record before it is projected, the rest waits until it commits or is aborted); 0 when it waits on none.", "partition")
-	descPosition = newFamily(prometheus.GaugeValue, "projector_partition_position",
-		"Next offset to read, as committed in PostgreSQL (-1: none yet).", "partition")
-	descEpoch = newFamily(prometheus.GaugeValue, "projector_partition_epoch",
-		"Fencing epoch this instance holds the partition under.", "partition")
-	descReady = newFamily(prometheus.GaugeValue, "projector_ready",
-		"1 when /readyz answers 200.")
-	descSQSMessages = newFamily(prometheus.GaugeValue, "projector_sqs_queue_messages",
-		"With --source sqs: the queue's approximate messages, visible (waiting) or in_flight (received, not deleted), read every 5 s; their sum is the lag.", "state")
-	descSQSEvents = newFamily(prometheus.CounterValue, "projector_sqs_messages_total",
-		"With --source sqs: messages received, redelivered (received more than once), group_not_job_id (MessageGroupId is not the job id: no order), deleted, delete_failed (delivered again), visibility_extend_failed.", "event")
-)
-
-// projectorCollector reads the counters and the partition book at scrape
-// time: they stay the one source of truth for /status and /metrics.
-type projectorCollector struct{ p *Projector }
-
-// Describe gives every family, whether or not this run exports it, so
-// the registry checks what Collect sends.
-func (c *projectorCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, f := range families {
-		ch <- f.desc
-	}
-}
-
-func (c *projectorCollector) Collect(ch chan<- prometheus.Metric) {
-	s := c.p.Status()
-	k := s.Counters
-	counter := func(d *prometheus.Desc, v int64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
-	}
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
-	group := s.Group
-	if c.p.cfg.Source == SourceSQS {
-		group = ""
-	}
-	gauge(descInfo, 1, c.p.cfg.Store.Schema(), c.p.cfg.Store.Projection(), s.Topic, group)
-	for _, o := range []struct {
-		outcome string
-		v       int64
-	}{
-		{"applied", k.Applied}, {"stale", k.Stale}, {"duplicate", k.Duplicates}, {"conflict", k.Conflicts},
-		{"held", k.Held}, {"quarantined", k.Quarantined}, {"deleted", k.Deleted},
-	} {
-		counter(descRecords, o.v, o.outcome)
-	}
-	counter(descConsumed, k.Consumed)
-	counter(descCovered, k.Covered)
-	counter(descTombstonesPruned, k.TombstonesPruned)
-	counter(descLost, k.Lost)
-	counter(descNewLogs, k.NewLogs)
-	counter(descBatches, k.Batches)
-	counter(descFenced, k.Fenced)
-	counter(descGapsOpened, k.GapsOpened)
-	counter(descGapsClosed, k.ClosedByWait, "wait")
-	counter(descGapsClosed, k.ClosedByReread, "reread")
-	counter(descGapsClosed, k.ClosedBySnapshot, "snapshot")
-	counter(descAuthority, k.AuthorityOK, "ok")
-	counter(descAuthority, k.AuthorityNotFound, "not_found")
-	counter(descAuthority, k.AuthorityError, "error")
-	counter(descAuthorityTimeouts, k.AuthorityTimeouts)
-	if sc := c.p.snapshots; sc != nil {
-		l := sc.Lanes()
-		gauge(descAuthorityInFlight, float64(l.Main), "main")
-		gauge(descAuthorityInFlight, float64(l.Slow), "slow")
-		counter(descAuthoritySlowMoves, l.Moved)
-		counter(descAuthoritySlowFull, l.Full)
-		counter(descAuthoritySlowCut, l.Cut)
-		counter(descAuthoritySlowStarts, l.Started)
-		gauge(descAuthoritySlowAfter, l.SlowAfter.Seconds())
-	}
-	counter(descDBErrors, k.DatabaseErrors)
-	counter(descStalls, k.Stalls)
-	gauge(descHeldJobs, float64(k.HeldJobs))
-	var oldest time.Time
-	for _, ps := range s.Partitions {
-		part := strconv.Itoa(ps.Partition)
-		if !ps.LagUnknown {
-			gauge(descLag, float64(ps.Lag), part)
-		}
-		waited := 0.0
-		if ps.OpenTransaction != nil {
-			waited = time.Since(ps.OpenTransaction.Since).Seconds()
-		}
-		gauge(descOpenTxn, waited, part)
-		gauge(descPosition, float64(ps.Position), part)
-		gauge(descEpoch, float64(ps.Epoch), part)
-		// A partition's view is sorted oldest first.
-		if len(ps.view) > 0 && (oldest.IsZero() || ps.view[0].Since.Before(oldest)) {
-			oldest = ps.view[0].Since
-		}
-	}
-	age := 0.0
-	if !oldest.IsZero() {
-		age = time.Since(oldest).Seconds()
-	}
-	gauge(descOldestHeld, age)
-	if q := s.SQS; q != nil {
-		if q.Counts != nil {
-			gauge(descSQSMessages, float64(q.Counts.Visible), "visible")
-			gauge(descSQSMessages, float64(q.Counts.InFlight), "in_flight")
-		}
-		qc := q.Counters
-		for _, e := range []struct {
-			name string
-			v    int64
-		}{{"received", qc.Received}, {"redelivered", qc.Redelivered}, {"group_not_job_id", qc.GroupNotJobID},
-			{"deleted", qc.Deleted}, {"delete_failed", qc.DeleteFailed}, {"visibility_extend_failed", qc.VisibilityFailures}} {
-			counter(descSQSEvents, e.v, e.name)
-		}
-	}
-	ready := 0.0
-	if s.Ready {
-		ready = 1
-	}
-	gauge(descReady, ready)
-}
-
-// everyFamily exports one sample of every family of [projectorCollector],
-// its labels empty, for [MetricFamilies].
-type everyFamily struct{}
-
-func (everyFamily) Describe(ch chan<- *prometheus.Desc) {
-	for _, f := range families {
-		ch <- f.desc
-	}
-}
-
-func (everyFamily) Collect(ch chan<- prometheus.Metric) {
-	for _, f := range families {
-		ch <- prometheus.MustNewConstMetric(f.desc, f.kind, 0, make([]string, len(f.labels))...)
-	}
 }
 
 // countedSnapshots counts the authority's answers.

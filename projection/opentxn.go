@@ -13,19 +13,6 @@ import "time"
 // so such a wait is no lag, no stall and no reason to be unready; the
 // status shows it ([OpenTransaction]) and the log says it when it lasts.
 
-// OpenTransaction is a transaction still open that a partition waits on,
-// read committed: every record before it is projected.
-type OpenTransaction struct {
-	// Offset is where it starts: the partition's last stable offset.
-	Offset int64 `json:"offset"`
-	// Waiting is how many offsets past Offset wait for it to end (its
-	// records, other producers' records and markers): the high watermark
-	// minus Offset.
-	Waiting int64 `json:"waiting"`
-	// Since is when the partition was first seen waiting on it.
-	Since time.Time `json:"since"`
-}
-
 // openTxnLogAfter is how long a partition waits on one open transaction
 // before the log says so, and how often it says so again while the wait
 // lasts (openTxnLogEvery). Transactions commit every few hundred

@@ -11,32 +11,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-func TestSamplerShowsBurstThenCounts(t *testing.T) {
-	t.Parallel()
-	s := sampler{window: 10 * time.Second, burst: 2}
-	t0 := time.Unix(1000, 0)
-	ok, held := s.allow(t0)
-	require.True(t, ok)
-	require.Zero(t, held)
-	ok, _ = s.allow(t0)
-	require.True(t, ok)
-	for range 5 {
-		ok, _ = s.allow(t0.Add(time.Second))
-		require.False(t, ok)
-	}
-	require.Zero(t, s.flush(t0.Add(5*time.Second)), "the window has not ended")
-	// The next line shown after the window carries the count.
-	ok, held = s.allow(t0.Add(11 * time.Second))
-	require.True(t, ok)
-	require.Equal(t, 5, held)
-	ok, _ = s.allow(t0.Add(11 * time.Second))
-	require.True(t, ok)
-	ok, _ = s.allow(t0.Add(12 * time.Second))
-	require.False(t, ok)
-	require.Equal(t, 1, s.flush(t0.Add(22*time.Second)))
-	require.Zero(t, s.flush(t0.Add(23*time.Second)))
-}
-
 // TestQuarantineLogged: each quarantined record is logged with its
 // partition, offset and reason, at most 10 per 10 s.
 func TestQuarantineLogged(t *testing.T) {
@@ -83,7 +57,7 @@ func TestKafkaOutageLogged(t *testing.T) {
 		return len(logs.matching("Kafka is failing; retrying", "attempt=1", "next_retry=")) == 1, ""
 	})
 	r.eventually(20*time.Second, "a second failed poll", func() (bool, string) {
-		return run.p.sourceOutage.attemptsSoFar() >= 2, ""
+		return run.p.sourceOutage.AttemptsSoFar() >= 2, ""
 	})
 	require.Len(t, logs.matching("Kafka is failing; retrying"), 1, "logged at its start, then at most every 30 s")
 	down.Store(false)

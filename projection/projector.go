@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/projector/projector/gapfill"
+	"github.com/projector/projector/observe"
 	"github.com/projector/projector/snapshot"
 	"github.com/projector/projector/source"
 )
@@ -31,9 +32,10 @@ type Projector struct {
 	fetchers *fetchPool
 	counters counters
 	book     partitionBook
-	metrics  *metrics
+	metrics  *observe.Metrics
 	health   health
-	stall    stallState
+	// watchdog stops Run at a stall, and says so on /healthz.
+	watchdog *observe.Watchdog
 	// swapWaitAt is when a worker last found a rebuild's swap holding its
 	// partition (unix nanoseconds): a pause the watchdog does not count.
 	swapWaitAt atomic.Int64
@@ -45,9 +47,9 @@ type Projector struct {
 	// dbOutage is PostgreSQL's outage; sourceOutage is the source's,
 	// whichever it is (Kafka's brokers, the SQS queue): the workers, the
 	// source's monitors, the watchdog and readiness share it.
-	dbOutage, sourceOutage outage
+	dbOutage, sourceOutage observe.Outage
 	// quarantineLog rate-limits the log line of each quarantined record.
-	quarantineLog sampler
+	quarantineLog observe.Sampler
 	// adoptEvery is how often a shared lane's worker adopts the held
 	// deltas other instances stored: heldAdoptEvery, shorter in tests.
 	adoptEvery time.Duration
@@ -77,16 +79,18 @@ func New(cfg Config) (*Projector, error) {
 		cfg:           cfg,
 		src:           src,
 		budget:        newCacheBudget(cfg.CacheBytes),
-		dbOutage:      outage{service: "PostgreSQL", log: cfg.Logger},
-		sourceOutage:  outage{service: "Kafka", log: cfg.Logger},
-		quarantineLog: sampler{window: 10 * time.Second, burst: 10},
+		dbOutage:      observe.Outage{Service: "PostgreSQL", Log: cfg.Logger},
+		sourceOutage:  observe.Outage{Service: "Kafka", Log: cfg.Logger},
+		quarantineLog: observe.Sampler{Window: 10 * time.Second, Burst: 10},
 		adoptEvery:    heldAdoptEvery,
 	}
 	p.book.stable = cfg.Source == SourceKafka && cfg.Kafka().ReadsCommitted()
 	if cfg.Source == SourceSQS {
-		p.sourceOutage.service = "SQS"
+		p.sourceOutage.Service = "SQS"
 	}
 	p.metrics = newMetrics(p)
+	p.watchdog = &observe.Watchdog{Timeout: cfg.StallTimeout, Topic: cfg.Topic, Log: cfg.Logger,
+		Engine: watched{p}, Stalls: &p.counters.stalls}
 	p.policy = cfg.gapPolicy()
 	pol := p.policy
 	if pol.Reread || pol.Snapshot {
@@ -139,9 +143,9 @@ func (p *Projector) Config() Config { return p.cfg }
 // not ready and logs the topic's name at most every 30 s.
 //
 // A partition with lag whose position has not moved for StallTimeout ends
-// Run with an error wrapping [ErrStalled] (see [Projector.runWatched]).
+// Run with an error wrapping [ErrStalled] (see [observe.Watchdog.Run]).
 func (p *Projector) Run(ctx context.Context) error {
-	return p.runWatched(ctx, p.run)
+	return p.watchdog.Run(ctx, p.run)
 }
 
 func (p *Projector) run(ctx context.Context) error {
@@ -189,7 +193,7 @@ func (p *Projector) Status() Status {
 // error.
 func (p *Projector) StatusPage(q HeldQuery) (Status, error) {
 	parts := p.book.list()
-	page, err := pageHeld(parts, q)
+	page, err := observe.PageHeld(parts, q)
 	if err != nil {
 		return Status{}, err
 	}
@@ -213,9 +217,9 @@ func (p *Projector) StatusPage(q HeldQuery) (Status, error) {
 		HeldPage:   page,
 	}
 	if p.cfg.Source == SourceKafka {
-		st.Isolation, st.LagMeasuredTo = p.cfg.Isolation, lagToHighWatermark
+		st.Isolation, st.LagMeasuredTo = p.cfg.Isolation, observe.LagToHighWatermark
 		if p.book.stable {
-			st.LagMeasuredTo = lagToStable
+			st.LagMeasuredTo = observe.LagToStable
 		}
 	}
 	return st, nil

@@ -10,6 +10,7 @@ import (
 
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/internal/testkit/pgtest"
+	"github.com/projector/projector/observe"
 	sqssrc "github.com/projector/projector/source/sqs"
 	"github.com/projector/projector/source/sqs/sqscfg"
 )
@@ -27,7 +28,7 @@ func TestSQSOffsetCollisionKeepsEachMessage(t *testing.T) {
 	p, err := New(Config{Source: SourceSQS, SQS: q, Store: st, GapWaitOff: true,
 		Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
 	require.NoError(t, err)
-	w := &worker{workerDeps: p.workerDeps(), beat: &beat{}, topic: p.Config().Topic, position: -1,
+	w := &worker{workerDeps: p.workerDeps(), beat: &observe.Beat{}, topic: p.Config().Topic, position: -1,
 		log: p.cfg.Logger, cache: newJobCache(p.budget), stored: -1}
 	w.detector = gapfill.NewDetector(w.cfg.GapPolicy)
 	r := sqssrc.NewReader(p.src.(*sqssrc.Queue).Client(), p.cfg.Logger, 10)

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/projector/projector/internal/testkit/pgtest"
+	"github.com/projector/projector/observe"
 	"github.com/projector/projector/store"
 )
 
@@ -127,7 +128,7 @@ func TestExplainLink(t *testing.T) {
 	base, err := url.Parse(srv.URL + "/")
 	require.NoError(t, err)
 	for _, job := range []string{"job-42", "a/b", "x y?z#w", ".", "..", "../x", "%2F", "job\x1b[2J\n\u202e"} {
-		ref, err := url.Parse(explainLink(job))
+		ref, err := url.Parse(observe.ExplainLink(job))
 		require.NoError(t, err, "%q", job)
 		code, _, body := getBody(t, base.ResolveReference(ref).String())
 		require.Equal(t, http.StatusNotFound, code, "%q: %s", job, body)

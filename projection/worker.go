@@ -13,6 +13,7 @@ import (
 
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/internal/buildhook/failpoint"
+	"github.com/projector/projector/observe"
 	"github.com/projector/projector/store"
 )
 
@@ -46,7 +47,7 @@ type worker struct {
 	// until one does): what the log is compared with.
 	last *store.LogMark
 	// beat is this worker's sign of life for /healthz.
-	beat *beat
+	beat *observe.Beat
 
 	// lane is what the worker runs, and src its records once opened.
 	lane Lane
@@ -95,16 +96,16 @@ type workerDeps struct {
 	// topic, partition and epoch.
 	instanceLog *slog.Logger
 	counters    *counters
-	metrics     *metrics
+	metrics     *observe.Metrics
 	book        *partitionBook
 	// dbOutage and sourceOutage log outages of PostgreSQL and of the
 	// source; databaseAnswered and databaseFailed report to the health
 	// checks as well.
-	dbOutage, sourceOutage *outage
+	dbOutage, sourceOutage *observe.Outage
 	databaseAnswered       func()
 	databaseFailed         func(err error, next time.Duration)
 	// quarantineLog rate-limits the log line of each quarantined record.
-	quarantineLog *sampler
+	quarantineLog *observe.Sampler
 	// swapWaitAt and applying tell the stall watchdog about pauses it does
 	// not count (see [Projector]).
 	swapWaitAt *atomic.Int64
@@ -209,7 +210,7 @@ func (w *worker) run(ctx context.Context) error {
 	w.attempts = w.startAttempts(rctx, &wg)
 	adopted := time.Now()
 	for {
-		w.beat.now()
+		w.beat.Now()
 		if caps.Shared && time.Since(adopted) >= w.adoptEvery {
 			adopted = time.Now()
 			if err := w.adoptHeld(ctx); err != nil && ctx.Err() == nil {
@@ -272,12 +273,12 @@ func (w *worker) publish() {
 				Since: g.Since.Round(0), Attempts: g.Attempts, NextAttempt: g.NextAttempt.Round(0), LastStep: string(g.LastStep), LastError: g.LastErr,
 			})
 		}
-		w.heldView, w.heldViewOf = sortHeld(w.partition, held), w.detector.Len()
+		w.heldView, w.heldViewOf = observe.SortHeld(w.partition, held), w.detector.Len()
 		w.heldVersion, w.heldBuiltAt, w.heldViewSeen = v, time.Now(), true
 	}
 	w.book.set(PartitionStatus{Partition: w.partition, Position: w.stored, HighWatermark: w.hwm, LastStable: w.stable,
 		OpenTransaction: w.waitsOnTransaction(), Epoch: w.epoch,
-		HeldJobs: w.detector.Len(), view: w.heldView, viewOf: w.heldViewOf}, w)
+		HeldJobs: w.detector.Len(), View: w.heldView, ViewOf: w.heldViewOf}, w)
 }
 
 // storedAt records that the partition's position next is committed.

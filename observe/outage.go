@@ -1,4 +1,4 @@
-package projection
+package observe
 
 import (
 	"context"
@@ -7,16 +7,16 @@ import (
 	"time"
 )
 
-// outageLogEvery is the most often an outage in progress is logged again.
-const outageLogEvery = 30 * time.Second
+// OutageLogEvery is the most often an outage in progress is logged again.
+const OutageLogEvery = 30 * time.Second
 
-// outage turns the failures and successes of many goroutines talking to
+// Outage turns the failures and successes of many goroutines talking to
 // one service into few log lines: one when it starts failing, at most one
-// per outageLogEvery while it keeps failing (the error, the attempts so far,
+// per OutageLogEvery while it keeps failing (the error, the attempts so far,
 // the next retry), and one when it answers again.
-type outage struct {
-	service string // "PostgreSQL", "Kafka", "SQS"
-	log     *slog.Logger
+type Outage struct {
+	Service string // "PostgreSQL", "Kafka", "SQS"
+	Log     *slog.Logger
 
 	mu       sync.Mutex
 	since    time.Time // zero: no outage
@@ -28,8 +28,8 @@ type outage struct {
 	over chan struct{}
 }
 
-// failed records a failed attempt; next is when the caller retries.
-func (o *outage) failed(err error, next time.Duration) {
+// Failed records a failed attempt; next is when the caller retries.
+func (o *Outage) Failed(err error, next time.Duration) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	now := time.Now()
@@ -38,26 +38,26 @@ func (o *outage) failed(err error, next time.Duration) {
 	if o.since.IsZero() {
 		o.since, o.logged = now, now
 		o.over = make(chan struct{})
-		o.log.Error(o.service+" is failing; retrying", "err", err, "attempt", o.attempts, "next_retry", next)
+		o.Log.Error(o.Service+" is failing; retrying", "err", err, "attempt", o.attempts, "next_retry", next)
 		return
 	}
-	if now.Sub(o.logged) >= outageLogEvery {
+	if now.Sub(o.logged) >= OutageLogEvery {
 		o.logged = now
-		o.log.Error(o.service+" is still failing; retrying", "err", err, "attempt", o.attempts,
+		o.Log.Error(o.Service+" is still failing; retrying", "err", err, "attempt", o.attempts,
 			"next_retry", next, "failing_for", now.Sub(o.since).Round(time.Millisecond))
 	}
 }
 
-// failing reports whether an outage is in progress.
-func (o *outage) failing() bool {
+// Failing reports whether an outage is in progress.
+func (o *Outage) Failing() bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return !o.since.IsZero()
 }
 
-// failingFor is how long the outage in progress has lasted at now, and
+// FailingFor is how long the outage in progress has lasted at now, and
 // its last error; 0 when there is none.
-func (o *outage) failingFor(now time.Time) (time.Duration, string) {
+func (o *Outage) FailingFor(now time.Time) (time.Duration, string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.since.IsZero() {
@@ -66,23 +66,23 @@ func (o *outage) failingFor(now time.Time) (time.Duration, string) {
 	return now.Sub(o.since), o.lastErr
 }
 
-// ok records a success; it ends an outage in progress.
-func (o *outage) ok() {
+// OK records a success; it ends an outage in progress.
+func (o *Outage) OK() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.since.IsZero() {
 		return
 	}
-	o.log.Info(o.service+" answers again", "failed_for", time.Since(o.since).Round(time.Millisecond),
+	o.Log.Info(o.Service+" answers again", "failed_for", time.Since(o.since).Round(time.Millisecond),
 		"failed_attempts", o.attempts, "last_err", o.lastErr)
 	o.since, o.attempts, o.lastErr = time.Time{}, 0, ""
 	close(o.over)
 	o.over = nil
 }
 
-// wait sleeps for d, or less if ctx ends or the outage in progress ends
+// Wait sleeps for d, or less if ctx ends or the outage in progress ends
 // (another caller succeeded: the service answers again).
-func (o *outage) wait(ctx context.Context, d time.Duration) {
+func (o *Outage) Wait(ctx context.Context, d time.Duration) {
 	o.mu.Lock()
 	over := o.over
 	o.mu.Unlock()
@@ -95,12 +95,12 @@ func (o *outage) wait(ctx context.Context, d time.Duration) {
 	}
 }
 
-// sampler rate-limits a kind of log line: at most burst lines per window;
+// Sampler rate-limits a kind of log line: at most burst lines per window;
 // the lines it holds back are counted and reported with the next line shown
-// or by flush.
-type sampler struct {
-	window time.Duration
-	burst  int
+// or by Flush.
+type Sampler struct {
+	Window time.Duration
+	Burst  int
 
 	mu     sync.Mutex
 	start  time.Time
@@ -108,15 +108,15 @@ type sampler struct {
 	hidden int
 }
 
-// allow reports whether a line may be logged now, and how many were held
+// Allow reports whether a line may be logged now, and how many were held
 // back before it (to report with it).
-func (s *sampler) allow(now time.Time) (ok bool, held int) {
+func (s *Sampler) Allow(now time.Time) (ok bool, held int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if now.Sub(s.start) >= s.window {
+	if now.Sub(s.start) >= s.Window {
 		s.start, s.shown = now, 0
 	}
-	if s.shown < s.burst {
+	if s.shown < s.Burst {
 		s.shown++
 		held, s.hidden = s.hidden, 0
 		return true, held
@@ -125,12 +125,12 @@ func (s *sampler) allow(now time.Time) (ok bool, held int) {
 	return false, 0
 }
 
-// flush returns, and forgets, the count of lines held back once their
+// Flush returns, and forgets, the count of lines held back once their
 // window has ended.
-func (s *sampler) flush(now time.Time) int {
+func (s *Sampler) Flush(now time.Time) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.hidden == 0 || now.Sub(s.start) < s.window {
+	if s.hidden == 0 || now.Sub(s.start) < s.Window {
 		return 0
 	}
 	n := s.hidden
@@ -138,8 +138,8 @@ func (s *sampler) flush(now time.Time) int {
 	return n
 }
 
-// attemptsSoFar is the failed attempts of the outage in progress.
-func (o *outage) attemptsSoFar() int {
+// AttemptsSoFar is the failed attempts of the outage in progress.
+func (o *Outage) AttemptsSoFar() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.attempts

@@ -1,4 +1,4 @@
-package projection
+package observe
 
 import (
 	"container/heap"
@@ -10,9 +10,9 @@ import (
 	"strings"
 )
 
-// The bounds of the list of held jobs that [Projector.StatusPage] (and
-// /status) gives. However many jobs are held, a status lists at most
-// MaxHeldLimit of them, and each partition keeps only its MaxHeldLimit
+// The bounds of the list of held jobs that a status (the engine's
+// StatusPage, and /status) gives. However many jobs are held, a status
+// lists at most MaxHeldLimit of them, and each partition keeps only its MaxHeldLimit
 // oldest for it: a status costs the same with fifty thousand held jobs as
 // with a thousand.
 const (
@@ -100,16 +100,16 @@ func parseHeldKey(s string) (heldKey, error) {
 	return heldKey{}, fmt.Errorf("%w: held_after %q is not a cursor a status gave (held_page.next)", errHeldQuery, clipString(s))
 }
 
-// sortHeld sorts a partition's view of its held jobs by heldKey.
-func sortHeld(partition int, jobs []HeldJob) []HeldJob {
+// SortHeld sorts a partition's view of its held jobs by heldKey.
+func SortHeld(partition int, jobs []HeldJob) []HeldJob {
 	sort.Slice(jobs, func(i, j int) bool { return keyOf(partition, jobs[i]).before(keyOf(partition, jobs[j])) })
 	return jobs
 }
 
-// pageHeld fills parts' Held lists with the page q asks for, from each
+// PageHeld fills parts' Held lists with the page q asks for, from each
 // partition's view, and says what it shows. It costs a search per
 // partition and a step per job listed, whatever the number held.
-func pageHeld(parts []PartitionStatus, q HeldQuery) (HeldPage, error) {
+func PageHeld(parts []PartitionStatus, q HeldQuery) (HeldPage, error) {
 	limit := q.Limit
 	switch {
 	case limit == 0:
@@ -135,20 +135,20 @@ func pageHeld(parts []PartitionStatus, q HeldQuery) (HeldPage, error) {
 		ps := &parts[i]
 		ps.Held = []HeldJob{}
 		held += int64(ps.HeldJobs)
-		if n := len(ps.view); ps.HeldJobs > n {
+		if n := len(ps.View); ps.HeldJobs > n {
 			pg.Beyond += int64(ps.HeldJobs - n)
-			if ps.viewOf > n && n > 0 {
-				if k := keyOf(ps.Partition, ps.view[n-1]); bound == nil || k.before(*bound) {
+			if ps.ViewOf > n && n > 0 {
+				if k := keyOf(ps.Partition, ps.View[n-1]); bound == nil || k.before(*bound) {
 					bound = &k
 				}
 			}
 		}
 		start := 0
 		if after != nil {
-			start = sort.Search(len(ps.view), func(j int) bool { return after.before(keyOf(ps.Partition, ps.view[j])) })
+			start = sort.Search(len(ps.View), func(j int) bool { return after.before(keyOf(ps.Partition, ps.View[j])) })
 		}
-		if start < len(ps.view) {
-			h = append(h, heldHead{part: i, next: start, key: keyOf(ps.Partition, ps.view[start])})
+		if start < len(ps.View) {
+			h = append(h, heldHead{part: i, next: start, key: keyOf(ps.Partition, ps.View[start])})
 		}
 	}
 	heap.Init(&h)
@@ -161,11 +161,11 @@ func pageHeld(parts []PartitionStatus, q HeldQuery) (HeldPage, error) {
 		}
 		top := &h[0]
 		ps := &parts[top.part]
-		ps.Held = append(ps.Held, ps.view[top.next])
+		ps.Held = append(ps.Held, ps.View[top.next])
 		pg.Listed++
 		last = top.key
-		if top.next++; top.next < len(ps.view) {
-			top.key = keyOf(ps.Partition, ps.view[top.next])
+		if top.next++; top.next < len(ps.View) {
+			top.key = keyOf(ps.Partition, ps.View[top.next])
 			heap.Fix(&h, 0)
 		} else {
 			heap.Pop(&h)

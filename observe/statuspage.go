@@ -1,9 +1,8 @@
-package projection
+package observe
 
 import (
-	"context"
-	"fmt"
 	"html/template"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"sort"
@@ -19,7 +18,7 @@ import (
 
 var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{
 	"p":       Printable,
-	"explain": explainLink,
+	"explain": ExplainLink,
 	"since":   func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
 	"ago":     func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
 	"join": func(vs []int64) string {
@@ -64,10 +63,10 @@ var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{
 </body></html>
 `))
 
-// explainLink is the page's link to a job's explanation, relative to it:
+// ExplainLink is the page's link to a job's explanation, relative to it:
 // explain/{job_id}, or explain?job_id= for an id that a path cannot
 // carry (. and .., which a URL's path resolves away).
-func explainLink(job string) string {
+func ExplainLink(job string) string {
 	if job == "." || job == ".." {
 		return "explain?" + url.Values{"job_id": {job}}.Encode()
 	}
@@ -102,11 +101,11 @@ func viewOf(s Status) statusView {
 
 // serveStatusPage answers GET / with the status page; held_limit and
 // held_after page the held jobs as on /status.
-func (p *Projector) serveStatusPage(w http.ResponseWriter, r *http.Request) {
+func serveStatusPage(e Engine, log *slog.Logger, w http.ResponseWriter, r *http.Request) {
 	q, err := heldQueryOf(r.URL.Query())
 	var s Status
 	if err == nil {
-		s, err = p.StatusPage(q)
+		s, err = e.StatusPage(q)
 	}
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
@@ -121,78 +120,6 @@ func (p *Projector) serveStatusPage(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	if err := statusPage.Execute(w, viewOf(s)); err != nil {
-		p.cfg.Logger.Warn("status page", "err", err)
+		log.Warn("status page", "err", err)
 	}
 }
-
-// explainer answers GET /explain/{job_id} (or /explain?job_id=). Each
-// answer is a PostgreSQL transaction on the pool the workers commit with,
-// and anyone who reaches the HTTP port can ask: so at most limit are in
-// flight (one more is answered 503 at once rather than queued, so a
-// client looping on it cannot pile up goroutines or take the workers'
-// connections), and each is cut after timeout (a PostgreSQL that does not
-// answer makes /explain answer 503, not hang, and lets the server's
-// shutdown finish).
-type explainer struct {
-	p       *Projector
-	timeout time.Duration
-	slots   chan struct{}
-}
-
-// Explain's bounds on the HTTP port.
-const (
-	explainTimeout  = 5 * time.Second
-	explainInFlight = 2
-)
-
-func newExplainer(p *Projector, timeout time.Duration, limit int) *explainer {
-	return &explainer{p: p, timeout: timeout, slots: make(chan struct{}, limit)}
-}
-
-// ServeHTTP answers with what explain says of the job, as JSON; 404 when
-// the store knows nothing of it, 503 when busy or PostgreSQL fails or
-// does not answer within the timeout.
-func (e *explainer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	job := r.PathValue("job_id")
-	if job == "" {
-		job = r.URL.Query().Get("job_id")
-	}
-	if job == "" {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "want a job id: /explain/{job_id} or /explain?job_id="})
-		return
-	}
-	if len(job) > maxExplainJobID {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("job id of %d bytes: at most %d", len(job), maxExplainJobID)})
-		return
-	}
-	select {
-	case e.slots <- struct{}{}:
-		defer func() { <-e.slots }()
-	default:
-		w.Header().Set("Retry-After", "1")
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": fmt.Sprintf("busy: %d explanations in flight, the most this instance answers at once; try again", cap(e.slots))})
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), e.timeout)
-	defer cancel()
-	ex, err := e.p.cfg.Store.Explain(ctx, job, DefaultExplainGaps)
-	if err != nil {
-		if r.Context().Err() != nil {
-			return // the client left
-		}
-		msg := err.Error()
-		if ctx.Err() != nil {
-			msg = fmt.Sprintf("PostgreSQL did not answer within %s", e.timeout)
-		}
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": msg})
-		return
-	}
-	if !Known(ex) {
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": "job " + strconv.QuoteToGraphic(job) + " is neither in the read model nor held nor deleted"})
-		return
-	}
-	writeJSON(w, http.StatusOK, ExplanationOf(job, ex))
-}
-
-// maxExplainJobID bounds the job id /explain looks up, as /wait does.
-const maxExplainJobID = 512
