@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/projector/projector/source"
 	"github.com/projector/projector/source/sqs/sqscfg"
 	"github.com/projector/projector/store"
 )
@@ -82,12 +81,6 @@ func (w *worker) adoptHeld(ctx context.Context) error {
 // SQSStatus is an SQS-fed engine's view of its queue, in /status
 // ([sqscfg.Status]).
 type SQSStatus = sqscfg.Status
-
-// sqsStatusOf is the queue's report in a source's status; nil for Kafka.
-func sqsStatusOf(s source.Status) *SQSStatus {
-	q, _ := s.Queue.(*SQSStatus)
-	return q
-}
 
 // sqsCoordinate is the SQS message c names, for a held or quarantine row; zero for
 // a Kafka record.

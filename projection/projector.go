@@ -213,7 +213,7 @@ func (p *Projector) StatusPage(q HeldQuery) (Status, error) {
 		Partitions: parts,
 		Counters:   c,
 		Source:     p.cfg.Source,
-		SQS:        sqsStatusOf(ss),
+		SQS:        ss.Queue,
 		HeldPage:   page,
 	}
 	if p.cfg.Source == SourceKafka {

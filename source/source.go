@@ -286,7 +286,7 @@ type Status struct {
 	Group      string
 	Generation int32
 	// Queue is a queue source's own report (Kafka: nil).
-	Queue any
+	Queue *sqscfg.Status
 }
 
 // ConflictError is a consumer group, or an SQS queue, that another
