@@ -91,6 +91,11 @@ type entry struct {
 	// the lane has read that far, since the missing version may simply
 	// not be read yet ([Detector.HoldUntil]).
 	until int64
+	// While it does, the entry is also in the detector's gate, ordered
+	// by until (gi its place there, -1 when not), and its due time is put
+	// off to the end of that wait; due is the time it had.
+	gi  int
+	due time.Time
 	// index is the entry's place in the due queue; -1 while in flight.
 	index int
 	// progressed is set when the job moved forward since it was taken:
@@ -109,6 +114,9 @@ type Detector struct {
 	policy Policy
 	gaps   map[string]*entry
 	queue  dueQueue
+	// gate holds the jobs whose first attempt waits for the lane to read
+	// on, ordered by how far ([Detector.HoldUntil]).
+	gate gateQueue
 	// version counts changes, for callers that cache a view of the gaps.
 	version uint64
 }
@@ -146,13 +154,14 @@ func (d *Detector) HoldUntil(job string, since time.Time, end int64) {
 	d.version++
 	if e, ok := d.gaps[job]; ok {
 		if since.Before(e.Since) {
+			d.ungate(e)
 			e.Since = since
 			d.schedule(e, since.Add(d.policy.Wait))
 		}
 		return
 	}
 	e := &entry{Gap: Gap{JobID: job, Since: since, NextAttempt: since.Add(d.policy.Wait), LastStep: StepWait,
-		Timeout: d.policy.SnapshotTimeout}, until: end}
+		Timeout: d.policy.SnapshotTimeout}, until: end, gi: -1}
 	d.gaps[job] = e
 	heap.Push(&d.queue, e)
 }
@@ -183,6 +192,7 @@ func (d *Detector) ProgressUntil(job string, now time.Time, end int64) {
 		return
 	}
 	d.version++
+	d.ungate(e)
 	e.Since, e.Attempts, e.LastStep, e.LastErr, e.until = now, 0, StepWait, "", end
 	e.progressed = true
 	d.schedule(e, now.Add(d.policy.Wait))
@@ -195,6 +205,7 @@ func (d *Detector) Close(job string) {
 		return
 	}
 	d.version++
+	d.ungate(e)
 	if e.index >= 0 {
 		heap.Remove(&d.queue, e.index)
 	}
@@ -206,6 +217,7 @@ func (d *Detector) Reset() {
 	d.version++
 	clear(d.gaps)
 	d.queue = d.queue[:0]
+	d.gate = d.gate[:0]
 }
 
 // Steps lists the steps an attempt runs, in order.
@@ -241,33 +253,50 @@ func (d *Detector) Due(now time.Time) []string {
 // until [Detector.Failed], [Detector.Progress] or [Detector.Close] ends
 // their attempt. position is where the lane reads next (-1: not a log): a
 // first attempt due before the lane has read as far as its log ended when
-// the job began to wait is put off by a Wait, uncounted
-// ([Detector.HoldUntil]).
+// the job began to wait is put off, uncounted, until the lane has (a later
+// Take with that position) or the wait's bound has passed
+// ([Detector.HoldUntil]). Each job is put off once, and let go once: the
+// cost does not grow with how many wait.
 func (d *Detector) Take(now time.Time, limit int, position int64) []string {
 	if len(d.Steps()) == 0 {
 		return nil
 	}
+	changed := false
+	// The lane has read far enough for these: due again at the time they
+	// had.
+	for len(d.gate) > 0 && position >= 0 && d.gate[0].until <= position {
+		e := heap.Pop(&d.gate).(*entry)
+		e.gi = -1
+		d.schedule(e, e.due)
+		changed = true
+	}
 	var out []string
-	var later []*entry
 	for len(out) < limit && len(d.queue) > 0 && !now.Before(d.queue[0].NextAttempt) {
-		e := heap.Pop(&d.queue).(*entry)
-		if d.readsFurther(e, now, position) {
-			later = append(later, e)
+		e := d.queue[0]
+		if e.gi < 0 && d.readsFurther(e, now, position) {
+			e.due = e.NextAttempt
+			d.schedule(e, e.Since.Add(logWaitFactor*d.policy.Wait))
+			heap.Push(&d.gate, e)
+			changed = true
 			continue
 		}
+		heap.Pop(&d.queue)
+		d.ungate(e)
 		e.InFlight, e.progressed = true, false
 		out = append(out, e.JobID)
 	}
-	for _, e := range later {
-		// Looked at again after a short while: by then the lane has
-		// most likely read further.
-		e.NextAttempt = now.Add(min(d.policy.Wait, time.Second))
-		heap.Push(&d.queue, e)
-	}
-	if len(out) > 0 || len(later) > 0 {
+	if len(out) > 0 || changed {
 		d.version++
 	}
 	return out
+}
+
+// ungate takes e out of the gate, if it is there.
+func (d *Detector) ungate(e *entry) {
+	if e.gi >= 0 {
+		heap.Remove(&d.gate, e.gi)
+		e.gi = -1
+	}
 }
 
 // NextDue is the earliest time an attempt falls due among the jobs not in
@@ -288,6 +317,7 @@ func (d *Detector) Failed(job string, now time.Time, last Step, err string) {
 		return
 	}
 	d.version++
+	d.ungate(e)
 	wasInFlight := e.InFlight
 	e.InFlight = false
 	if wasInFlight {
@@ -460,5 +490,30 @@ func (q *dueQueue) Pop() any {
 	old[len(old)-1] = nil
 	*q = old[:len(old)-1]
 	e.index = -1
+	return e
+}
+
+// gateQueue orders the jobs whose first attempt waits for the lane by how
+// far the lane must read.
+type gateQueue []*entry
+
+func (q gateQueue) Len() int           { return len(q) }
+func (q gateQueue) Less(i, j int) bool { return q[i].until < q[j].until }
+func (q gateQueue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].gi, q[j].gi = i, j
+}
+
+func (q *gateQueue) Push(x any) {
+	e := x.(*entry)
+	e.gi = len(*q)
+	*q = append(*q, e)
+}
+
+func (q *gateQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	e.gi = -1
 	return e
 }

@@ -228,8 +228,9 @@ func TestFirstAttemptWaitsForTheLaneToReadAsFarAsItsLogEnded(t *testing.T) {
 	require.Empty(t, d.Take(t0.Add(wait), 10, 50), "due by time, but the lane has not read as far as its log ended")
 	g, _ := d.Gap("j")
 	require.Zero(t, g.Attempts, "a put-off is no attempt")
-	require.True(t, g.NextAttempt.After(t0.Add(wait)), "looked at again later")
-	require.Equal(t, []string{"j"}, d.Take(g.NextAttempt, 10, 100), "read that far: taken")
+	require.Equal(t, t0.Add(10*wait), g.NextAttempt, "put off to the bound of the wait")
+	require.Empty(t, d.Take(t0.Add(wait+time.Second), 10, 99), "not read that far yet")
+	require.Equal(t, []string{"j"}, d.Take(t0.Add(wait+time.Second), 10, 100), "read that far: due again at once, and taken")
 
 	d = gapfill.NewDetector(pol)
 	d.HoldUntil("j", t0, 100)
@@ -259,4 +260,29 @@ func TestFirstAttemptWaitsForTheLaneToReadAsFarAsItsLogEnded(t *testing.T) {
 	d.HoldUntil("j", t0, 100)
 	d.ProgressUntil("j", t0.Add(time.Second), 200)
 	require.Empty(t, d.Take(t0.Add(time.Second+wait), 10, 150), "moved forward: it waits for the log's end as it is then")
+}
+
+// TestPutOffJobsCostOnceEach: many jobs waiting for the lane are put off
+// once and let go once; a Take in between walks none of them, and the
+// jobs let go come out oldest due first, within the limit.
+func TestPutOffJobsCostOnceEach(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	wait := 10 * time.Second
+	d := gapfill.NewDetector(gapfill.Policy{Wait: wait, Reread: true})
+	for i := range 1000 {
+		d.HoldUntil(fmt.Sprintf("j%04d", i), t0.Add(time.Duration(i)*time.Millisecond), int64(1000+i))
+	}
+	now := t0.Add(2 * wait)
+	require.Empty(t, d.Take(now, 10, 0), "every one put off")
+	v := d.Version()
+	require.Empty(t, d.Take(now.Add(time.Second), 10, 0), "still waiting")
+	require.Equal(t, v, d.Version(), "nothing walked or changed")
+	due, ok := d.NextDue()
+	require.True(t, ok)
+	require.Equal(t, t0.Add(10*wait), due, "the next wake-up is the first bound, not a poll")
+	got := d.Take(now.Add(time.Second), 10, 1500)
+	require.Equal(t, []string{"j0000", "j0001", "j0002", "j0003", "j0004", "j0005", "j0006", "j0007", "j0008", "j0009"}, got)
+	require.Len(t, d.Take(now.Add(time.Second), 1000, 1500), 491, "the rest let go up to 1500")
+	require.Empty(t, d.Take(now.Add(time.Second), 1000, 1500))
+	require.Len(t, d.Take(t0.Add(11*wait), 1000, 1500), 499, "past the bound the others go too")
 }

@@ -106,8 +106,9 @@ type PartitionStatus struct {
 
 	// View is the partition's MaxHeldLimit oldest held jobs, oldest
 	// first (by HeldJob.Since, then job id), as its worker last built them
-	// from ViewOf held jobs ([SortHeld]); never written once published.
-	// Held is paged from it ([PageHeld]).
+	// from ViewOf held jobs ([SortHeld]); never written once published,
+	// and shared by every status handed out since: read it, never change
+	// it. Held is paged from it ([PageHeld]).
 	View   []HeldJob `json:"-"`
 	ViewOf int       `json:"-"`
 }
