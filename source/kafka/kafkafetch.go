@@ -208,10 +208,13 @@ func (f *partitionFetcher) connect(ctx context.Context, offset int64) (conn *Log
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	// The connection as dialled: conn is this function's result, which a
+	// return on failure sets to nil while ctx's AfterFunc may still run.
+	c := conn
+	stop := context.AfterFunc(ctx, func() { c.Close() })
 	release = func() {
 		stop()
-		conn.Close()
+		c.Close()
 	}
 	_ = conn.SetDeadline(time.Now().Add(fetchReadTimeout))
 	// A position up to the high watermark is in the log, also past the
