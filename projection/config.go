@@ -346,6 +346,12 @@ func (c Config) Validate() error {
 	if c.GapWait < 0 {
 		errs = append(errs, fmt.Errorf("gap-wait: %s is negative (GapWaitOff skips waiting)", c.GapWait))
 	}
+	if c.GapWaitOff && c.GapWait > 0 {
+		errs = append(errs, fmt.Errorf("gap-wait: %s given with GapWaitOff: set one of them", c.GapWait))
+	}
+	if c.TombstonesForever && c.TombstoneRetention > 0 {
+		errs = append(errs, fmt.Errorf("tombstone-retention: %s given with TombstonesForever: set one of them", c.TombstoneRetention))
+	}
 	if c.Store == nil {
 		errs = append(errs, errors.New("store: required"))
 	}

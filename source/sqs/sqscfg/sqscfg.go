@@ -110,6 +110,9 @@ func (s Config) Validate() error {
 			errs = append(errs, fmt.Errorf("sqs-endpoint %q: not an http or https URL, e.g. http://127.0.0.1:4566", s.Endpoint))
 		}
 	}
+	if s.ShortPoll && s.Wait != 0 {
+		errs = append(errs, fmt.Errorf("sqs-wait %s given with ShortPoll (which polls without waiting): set one of them", s.Wait))
+	}
 	if !s.ShortPoll && (s.Wait < 0 || s.Wait > maxWait || s.Wait%time.Second != 0) {
 		errs = append(errs, fmt.Errorf("sqs-wait %s: want whole seconds from 0s to 20s (SQS's long poll)", s.Wait))
 	}
