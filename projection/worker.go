@@ -14,6 +14,7 @@ import (
 	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/internal/buildhook/failpoint"
 	"github.com/projector/projector/observe"
+	"github.com/projector/projector/source"
 	"github.com/projector/projector/store"
 )
 
@@ -316,13 +317,7 @@ func errString(err error) string {
 
 // retryPolicy never gives up by itself: a projection that stops retrying
 // loses its place; the caller's context ends it.
-func retryPolicy() *backoff.ExponentialBackOff {
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = 200 * time.Millisecond
-	bo.MaxInterval = 30 * time.Second
-	bo.MaxElapsedTime = 0
-	return bo
-}
+func retryPolicy() *backoff.ExponentialBackOff { return source.Backoff(30 * time.Second) }
 
 func sleep(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
+
 	"github.com/projector/projector/source/kafka/kafkacfg"
 	"github.com/projector/projector/source/sqs/sqscfg"
 )
@@ -373,4 +375,15 @@ func Build(name string, s Settings) (Source, error) {
 		return nil, fmt.Errorf("source %q is not linked into this program (import its package, e.g. github.com/projector/projector/source/%s)", name, name)
 	}
 	return b(s)
+}
+
+// Backoff is the retry pacing the sources and the engine share: from
+// 200ms, doubling (with jitter) up to max, never giving up by itself; the
+// caller's context ends it.
+func Backoff(max time.Duration) *backoff.ExponentialBackOff {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval = 200 * time.Millisecond
+	bo.MaxInterval = max
+	bo.MaxElapsedTime = 0
+	return bo
 }

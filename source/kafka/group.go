@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/projector/projector/source"
@@ -184,14 +183,6 @@ func (g *Group) Checks() []source.Check {
 	return checks
 }
 
-func retryPolicy() *backoff.ExponentialBackOff {
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = 200 * time.Millisecond
-	bo.MaxInterval = 10 * time.Second
-	bo.MaxElapsedTime = 0
-	return bo
-}
-
 // waitTopic returns once the topic exists, waiting with backoff while it
 // does not; it returns an *AuthError at once, and ctx's error when it ends.
 // A topic that does not exist is waited for, not joined: the instance is
@@ -200,7 +191,7 @@ func retryPolicy() *backoff.ExponentialBackOff {
 // under a running group sends the instance back to waiting rather than
 // into a rebalance loop.
 func (g *Group) waitTopic(ctx context.Context, host source.Host) error {
-	bo := retryPolicy()
+	bo := source.Backoff(10 * time.Second)
 	var logged time.Time
 	for {
 		lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
@@ -227,10 +218,13 @@ func (g *Group) waitTopic(ctx context.Context, host source.Host) error {
 				g.log.Error("topic does not exist; waiting for it (not ready): create it, or fix --topic",
 					"topic", g.c.Topic, "brokers", g.c.Brokers)
 			}
-		default:
-			host.Failed(err, bo.NextBackOff())
 		}
-		sleep(ctx, bo.NextBackOff())
+		d := bo.NextBackOff()
+		if err != nil && !errors.Is(err, ErrTopicMissing) {
+			// The retry said in the outage's log is the one slept.
+			host.Failed(err, d)
+		}
+		sleep(ctx, d)
 	}
 }
 

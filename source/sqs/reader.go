@@ -11,7 +11,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
-	"github.com/cenkalti/backoff/v4"
 
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/source"
@@ -96,8 +95,7 @@ func (r *Reader) Run(ctx context.Context) {
 	if r.Keep > 0 {
 		wg.Go(func() { r.keepInvisible(ctx) })
 	}
-	bo := retryPolicy()
-	bo.MaxInterval = 10 * time.Second
+	bo := source.Backoff(10 * time.Second)
 	for ctx.Err() == nil {
 		msgs, err := r.receive(ctx)
 		if err != nil {
@@ -459,15 +457,6 @@ func (c *Client) SetOwner(ctx context.Context, v string) error {
 		return fmt.Errorf("tag %s: %w", c.cfg.QueueURL, err)
 	}
 	return nil
-}
-
-// retryPolicy never gives up by itself: the caller's context ends it.
-func retryPolicy() *backoff.ExponentialBackOff {
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval = 200 * time.Millisecond
-	bo.MaxInterval = 30 * time.Second
-	bo.MaxElapsedTime = 0
-	return bo
 }
 
 func errString(err error) string {
