@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"sort"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/projector/projector/internal/testkit/faulttest"
+	"github.com/projector/projector/internal/testkit/kafkatest"
 )
 
 // Group timings of the churn tests: short, so a test is quick, with the
@@ -67,23 +70,48 @@ func (w *groupWatch) poll() {
 }
 
 // Three instances; one is killed (SIGKILL) and replaced every 1-3 s for
-// 15 s, then the churn stops. The survivors must end up working every
-// partition, each once, in one generation, and the stream must be
-// projected with every invariant kept (nothing lost, nothing applied
-// twice, no version going back).
+// 15 s, then the churn stops. The survivors must work every partition,
+// each once, in one generation, within the documented bound (session
+// timeout + rebalance timeout + 5 s) of the churn's end, and the stream
+// must be projected with every invariant kept (nothing lost, nothing
+// applied twice, no version going back).
 //
-// How long the survivors take after the churn stops is measured and
-// reported against the documented bound (session timeout + rebalance timeout
-// + 5 s), with the broker's view of the group as it changes; it is not
-// asserted. kfake's classic group protocol misses that bound with bare
-// kafka-go members too, and sometimes never settles while three members
-// keep rejoining (TestGroupChurnBareKafkaGoSoak, docs/reliability.md):
-// when the window passes without the group settling, two survivors are
-// stopped (SIGTERM), which ends that loop, and the last one must then
-// work every partition alone.
+// The broker is kfake with the two edits of [kfakeGroupFixes], in its own
+// process: as go.mod has it, kfake's classic group coordinator keeps a
+// member that died while its JoinGroup was parked for ever and expires
+// members waiting in JoinGroup, which a Kafka broker does not do, and
+// then misses the bound with bare kafka-go members too
+// (TestFaultGroupChurnStockSoak, TestGroupChurnBareKafkaGoSoak,
+// docs/reliability.md).
 func TestFaultGroupChurn(t *testing.T) {
 	t.Parallel()
-	s := newFaultStory(t, 800, 400, 6)
+	took, settled := groupChurn(t, fixedBroker(t))
+	require.True(t, settled, "the survivors did not work every partition within %s of the churn's end", churnWindow)
+	require.LessOrEqual(t, took, churnBound, "the survivors took %.1fs after the churn stopped to work every partition; the bound is %s (session %s + rebalance %s + 5s)",
+		took.Seconds(), churnBound, churnSession, churnRebalance)
+}
+
+// TestFaultGroupChurnStockSoak is the churn of TestFaultGroupChurn on kfake
+// as go.mod has it, in this process. It measures how long the survivors
+// take and reports it; it asserts the invariants only, as that kfake does
+// not reliably meet the bound (docs/reliability.md). Run on request: -run
+// Soak or PROJECTOR_SOAK=1.
+func TestFaultGroupChurnStockSoak(t *testing.T) {
+	if os.Getenv("PROJECTOR_SOAK") == "" && !strings.Contains(strings.Join(os.Args, " "), "Soak") {
+		t.Skip("soak: run with -run Soak (or PROJECTOR_SOAK=1 for every long variant)")
+	}
+	t.Parallel()
+	groupChurn(t, kafkatest.New(t))
+}
+
+// groupChurn churns three instances on the broker c, and says how long
+// after the churn stopped the survivors worked every partition (settled),
+// logging it against the bound. When the window passes without that, two
+// survivors are stopped (SIGTERM), which ends the loop of rejoins stock
+// kfake can fall into, and the last one must then work every partition
+// alone. Either way the stream must be projected with every invariant kept.
+func groupChurn(t *testing.T, c *kafkatest.Cluster) (took time.Duration, settled bool) {
+	s := newFaultStoryOn(t, c, 800, 400, 6)
 	wait := s.flow(10, 100*time.Millisecond)
 	args := func(owner string) []string {
 		return s.args(owner,
@@ -137,12 +165,11 @@ func TestFaultGroupChurn(t *testing.T) {
 	t.Logf("%6.1fs churn stopped; survivors %s, %s, %s", time.Since(start).Seconds(), procs[0].name, procs[1].name, procs[2].name)
 
 	var last string
-	settled := false
 	for time.Since(stopped) < churnWindow {
 		w.poll()
 		ok, msg := working()
 		if ok {
-			took := time.Since(stopped)
+			took = time.Since(stopped)
 			verdict := "within"
 			if took > churnBound {
 				verdict = "OVER"
@@ -172,6 +199,7 @@ func TestFaultGroupChurn(t *testing.T) {
 		p.stop(stopWithin)
 	}
 	s.hist.Check(s.ref, faulttest.Options{})
+	return took, settled
 }
 
 // An instance waits for its JoinGroup longer than a coordinator may hold

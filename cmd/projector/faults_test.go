@@ -93,7 +93,12 @@ type faultStory struct {
 
 func newFaultStory(t *testing.T, seed uint64, jobs, partitions int) *faultStory {
 	t.Helper()
-	c := kafkatest.New(t)
+	return newFaultStoryOn(t, kafkatest.New(t), seed, jobs, partitions)
+}
+
+// newFaultStoryOn is [newFaultStory] on the broker c.
+func newFaultStoryOn(t *testing.T, c *kafkatest.Cluster, seed uint64, jobs, partitions int) *faultStory {
+	t.Helper()
 	topic := kafkatest.Topic(t, c, partitions)
 	schema := pgtest.Schema(t)
 	st, err := store.New(pgtest.Pool(t), store.Config{Schema: schema})

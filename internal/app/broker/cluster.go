@@ -109,7 +109,24 @@ func Start(opts ...Option) (*Cluster, error) {
 		return nil, fmt.Errorf("broker: start: %w", err)
 	}
 
-	addrs := kf.ListenAddrs()
+	c := connect(kf.ListenAddrs(), cfg)
+	c.kf = kf
+	return c, nil
+}
+
+// Connect is a [Cluster] for a broker started elsewhere (another process)
+// at addrs: its helpers (topics, produce, high watermarks) work as on one
+// from [Start]; Kfake returns nil and Close only drops this side's
+// connections.
+func Connect(addrs []string, opts ...Option) *Cluster {
+	cfg := config{partitions: DefaultPartitions}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return connect(addrs, cfg)
+}
+
+func connect(addrs []string, cfg config) *Cluster {
 	transport := &kafka.Transport{
 		// A safety net only: the helpers that change metadata drop the
 		// cache themselves (see refreshMetadata). Anything else that
@@ -120,14 +137,12 @@ func Start(opts ...Option) (*Cluster, error) {
 		TLS:         cfg.clientTLS,
 		SASL:        cfg.clientSASL,
 	}
-	c := &Cluster{
-		kf:        kf,
+	return &Cluster{
 		addrs:     addrs,
 		transport: transport,
 		client:    &kafka.Client{Addr: kafka.TCP(addrs...), Transport: transport},
 		dialer:    &kafka.Dialer{ClientID: "kafkatest", Timeout: 5 * time.Second, TLS: cfg.clientTLS, SASLMechanism: cfg.clientSASL},
 	}
-	return c, nil
 }
 
 // Addrs returns the brokers' "127.0.0.1:port" addresses, for kafka-go's
@@ -135,14 +150,17 @@ func Start(opts ...Option) (*Cluster, error) {
 func (c *Cluster) Addrs() []string { return append([]string(nil), c.addrs...) }
 
 // Kfake returns the underlying broker, for what this package does not wrap:
-// error injection with ControlKey, Compact, MoveTopicPartition.
+// error injection with ControlKey, Compact, MoveTopicPartition; nil for a
+// broker of [Connect].
 func (c *Cluster) Kfake() *kfake.Cluster { return c.kf }
 
 // Close stops the broker and closes this package's idle connections. Clients
 // still connected see their connections drop. Calling it twice is harmless.
 func (c *Cluster) Close() {
 	c.transport.CloseIdleConnections()
-	c.kf.Close()
+	if c.kf != nil {
+		c.kf.Close()
+	}
 }
 
 // CreateTopic creates topic with the given partition count (zero or fewer:

@@ -11,6 +11,7 @@ type (
 
 var (
 	Start                 = broker.Start
+	Connect               = broker.Connect
 	WithBrokers           = broker.WithBrokers
 	WithDefaultPartitions = broker.WithDefaultPartitions
 	WithKfakeOptions      = broker.WithKfakeOptions

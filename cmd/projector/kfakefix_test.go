@@ -1,0 +1,211 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/projector/projector/internal/app/bench"
+	"github.com/projector/projector/internal/testkit/kafkatest"
+)
+
+// kfakeModule is the module of the in-process broker; the version is the
+// one go.mod selects.
+const kfakeModule = "github.com/twmb/franz-go/pkg/kfake"
+
+// kfakeGroupFix is one edit to kfake's groups.go: old must occur exactly
+// once and is replaced by new.
+type kfakeGroupFix struct {
+	what, old, new string
+}
+
+// kfakeGroupFixes make kfake's classic group coordinator do what Kafka's
+// does in the two places where it strands a group whose members are killed
+// (SIGKILL) and replaced: a member dead while its JoinGroup was parked stays
+// in the group with no session timer, and a live member waiting in
+// JoinGroup is expired by the session timer of its last heartbeat. The
+// product keeps kfake as go.mod has it; only the broker of the churn test
+// is built with these edits (see [fixedBroker]).
+var kfakeGroupFixes = []kfakeGroupFix{{
+	// Kafka schedules each member's session expiry when the join (or
+	// sync) completes, whether or not the answer reaches the member
+	// (GroupCoordinator.completeAndScheduleNextHeartbeatExpiration).
+	// kfake's (*group).reply starts the timer only when the answer was
+	// queued, so a member killed while its request was parked has none
+	// and stays a member for ever.
+	what: "(*group).reply: start the session timer even when the answer cannot be delivered",
+	old: `	if !creq.reply(kresp) {
+		return
+	}
+	if m != nil {
+		g.updateHeartbeat(m)
+	}`,
+	new: `	creq.reply(kresp) // patched: the session starts whether or not the answer was delivered, as in Kafka
+	if m != nil {
+		g.updateHeartbeat(m)
+	}`,
+}, {
+	// Kafka does not expire a member with a request in purgatory (awaiting
+	// join or sync: MemberMetadata.shouldKeepAlive); the rebalance
+	// timeout bounds that wait, and its session starts again when the
+	// request is answered. kfake's (*group).updateHeartbeat removes it
+	// when the timer of its last heartbeat runs out, and never answers
+	// its parked JoinGroup.
+	what: "(*group).updateHeartbeat: do not expire a member waiting in JoinGroup or SyncGroup",
+	old: `		if g.members[m.memberID] != m {
+			return
+		}
+		g.updateMemberAndRebalance(m, nil, nil)`,
+	new: `		if g.members[m.memberID] != m {
+			return
+		}
+		if !m.waitingReply.empty() { // patched: a member awaiting join or sync is kept, as in Kafka
+			return
+		}
+		g.updateMemberAndRebalance(m, nil, nil)`,
+}}
+
+// patchKfakeGroups applies fixes to the text of groups.go. An edit whose
+// text is not there exactly once is an error: kfake changed, and the
+// edits must be made again against the new code.
+func patchKfakeGroups(src string, fixes []kfakeGroupFix) (string, error) {
+	for _, f := range fixes {
+		if n := strings.Count(src, f.old); n != 1 {
+			return "", fmt.Errorf("kfake changed: the text of the edit %q occurs %d times in groups.go (want once); redo the edit against this kfake", f.what, n)
+		}
+		src = strings.Replace(src, f.old, f.new, 1)
+	}
+	return src, nil
+}
+
+var (
+	fixedOnce sync.Once
+	fixedBin  string
+	fixedErr  error
+)
+
+// fixedBrokerBin is this package's binary built against a copy of kfake
+// (its package files, in a temporary directory named by a replace
+// directive of a temporary go.mod: go build -modfile) whose groups.go has
+// [kfakeGroupFixes], once per test binary. Its bench broker mode
+// (bench.BrokerChildEnv) serves that broker.
+func fixedBrokerBin(t *testing.T) string {
+	t.Helper()
+	fixedOnce.Do(func() { fixedBin, fixedErr = buildFixedBroker(filepath.Join(filepath.Dir(bin), "fixed-kfake")) })
+	require.NoError(t, fixedErr)
+	return fixedBin
+}
+
+func buildFixedBroker(dir string) (string, error) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", kfakeModule).Output()
+	if err != nil {
+		return "", fmt.Errorf("go list -m %s: %w", kfakeModule, err)
+	}
+	kfakeDir := strings.TrimSpace(string(out))
+	out, err = exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mainMod := strings.TrimSpace(string(out))
+	kf := filepath.Join(dir, "kfake")
+	if err := os.MkdirAll(kf, 0o755); err != nil {
+		return "", err
+	}
+	files, err := filepath.Glob(filepath.Join(kfakeDir, "*.go"))
+	if err != nil {
+		return "", err
+	}
+	for _, f := range append(files, filepath.Join(kfakeDir, "go.mod")) {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(f)
+		if err != nil {
+			return "", err
+		}
+		if filepath.Base(f) == "groups.go" {
+			patched, err := patchKfakeGroups(string(src), kfakeGroupFixes)
+			if err != nil {
+				return "", err
+			}
+			src = []byte(patched)
+		}
+		if err := os.WriteFile(filepath.Join(kf, filepath.Base(f)), src, 0o644); err != nil {
+			return "", err
+		}
+	}
+	mod, err := os.ReadFile(mainMod)
+	if err != nil {
+		return "", err
+	}
+	sum, err := os.ReadFile(strings.TrimSuffix(mainMod, ".mod") + ".sum")
+	if err != nil {
+		return "", err
+	}
+	mod = fmt.Appendf(mod, "\nreplace %s => %s\n", kfakeModule, kf)
+	if err := os.WriteFile(filepath.Join(dir, "go.mod"), mod, 0o644); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "go.sum"), sum, 0o644); err != nil {
+		return "", err
+	}
+	exe := filepath.Join(dir, "projector")
+	build := exec.Command("go", "build", "-modfile", filepath.Join(dir, "go.mod"), "-o", exe, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build against kfake with groups.go patched: %v\n%s", err, out)
+	}
+	return exe, nil
+}
+
+// fixedBroker starts the broker of [fixedBrokerBin] in its own process for
+// t, stopped when t ends, and returns a client of it.
+func fixedBroker(t *testing.T) *kafkatest.Cluster {
+	t.Helper()
+	cmd := exec.Command(fixedBrokerBin(t), "bench")
+	cmd.Env = baseEnv(bench.BrokerChildEnv + "=1")
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = stdin.Close() // the broker serves until its stdin ends
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	addrs, ok := strings.CutPrefix(strings.TrimSpace(line), "addrs ")
+	require.True(t, err == nil && ok, "the patched broker did not start: read %q, %v", line, err)
+	c := kafkatest.Connect(strings.Split(addrs, ","))
+	t.Cleanup(c.Close)
+	return c
+}
+
+// The edits apply to the kfake of go.mod, each once, and an edit whose
+// text is missing is refused rather than skipped.
+func TestKfakeGroupFixesApply(t *testing.T) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", kfakeModule).Output()
+	require.NoError(t, err)
+	src, err := os.ReadFile(filepath.Join(strings.TrimSpace(string(out)), "groups.go"))
+	require.NoError(t, err)
+	patched, err := patchKfakeGroups(string(src), kfakeGroupFixes)
+	require.NoError(t, err)
+	require.Equal(t, len(kfakeGroupFixes), strings.Count(patched, "// patched: "))
+	_, err = patchKfakeGroups(patched, kfakeGroupFixes)
+	require.ErrorContains(t, err, "kfake changed")
+}
