@@ -153,6 +153,14 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 	staleRetries := 0
 	for {
 		w.beat.Now()
+		// A slot is held from planning to settling, each attempt apart:
+		// never while the worker waits out an outage or a swap, or
+		// isolates a refused batch.
+		if !w.slots.acquire(ctx) {
+			w.log.Warn("batch abandoned at shutdown; it will be read again", "first_offset", firstOffset(msgs))
+			return nil
+		}
+		w.beat.Now()
 		actx, cancel := w.applyContext(ctx)
 		now := time.Now()
 		pl, err := w.plan(actx, msgs, res, now)
@@ -175,6 +183,7 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 			w.databaseAnswered()
 			w.metrics.Batch(time.Since(now), len(msgs))
 			w.settle(pl, result, now)
+			w.slots.release()
 			moved := pl.batch.NextOffset != w.stored
 			w.storedAt(pl.batch.NextOffset)
 			switch {
@@ -190,6 +199,7 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 			}
 			return nil
 		}
+		w.slots.release()
 		var stale *store.StaleError
 		var swap *store.SwapWaitError
 		switch {

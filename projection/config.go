@@ -50,8 +50,16 @@ type Config struct {
 	Start string
 	// BatchSize caps the records per batch transaction.
 	BatchSize int
-	// BatchLinger is how long a batch waits for more records after its first.
+	// BatchLinger is how long a batch waits for more records after its
+	// first. Zero (the default) waits for none: a batch takes what has
+	// arrived, so records that come while a batch commits make the next
+	// one, and batches grow with the load without delaying a quiet stream.
 	BatchLinger time.Duration
+	// BatchesInFlight bounds the batches the instance plans and writes at
+	// once, whatever its number of partitions: each holds its records,
+	// their rows and its encoded statement, so this bounds that memory
+	// (zero: GOMAXPROCS + 1, at least 2).
+	BatchesInFlight int
 	// MaxWait is how long the broker holds a fetch with nothing new to
 	// return: how soon an idle partition's fetcher asks again.
 	MaxWait time.Duration
@@ -180,8 +188,8 @@ func (c Config) WithDefaults() Config {
 	if c.BatchSize == 0 {
 		c.BatchSize = 5000
 	}
-	if c.BatchLinger == 0 {
-		c.BatchLinger = 50 * time.Millisecond
+	if c.BatchesInFlight == 0 {
+		c.BatchesInFlight = DefaultBatchesInFlight()
 	}
 	if c.MaxWait == 0 {
 		c.MaxWait = time.Second
@@ -304,6 +312,9 @@ func (c Config) Validate() error {
 	}
 	if c.BatchSize < 1 || c.BatchSize > 1_000_000 {
 		errs = append(errs, fmt.Errorf("batch-size: %d is outside 1..1000000", c.BatchSize))
+	}
+	if c.BatchesInFlight < 0 {
+		errs = append(errs, fmt.Errorf("batches-in-flight: %d is negative", c.BatchesInFlight))
 	}
 	if c.BatchLinger < 0 {
 		errs = append(errs, fmt.Errorf("batch-linger: %s is negative", c.BatchLinger))

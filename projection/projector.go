@@ -28,6 +28,8 @@ type Projector struct {
 	snapshots *snapshot.Client
 	// budget is the memory every partition's job cache shares.
 	budget *cacheBudget
+	// slots bounds the batches every partition's worker holds at once.
+	slots batchSlots
 	// fetchers ask the authority for every partition's held jobs.
 	fetchers *fetchPool
 	counters counters
@@ -79,6 +81,7 @@ func New(cfg Config) (*Projector, error) {
 		cfg:           cfg,
 		src:           src,
 		budget:        newCacheBudget(cfg.CacheBytes),
+		slots:         newBatchSlots(cfg.BatchesInFlight),
 		dbOutage:      observe.Outage{Service: "PostgreSQL", Log: cfg.Logger},
 		sourceOutage:  observe.Outage{Service: "Kafka", Log: cfg.Logger},
 		quarantineLog: observe.Sampler{Window: 10 * time.Second, Burst: 10},

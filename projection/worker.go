@@ -88,6 +88,8 @@ type worker struct {
 type workerDeps struct {
 	store *store.Store
 	cfg   workerConfig
+	// slots bounds the instance's batches in flight.
+	slots batchSlots
 	// resolver runs held jobs' re-reads and snapshot fetches, nil when the
 	// gap policy has neither; fetchers is the instance's pool that asks the
 	// authority, nil without the snapshot step.
@@ -135,6 +137,7 @@ func (p *Projector) workerDeps() workerDeps {
 	cfg := p.cfg
 	return workerDeps{
 		store: cfg.Store,
+		slots: p.slots,
 		cfg: workerConfig{
 			Owner: cfg.Owner, Start: cfg.Start, GapPolicy: p.policy,
 			BatchSize: cfg.BatchSize, BatchLinger: cfg.BatchLinger, ReadCommitted: cfg.Kafka().ReadsCommitted(),

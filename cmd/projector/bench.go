@@ -40,6 +40,7 @@ type benchOpts struct {
 	json        bool
 	cpuProfile  string
 	memProfile  string
+	memory      memoryLimit
 	swapRows    int
 	swapDiffer  int
 	swapKeepOld bool
@@ -78,7 +79,7 @@ it while N waits are held on the instance, as N clients of /wait would be, and
 reports its rate as a ratio of the run with none. --rebuild times
 'projector rebuild' of the same stream. --live --rate R --duration D then
 produces R events/s for D into a running projector and reports the time from
-produce to visible (p50, p99, max). --json prints one JSON object.
+produce to visible (p50, p99, p99.9, max). --json prints one JSON object.
 
 With --swap-rows N it measures instead how long the swap at the end of a
 'projector rebuild' takes with N rows, and how readers querying the table
@@ -119,6 +120,7 @@ Examples:
 		fs.IntVar(&o.swapRows, "swap-rows", 0, "measure a rebuild's swap with this many rows instead of the throughput (0: the throughput)")
 		fs.IntVar(&o.swapDiffer, "swap-differ-percent", 1, "with --swap-rows, the percentage of rows the rebuilt model changes")
 		fs.BoolVar(&o.swapKeepOld, "swap-keep-old", false, "with --swap-rows, swap as 'projector rebuild --keep-old' does")
+		o.memory.register(fs)
 		o.log.register(fs)
 		o.log.level = "warn"
 		fs.Lookup("log-level").DefValue = "warn"
@@ -134,6 +136,9 @@ Examples:
 			return err
 		}
 		if spec := os.Getenv(bench.ProjectorChildEnv); spec != "" {
+			// The measured run's process takes the limit `projector run`
+			// would: the broker's and the bench's own processes take none.
+			o.memory.apply(logger)
 			return bench.ServeProjector(ctx, spec, env.stdout, logger)
 		}
 		url := o.databaseURL
@@ -191,7 +196,7 @@ Examples:
 			DatabaseURL: url, Mix: o.mix, Shape: o.shape, Events: o.events, Jobs: o.jobs, Partitions: o.partitions, StateBytes: o.stateBytes,
 			Seed: o.seed, NaiveSample: o.naive, BatchSize: o.batchSize, Preload: o.preload, Waiters: o.waiters,
 			Live: o.live, LiveRate: o.rate, LiveDuration: o.duration, Rebuild: o.rebuild,
-			Executable: self, ChildArgs: []string{"--log-level", o.log.level, "--log-format", o.log.format},
+			Executable: self, ChildArgs: []string{"--log-level", o.log.level, "--log-format", o.log.format, "--memory-limit", o.memory.String()},
 			CPUProfile: o.cpuProfile, AllocProfile: o.memProfile, Progress: progress, Logger: logger,
 		}
 		// The profiles are written by the projector's process: a file

@@ -14,7 +14,7 @@ import (
 var otherEnvironment = [][2]string{
 	{"DATABASE_URL", "the PostgreSQL connection string of every command that has `--database-url` (the flag wins)"},
 	{saslPasswordEnv, "the Kafka SASL password; there is deliberately no flag for it (or use `--kafka-sasl-password-file`)"},
-	{"GOGC", "`projector rebuild` sets the garbage collector's target to 200 unless GOGC is set"},
+	{"GOMEMLIMIT", "the Go runtime's soft memory limit; set, it wins over `--memory-limit auto`"},
 }
 
 // flagReference renders every command's flags, with their environment

@@ -6,8 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"runtime/debug"
 	"strings"
 	"time"
 
@@ -36,13 +34,6 @@ const driftSample = 10
 // one row write: in a 2,000,000-event deltas rebuild, PostgreSQL used
 // about a fifth less CPU, for the same peak RSS of the process.
 const rebuildBatchSize = 10000
-
-// rebuildGCPercent is the rebuild's garbage collector target (GOGC), unless
-// the environment sets GOGC. A rebuild is a batch job whose CPU goes to
-// decoding and folding records, and with the default of 100 the collector
-// took a tenth of it; at 200 the process used 8-12% less CPU, and its peak
-// RSS grew by up to 15%.
-const rebuildGCPercent = 200
 
 var rebuildCommand = &command{
 	name:    "rebuild",
@@ -77,10 +68,9 @@ again and it continues from the shadow's stored positions (--restart starts
 over). --dry-run builds the shadow and reports how the live model differs
 from it (missing, behind, ahead, differs, extra) without swapping.
 
-A rebuild runs the Go garbage collector at GOGC=200 unless the environment
-sets GOGC (even to "" or off): less CPU, but its heap may grow to three times
-its live data instead of twice. Its batches are larger than run's too. Where
-memory is tight, set GOGC=100 or GOMEMLIMIT, or lower --batch-size.
+Its batches are larger than run's (--batch-size 10000), and at most
+--batches-in-flight of them are held at once, as in run; --memory-limit works
+as in run. Where memory is tight, lower --batch-size or --batches-in-flight.
 
 Example:
   DATABASE_URL=postgres://app@db:5432/app projector rebuild --brokers kafka-1:9092 --snapshot-url http://authority:8080`,
@@ -147,9 +137,6 @@ Example:
 				pr := newProgress(env.stderr, logger, "rebuild", total)
 				return pr.update, pr.finish
 			},
-		}
-		if _, set := os.LookupEnv("GOGC"); !set {
-			defer debug.SetGCPercent(debug.SetGCPercent(rebuildGCPercent))
 		}
 		res, err := rb.Run(ctx)
 		var setup *projection.RebuildSetupError

@@ -16,24 +16,25 @@ import (
 )
 
 type runOpts struct {
-	databaseURL  string
-	brokers      listFlag
-	topic        string
-	group        string
-	start        string
-	memory       memoryLimit
-	schema       string
-	table        string
-	batchSize    int
-	batchLinger  time.Duration
-	httpAddr     string
-	owner        string
-	readyMaxLag  int64
-	stallTimeout time.Duration
-	kafka        kafkaFlags
-	cacheBytes   byteSize
-	log          logFlags
-	gap          gapFlags
+	databaseURL     string
+	brokers         listFlag
+	topic           string
+	group           string
+	start           string
+	memory          memoryLimit
+	schema          string
+	table           string
+	batchSize       int
+	batchLinger     time.Duration
+	batchesInFlight int
+	httpAddr        string
+	owner           string
+	readyMaxLag     int64
+	stallTimeout    time.Duration
+	kafka           kafkaFlags
+	cacheBytes      byteSize
+	log             logFlags
+	gap             gapFlags
 	// tombstoneRetention is how long a deleted job's tombstone is kept;
 	// 0 keeps them for ever.
 	tombstoneRetention time.Duration
@@ -314,7 +315,8 @@ func (o *runOpts) register(fs *flag.FlagSet, group, httpAddr string) {
 	fs.StringVar(&o.topic, "topic", d.Topic, "topic to consume")
 	fs.StringVar(&o.group, "group", group, "Kafka consumer group; instances with the same group share the partitions\n(default: the group the projection recorded when it first ran, else\nprojector-<schema>.<table>; one given here is recorded as the projection's;\na group another projection works is refused with exit 2)")
 	fs.IntVar(&o.batchSize, "batch-size", d.BatchSize, "most records per batch transaction")
-	fs.DurationVar(&o.batchLinger, "batch-linger", d.BatchLinger, "how long a batch waits for more records after its first")
+	fs.DurationVar(&o.batchLinger, "batch-linger", d.BatchLinger, "how long a batch waits for more records after its first; 0 waits for none:\na batch takes what has arrived, and records that come while one commits make\nthe next, so batches grow with the load and a quiet stream is not delayed")
+	fs.IntVar(&o.batchesInFlight, "batches-in-flight", 0, "most batches the instance plans and writes at once, whatever its partitions:\neach holds about 3 KB a record (its records, their rows, its statement) until\nit commits, so this and --batch-size bound that memory; 0: GOMAXPROCS + 1,\nat least 2")
 	usage := "address for /healthz, /readyz, /status and /metrics; \"off\" disables it"
 	if httpAddr == "" {
 		usage += "\n(default :8080; if :8080 is taken, for example by a second instance on the\nsame host, the server is skipped with a warning: set it to make that an error)"
@@ -363,8 +365,11 @@ func (o *runOpts) validate() error {
 	if o.batchSize < 1 || o.batchSize > 1_000_000 {
 		return usagef("--batch-size %d: must be from 1 to 1000000", o.batchSize)
 	}
-	if err := positive("batch-linger", o.batchLinger); err != nil {
-		return err
+	if o.batchesInFlight < 0 {
+		return usagef("--batches-in-flight %d: must be 0 (GOMAXPROCS + 1) or more", o.batchesInFlight)
+	}
+	if o.batchLinger < 0 {
+		return usagef("--batch-linger %s: must be zero (take what has arrived) or a positive duration such as 5ms", o.batchLinger)
 	}
 	if o.stallTimeout <= 0 {
 		return usagef("--stall-timeout %s: must be positive, e.g. --stall-timeout 2m", o.stallTimeout)
@@ -405,7 +410,7 @@ func (o *runOpts) config(st *store.Store, logger *slog.Logger) projection.Config
 	k := o.kafkaConfig()
 	cfg := projection.Config{
 		Brokers: o.brokers, TLS: k.TLS, SASL: k.SASL, Isolation: k.Isolation, Topic: o.topic, Group: o.group, Start: o.start,
-		BatchSize: o.batchSize, BatchLinger: o.batchLinger, Owner: o.owner, ReadyMaxLag: o.readyMaxLag, StallTimeout: o.stallTimeout,
+		BatchSize: o.batchSize, BatchLinger: o.batchLinger, BatchesInFlight: o.batchesInFlight, Owner: o.owner, ReadyMaxLag: o.readyMaxLag, StallTimeout: o.stallTimeout,
 		Store: st, Logger: logger, CacheBytes: int64(o.cacheBytes),
 	}
 	o.gap.apply(&cfg)

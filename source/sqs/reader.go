@@ -225,7 +225,7 @@ func (r *Reader) received(m Message) {
 }
 
 // take waits up to wait for a first message, then gathers more for up to
-// linger or until max are taken.
+// linger or until max are taken: with no linger, those already received.
 func (r *Reader) take(ctx context.Context, maxMsgs int, wait, linger time.Duration) []Message {
 	t := time.NewTimer(wait)
 	defer t.Stop()
@@ -243,6 +243,16 @@ func (r *Reader) take(ctx context.Context, maxMsgs int, wait, linger time.Durati
 	l := time.NewTimer(linger)
 	defer l.Stop()
 	for len(msgs) < maxMsgs {
+		// What has arrived is taken first; with no linger, that is all.
+		select {
+		case m := <-r.queue:
+			msgs = append(msgs, m)
+			continue
+		default:
+		}
+		if linger <= 0 {
+			return msgs
+		}
 		select {
 		case m := <-r.queue:
 			msgs = append(msgs, m)

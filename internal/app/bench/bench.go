@@ -160,6 +160,7 @@ type Report struct {
 	LiveEvents                int      `json:"live_events,omitempty"`
 	LatencyP50Ms              *float64 `json:"latency_p50_ms,omitempty"`
 	LatencyP99Ms              *float64 `json:"latency_p99_ms,omitempty"`
+	LatencyP999Ms             *float64 `json:"latency_p999_ms,omitempty"`
 	LatencyMaxMs              *float64 `json:"latency_max_ms,omitempty"`
 }
 
@@ -868,8 +869,8 @@ func Print(out io.Writer, rep *Report) {
 		fmt.Fprintf(out, "rebuild: %.2fs, %.2fx raw COPY\n", rep.RebuildSeconds, rep.RebuildRatioToCopy)
 	}
 	if rep.LatencyP99Ms != nil {
-		fmt.Fprintf(out, "live: %d events at %d/s for %.0fs; produce to visible p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
-			rep.LiveEvents, rep.LiveRate, rep.LiveSeconds, *rep.LatencyP50Ms, *rep.LatencyP99Ms, *rep.LatencyMaxMs)
+		fmt.Fprintf(out, "live: %d events at %d/s for %.0fs; produce to visible p50 %.1f ms, p99 %.1f ms, p99.9 %.1f ms, max %.1f ms\n",
+			rep.LiveEvents, rep.LiveRate, rep.LiveSeconds, *rep.LatencyP50Ms, *rep.LatencyP99Ms, *rep.LatencyP999Ms, *rep.LatencyMaxMs)
 	}
 }
 
