@@ -122,31 +122,31 @@ type Writer struct {
 
 // Report is everything one run measured; its JSON is `projector bench --json`.
 type Report struct {
-	Mix                       string   `json:"mix"`
-	Shape                     string   `json:"shape"`
-	Events                    int      `json:"events"`
-	Jobs                      int      `json:"jobs"`
-	BatchSize                 int      `json:"batch_size"`
-	DistinctJobsPerBatch      float64  `json:"distinct_jobs_per_batch"`
-	DistinctJobsPerBatchHow   string   `json:"distinct_jobs_per_batch_how"`
-	Partitions                int      `json:"partitions"`
-	StateBytes                int      `json:"state_bytes"`
-	MeanStateBytes            int      `json:"mean_state_bytes"`
-	CPUs                      int      `json:"cpus"`
-	ProjectorEventsPerSecond  float64  `json:"projector_events_per_second"`
-	ProjectorRatioToCopy      float64  `json:"projector_ratio_to_copy"`
-	ProjectorRatioToNaive     float64  `json:"projector_ratio_to_naive"`
-	PeakHeapBytes             int64    `json:"peak_heap_bytes"`
-	PeakRSSBytes              int64    `json:"peak_rss_bytes"`
-	HeapBeforeBytes           int64    `json:"heap_before_bytes"`
-	Projector                 string   `json:"projector"`
-	Broker                    string   `json:"broker"`
-	BrokerPeakRSSBytes        int64    `json:"broker_peak_rss_bytes,omitempty"`
+	Mix                      string  `json:"mix"`
+	Shape                    string  `json:"shape"`
+	Events                   int     `json:"events"`
+	Jobs                     int     `json:"jobs"`
+	BatchSize                int     `json:"batch_size"`
+	DistinctJobsPerBatch     float64 `json:"distinct_jobs_per_batch"`
+	DistinctJobsPerBatchHow  string  `json:"distinct_jobs_per_batch_how"`
+	Partitions               int     `json:"partitions"`
+	StateBytes               int     `json:"state_bytes"`
+	MeanStateBytes           int     `json:"mean_state_bytes"`
+	CPUs                     int     `json:"cpus"`
+	ProjectorEventsPerSecond float64 `json:"projector_events_per_second"`
+	ProjectorRatioToCopy     float64 `json:"projector_ratio_to_copy"`
+	ProjectorRatioToNaive    float64 `json:"projector_ratio_to_naive"`
+	PeakHeapBytes            int64   `json:"peak_heap_bytes"`
+	PeakRSSBytes             int64   `json:"peak_rss_bytes"`
+	HeapBeforeBytes          int64   `json:"heap_before_bytes"`
+	Projector                string  `json:"projector"`
+	Broker                   string  `json:"broker"`
+	BrokerPeakRSSBytes       int64   `json:"broker_peak_rss_bytes,omitempty"`
 	// BenchPeakRSSBytes is this process's own peak resident set (VmHWM):
 	// the generator, the producer, the baselines and the reference, and
 	// the broker's and the projector's too when they run in this process
 	// (tests).
-	BenchPeakRSSBytes int64 `json:"bench_peak_rss_bytes"`
+	BenchPeakRSSBytes         int64    `json:"bench_peak_rss_bytes"`
 	Checked                   string   `json:"checked"`
 	Writers                   []Writer `json:"writers"`
 	Preload                   int      `json:"preload,omitempty"`
