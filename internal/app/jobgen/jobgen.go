@@ -200,16 +200,21 @@ func Plan(cfg Config) *Stream {
 	return s
 }
 
+// count adds j's faults.
 func (f *Faults) count(j *job) {
-	for _, c := range []struct {
-		n  *int
-		ok bool
-	}{{&f.Missing, j.missing}, {&f.Misrouted, j.misrouted}, {&f.Duplicate, j.duplicate}, {&f.Late, j.late}, {&f.Bad, j.bad},
-		{&f.Deleted, j.deleted && !j.recreated}, {&f.Recreated, j.recreated}} {
-		if c.ok {
-			*c.n++
+	one := func(ok bool) int {
+		if ok {
+			return 1
 		}
+		return 0
 	}
+	f.Missing += one(j.missing)
+	f.Misrouted += one(j.misrouted)
+	f.Duplicate += one(j.duplicate)
+	f.Late += one(j.late)
+	f.Bad += one(j.bad)
+	f.Deleted += one(j.deleted && !j.recreated)
+	f.Recreated += one(j.recreated)
 }
 
 // Generate is Plan with every record read into Records: for tests and the
