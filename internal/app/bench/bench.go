@@ -122,31 +122,27 @@ type Writer struct {
 
 // Report is everything one run measured; its JSON is `projector bench --json`.
 type Report struct {
-	Mix                      string  `json:"mix"`
-	Shape                    string  `json:"shape"`
-	Events                   int     `json:"events"`
-	Jobs                     int     `json:"jobs"`
-	BatchSize                int     `json:"batch_size"`
-	DistinctJobsPerBatch     float64 `json:"distinct_jobs_per_batch"`
-	DistinctJobsPerBatchHow  string  `json:"distinct_jobs_per_batch_how"`
-	Partitions               int     `json:"partitions"`
-	StateBytes               int     `json:"state_bytes"`
-	MeanStateBytes           int     `json:"mean_state_bytes"`
-	CPUs                     int     `json:"cpus"`
-	ProjectorEventsPerSecond float64 `json:"projector_events_per_second"`
-	ProjectorRatioToCopy     float64 `json:"projector_ratio_to_copy"`
-	ProjectorRatioToNaive    float64 `json:"projector_ratio_to_naive"`
-	PeakHeapBytes            int64   `json:"peak_heap_bytes"`
-	PeakRSSBytes             int64   `json:"peak_rss_bytes"`
-	HeapBeforeBytes          int64   `json:"heap_before_bytes"`
-	Projector                string  `json:"projector"`
-	Broker                   string  `json:"broker"`
-	BrokerPeakRSSBytes       int64   `json:"broker_peak_rss_bytes,omitempty"`
-	// BenchPeakRSSBytes is this process's own peak resident set (VmHWM):
-	// the generator, the producer, the baselines and the reference, and
-	// the broker's and the projector's too when they run in this process
-	// (tests).
-	BenchPeakRSSBytes         int64    `json:"bench_peak_rss_bytes"`
+	Mix                       string   `json:"mix"`
+	Shape                     string   `json:"shape"`
+	Events                    int      `json:"events"`
+	Jobs                      int      `json:"jobs"`
+	BatchSize                 int      `json:"batch_size"`
+	DistinctJobsPerBatch      float64  `json:"distinct_jobs_per_batch"`
+	DistinctJobsPerBatchHow   string   `json:"distinct_jobs_per_batch_how"`
+	Partitions                int      `json:"partitions"`
+	StateBytes                int      `json:"state_bytes"`
+	MeanStateBytes            int      `json:"mean_state_bytes"`
+	CPUs                      int      `json:"cpus"`
+	ProjectorEventsPerSecond  float64  `json:"projector_events_per_second"`
+	ProjectorRatioToCopy      float64  `json:"projector_ratio_to_copy"`
+	ProjectorRatioToNaive     float64  `json:"projector_ratio_to_naive"`
+	PeakHeapBytes             int64    `json:"peak_heap_bytes"`
+	PeakRSSBytes              int64    `json:"peak_rss_bytes"`
+	HeapBeforeBytes           int64    `json:"heap_before_bytes"`
+	Projector                 string   `json:"projector"`
+	Broker                    string   `json:"broker"`
+	BrokerPeakRSSBytes        int64    `json:"broker_peak_rss_bytes,omitempty"`
+	BenchPeakRSSBytes         int64    `json:"bench_peak_rss_bytes"` // this process's own; see notePeakRSS
 	Checked                   string   `json:"checked"`
 	Writers                   []Writer `json:"writers"`
 	Preload                   int      `json:"preload,omitempty"`
@@ -320,9 +316,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return r.rep, nil
 }
 
-// notePeakRSS keeps this process's peak resident set so far. It is read
-// before the projector's measured run too: run in this process, that run
-// resets the kernel's high-water mark to measure its own.
+// notePeakRSS keeps this process's peak resident set so far (VmHWM): the
+// generator, the producer, the baselines and the reference, and the
+// broker's and the projector's too when they run in this process (tests).
+// It is read before the projector's measured run as well: run in this
+// process, that run resets the kernel's high-water mark to measure its
+// own.
 func (r *run) notePeakRSS() {
 	r.rep.BenchPeakRSSBytes = max(r.rep.BenchPeakRSSBytes, procStatusBytes("/proc/self/status", "VmHWM:"))
 }

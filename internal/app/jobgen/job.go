@@ -266,7 +266,7 @@ type state struct {
 	processed  int64
 	startedAt  int // the version whose time it holds; 0: absent
 	finishedAt int
-	error      bool
+	errored    bool
 	progress   bool
 	stage      int // 0: absent
 	warning    bool
@@ -282,7 +282,7 @@ func (g *gen) apply(s *state, j *job, v int) {
 	case v == 2:
 		s.status, s.startedAt = "running", 2
 	case v == j.n && j.failed:
-		s.status, s.error, s.finishedAt = "failed", true, v
+		s.status, s.errored, s.finishedAt = "failed", true, v
 	case v == j.n:
 		s.status, s.finishedAt = "completed", v
 		s.progress, s.stage, s.warning = false, 0, false
@@ -397,7 +397,7 @@ func (g *gen) appendState(b []byte, j *job, s *state, jsonb bool) []byte {
 		b = append(b, colon...)
 	}
 	b = append(b, '{')
-	if s.error {
+	if s.errored {
 		member("error")
 		b = append(b, `"source unavailable"`...)
 	}
