@@ -142,6 +142,7 @@ type Report struct {
 	Projector                 string   `json:"projector"`
 	Broker                    string   `json:"broker"`
 	BrokerPeakRSSBytes        int64    `json:"broker_peak_rss_bytes,omitempty"`
+	BenchPeakRSSBytes         int64    `json:"bench_peak_rss_bytes"` // this process's own; see notePeakRSS
 	Checked                   string   `json:"checked"`
 	Writers                   []Writer `json:"writers"`
 	Preload                   int      `json:"preload,omitempty"`
@@ -235,9 +236,14 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// stream generates the run's stream; faults adds late and duplicate
-// deliveries.
+// stream plans the run's stream (its records are made as they are read);
+// faults adds late and duplicate deliveries.
 func (c Config) stream(seed uint64, events int, faults bool) *jobgen.Stream {
+	return jobgen.Plan(c.generator(seed, events, faults))
+}
+
+// generator is the generator's config of the run's stream.
+func (c Config) generator(seed uint64, events int, faults bool) jobgen.Config {
 	rate := 0.0
 	if faults {
 		rate = 0.1
@@ -248,14 +254,14 @@ func (c Config) stream(seed uint64, events int, faults bool) *jobgen.Stream {
 		// shape (few events a job round down in the generator).
 		jobs = max(1, events/16)
 	}
-	return jobgen.Generate(jobgen.Config{
+	return jobgen.Config{
 		Seed: seed, Jobs: jobs, EventsPerJob: max(events/jobs, 3), Partitions: c.Partitions, Shape: c.Shape,
 		SnapshotsOnly: c.Mix == MixSnapshots, DeltasOnly: c.Mix == MixDeltas, StateBytes: c.StateBytes,
 		LateRate: rate, DuplicateRate: rate,
 		// A version and a hash a job: the states of millions of jobs would
 		// take gigabytes of this process.
 		LeanReference: true,
-	})
+	}
 }
 
 // run is one run's shared parts.
@@ -307,7 +313,18 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return r.rep, err
 	}
 	r.rep.BrokerPeakRSSBytes = r.broker.peakRSS()
+	r.notePeakRSS()
 	return r.rep, nil
+}
+
+// notePeakRSS keeps this process's peak resident set so far (VmHWM): the
+// generator, the producer, the baselines and the reference, and the
+// broker's and the projector's too when they run in this process (tests).
+// It is read before the projector's measured run as well: run in this
+// process, that run resets the kernel's high-water mark to measure its
+// own.
+func (r *run) notePeakRSS() {
+	r.rep.BenchPeakRSSBytes = max(r.rep.BenchPeakRSSBytes, procStatusBytes("/proc/self/status", "VmHWM:"))
 }
 
 func (r *run) add(w Writer) {
@@ -324,26 +341,27 @@ func (r *run) add(w Writer) {
 func (r *run) measure(ctx context.Context) error {
 	cfg := r.cfg
 	stream := cfg.stream(cfg.Seed, cfg.Events, true)
-	r.rep.Events = len(stream.Records)
+	r.rep.Events = stream.Len
 	r.rep.MeanStateBytes = int(stream.StateBytes / int64(stream.Jobs))
-	r.rep.DistinctJobsPerBatch = stream.DistinctJobsPerBatch(0, cfg.BatchSize)
-	r.rep.DistinctJobsPerBatchHow = fmt.Sprintf("mean over partition 0's log cut every %d records (--batch-size), as full batches hold them", cfg.BatchSize)
-	fmt.Fprintf(cfg.Progress, "projector bench: mix %s, shape %s, %d events for %d jobs (late and duplicate deliveries included), states of about %d bytes, %d partitions, %.0f distinct jobs a batch of %d, %d CPUs\n",
-		cfg.Mix, cfg.Shape, len(stream.Records), stream.Jobs, r.rep.MeanStateBytes, cfg.Partitions, r.rep.DistinctJobsPerBatch, cfg.BatchSize, runtime.NumCPU())
 
 	const topic = "bench"
 	if err := r.broker.createTopic(ctx, topic, cfg.Partitions); err != nil {
 		return err
 	}
-	if _, err := r.broker.produce(ctx, topic, stream.Records); err != nil {
+	events, err := r.produce(ctx, topic, stream)
+	if err != nil {
 		return err
 	}
+	defer events.close()
+	r.rep.DistinctJobsPerBatchHow = fmt.Sprintf("mean over partition 0's log cut every %d records (--batch-size), as full batches hold them", cfg.BatchSize)
+	fmt.Fprintf(cfg.Progress, "projector bench: mix %s, shape %s, %d events for %d jobs (late and duplicate deliveries included), states of about %d bytes, %d partitions, %.0f distinct jobs a batch of %d, %d CPUs\n",
+		cfg.Mix, cfg.Shape, stream.Len, stream.Jobs, r.rep.MeanStateBytes, cfg.Partitions, r.rep.DistinctJobsPerBatch, cfg.BatchSize, runtime.NumCPU())
 	hwm, err := r.broker.highWatermarks(ctx, topic, cfg.Partitions)
 	if err != nil {
 		return err
 	}
 
-	w, err := rawCopyMedian(ctx, r.pool, r.schema, stream, r.checkpoint)
+	w, err := rawCopyMedian(ctx, r.pool, r.schema, events, r.checkpoint)
 	if err != nil {
 		return fmt.Errorf("bench: raw COPY: %w", err)
 	}
@@ -357,14 +375,16 @@ func (r *run) measure(ctx context.Context) error {
 	naiveRate := r.rep.Writers[len(r.rep.Writers)-1].EventsPerSecond
 	if cfg.Mix == MixSnapshots {
 		r.checkpoint(ctx)
-		w, err := batchedSingles(ctx, r.pool, r.schema, stream)
+		w, err := batchedSingles(ctx, r.pool, r.schema, events)
 		if err != nil {
 			return fmt.Errorf("bench: pgx.Batch: %w", err)
 		}
 		r.add(w)
 	}
 	truth := stream.Refs
-	stream = nil // the projector's memory is measured without the generated stream
+	stream = nil
+	events.close()
+	r.notePeakRSS()
 
 	first := emptyLeg
 	first.measureMemory = true
@@ -434,15 +454,6 @@ func table(ctx context.Context, pool *pgxpool.Pool, schema, name string) (string
 	return t, err
 }
 
-// body is what a record carries besides its key and version: the state of
-// a snapshot, the ops of a delta.
-func body(ev event.Event) string {
-	if ev.Kind == event.Snapshot {
-		return string(ev.State)
-	}
-	return string(ev.RawOps)
-}
-
 // rawCopyRuns is how many times the ceiling is measured, each after a
 // checkpoint ([run.checkpoint]); the median keeps one disturbed run (a
 // busy moment of the machine) from moving every ratio.
@@ -450,11 +461,11 @@ const rawCopyRuns = 3
 
 // rawCopyMedian measures the ceiling rawCopyRuns times and keeps the
 // median run, noting every run's rate.
-func rawCopyMedian(ctx context.Context, pool *pgxpool.Pool, schema string, stream *jobgen.Stream, settle func(context.Context)) (Writer, error) {
+func rawCopyMedian(ctx context.Context, pool *pgxpool.Pool, schema string, events *spill, settle func(context.Context)) (Writer, error) {
 	runs := make([]Writer, 0, rawCopyRuns)
 	for range rawCopyRuns {
 		settle(ctx)
-		w, err := rawCopy(ctx, pool, schema, stream)
+		w, err := rawCopy(ctx, pool, schema, events)
 		if err != nil {
 			return w, err
 		}
@@ -472,27 +483,21 @@ func rawCopyMedian(ctx context.Context, pool *pgxpool.Pool, schema string, strea
 
 // rawCopy is the ceiling: binary COPY of every event (its key, version and
 // state or ops) into a table with no key, no version check, nothing but
-// the bytes. Decoding happens before the clock starts.
-func rawCopy(ctx context.Context, pool *pgxpool.Pool, schema string, stream *jobgen.Stream) (Writer, error) {
-	w := Writer{Name: "raw COPY (no versions, no key: the ceiling)", Note: "decoded before timing; each event's state or ops as jsonb"}
-	evs := make([]event.Event, 0, len(stream.Records))
-	for _, rec := range stream.Records {
-		ev, err := event.Decode(rec.Key, rec.Value)
-		if err != nil {
-			return w, err
-		}
-		evs = append(evs, ev)
-	}
-	w.Events = len(evs)
+// the bytes. The events were decoded as they were produced; the COPY reads
+// them back from the spill file as it sends them.
+func rawCopy(ctx context.Context, pool *pgxpool.Pool, schema string, events *spill) (Writer, error) {
+	w := Writer{Name: "raw COPY (no versions, no key: the ceiling)", Events: events.n,
+		Note: "decoded before timing, read back from a file as sent; each event's state or ops as jsonb"}
 	t := pgx.Identifier{schema, "raw_copy"}
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+t.Sanitize()+` (job_id text, version bigint, body jsonb)`); err != nil {
 		return w, err
 	}
 	start := time.Now()
-	_, err := pool.CopyFrom(ctx, t, []string{"job_id", "version", "body"}, pgx.CopyFromSlice(len(evs), func(i int) ([]any, error) {
-		return []any{evs[i].JobID, evs[i].Version, body(evs[i])}, nil
-	}))
+	n, err := pool.CopyFrom(ctx, t, []string{"job_id", "version", "body"}, events.rows())
 	w.Seconds = time.Since(start).Seconds()
+	if err == nil && n != int64(events.n) {
+		err = fmt.Errorf("copied %d events of %d", n, events.n)
+	}
 	if err == nil {
 		_, err = pool.Exec(ctx, `DROP TABLE `+t.Sanitize())
 	}
@@ -504,26 +509,29 @@ const guarded = ` AS t (job_id, version, state) VALUES ($1, $2, $3::jsonb)
 	WHERE t.version < excluded.version`
 
 // batchedSingles pipelines single version-guarded upserts, 1000 to a
-// transaction (snapshots only: it applies no deltas).
-func batchedSingles(ctx context.Context, pool *pgxpool.Pool, schema string, stream *jobgen.Stream) (Writer, error) {
-	w := Writer{Name: "pgx.Batch of single upserts, 1000 per tx", Events: len(stream.Records), Note: "from memory, no Kafka, no positions"}
+// transaction (snapshots only: it applies no deltas), reading the events
+// back from the spill file a batch at a time.
+func batchedSingles(ctx context.Context, pool *pgxpool.Pool, schema string, events *spill) (Writer, error) {
+	w := Writer{Name: "pgx.Batch of single upserts, 1000 per tx", Events: events.n, Note: "decoded before timing, no Kafka, no positions"}
 	t, err := table(ctx, pool, schema, "batched")
 	if err != nil {
 		return w, err
 	}
-	evs := make([]event.Event, 0, len(stream.Records))
-	for _, rec := range stream.Records {
-		ev, err := event.Decode(rec.Key, rec.Value)
-		if err != nil {
-			return w, err
-		}
-		evs = append(evs, ev)
-	}
+	rows := events.rows()
 	start := time.Now()
-	for i := 0; i < len(evs); i += 1000 {
+	for more := true; more; {
 		b := &pgx.Batch{}
-		for _, ev := range evs[i:min(i+1000, len(evs))] {
-			b.Queue(`INSERT INTO `+t+guarded, ev.JobID, ev.Version, string(ev.State))
+		for b.Len() < 1000 {
+			if more = rows.Next(); !more {
+				break
+			}
+			b.Queue(`INSERT INTO `+t+guarded, rows.jobID, rows.version, rows.body)
+		}
+		if rows.Err() != nil {
+			return w, rows.Err()
+		}
+		if b.Len() == 0 {
+			break
 		}
 		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return tx.SendBatch(ctx, b).Close() }); err != nil {
 			return w, err
@@ -532,6 +540,75 @@ func batchedSingles(ctx context.Context, pool *pgxpool.Pool, schema string, stre
 	w.Seconds = time.Since(start).Seconds()
 	_, err = pool.Exec(ctx, `DROP TABLE `+t)
 	return w, err
+}
+
+// produceChunk is how many records the bench makes and produces at a
+// time: the stream is never whole in its memory.
+const produceChunk = 20_000
+
+// produce makes the stream's records a chunk at a time (in a goroutine of
+// its own, a chunk ahead) and produces each chunk, counting partition 0's
+// batches and spilling the decoded events for the baselines.
+func (r *run) produce(ctx context.Context, topic string, stream *jobgen.Stream) (*spill, error) {
+	events, err := newSpill()
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			events.close()
+		}
+	}()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	chunks := make(chan []jobgen.Record, 1)
+	made := make(chan struct{})
+	go func() {
+		defer close(made)
+		defer close(chunks)
+		rd := stream.Reader()
+		for {
+			recs := rd.Next(produceChunk)
+			if len(recs) == 0 {
+				return
+			}
+			select {
+			case chunks <- recs:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	defer func() { cancel(); <-made }()
+	batches := jobgen.NewBatches(0, r.cfg.BatchSize)
+	for recs := range chunks {
+		if _, err := r.broker.produce(ctx, topic, recs); err != nil {
+			return nil, err
+		}
+		batches.Add(recs)
+		for _, rec := range recs {
+			ev, err := event.Decode(rec.Key, rec.Value)
+			if err != nil {
+				return nil, fmt.Errorf("bench: a generated record does not decode: %w", err)
+			}
+			if err := events.add(ev); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := events.done(); err != nil {
+		return nil, err
+	}
+	if events.n != stream.Len {
+		return nil, fmt.Errorf("bench: the stream made %d records, planned %d", events.n, stream.Len)
+	}
+	r.rep.DistinctJobsPerBatch = batches.Mean()
+	ok = true
+	return events, nil
 }
 
 // projected is one projector run.
@@ -856,7 +933,8 @@ func Print(out io.Writer, rep *Report) {
 	tw.Flush()
 	fmt.Fprintf(out, "\nprojector: %.2fx raw COPY, %.1fx the naive consumer; peak heap %s, peak RSS %s (projector: %s; broker: %s)\n",
 		rep.ProjectorRatioToCopy, rep.ProjectorRatioToNaive, mib(rep.PeakHeapBytes), mib(rep.PeakRSSBytes), rep.Projector, rep.Broker)
-	fmt.Fprintf(out, "stream: shape %s, %d jobs, %.1f distinct jobs a batch of %d\n", rep.Shape, rep.Jobs, rep.DistinctJobsPerBatch, rep.BatchSize)
+	fmt.Fprintf(out, "stream: shape %s, %d jobs, %.1f distinct jobs a batch of %d; the bench process's peak RSS %s (the stream is made as it is produced, never whole)\n",
+		rep.Shape, rep.Jobs, rep.DistinctJobsPerBatch, rep.BatchSize, mib(rep.BenchPeakRSSBytes))
 	if rep.Preload > 0 {
 		fmt.Fprintf(out, "growth: with %d rows already in the table, %.0f events/s, %.2fx the empty table's %.0f\n",
 			rep.Preload, rep.ProjectorEventsPerSecond, rep.GrowthRatio, rep.EmptyTableEventsPerSecond)

@@ -40,15 +40,22 @@ func TestRunChecksExact(t *testing.T) {
 			require.Equal(t, cmp.Or(shape, ShapeClustered), rep.Shape)
 			require.Equal(t, 150, rep.Jobs)
 			require.Equal(t, 200, rep.BatchSize)
+			// The figure is the stream's: partition 0's records of the
+			// whole stream, cut every 200.
+			gen := cfg.withDefaults().generator(cfg.Seed, cfg.Events, true)
+			require.Equal(t, jobgen.Generate(gen).DistinctJobsPerBatch(0, 200), rep.DistinctJobsPerBatch)
 			// Partition 0 has about 50 of the 150 jobs.
 			if shape == ShapeSpread {
 				require.Greater(t, rep.DistinctJobsPerBatch, 40.0, "a batch of the spread shape meets most of its partition's jobs")
 			} else {
-				require.Less(t, rep.DistinctJobsPerBatch, 40.0, "a batch of the clustered shape meets a few jobs many times")
+				gen.Shape = ShapeSpread
+				require.Less(t, rep.DistinctJobsPerBatch, jobgen.Generate(gen).DistinctJobsPerBatch(0, 200),
+					"a batch of the clustered shape meets fewer jobs than one of the same stream spread")
 			}
 			require.Positive(t, rep.ProjectorEventsPerSecond)
 			require.Positive(t, rep.ProjectorRatioToNaive)
 			require.Positive(t, rep.PeakHeapBytes)
+			require.Positive(t, rep.BenchPeakRSSBytes, "the bench process's own peak is reported")
 			require.Contains(t, rep.Broker, "in this process", "without an executable the broker shares the process, and says so")
 			require.Contains(t, rep.Projector, "in this process", "and so does the projector")
 		})

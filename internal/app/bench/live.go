@@ -118,14 +118,18 @@ func (r *run) live(ctx context.Context) error {
 		}
 	}()
 
-	recs := stream.Records
+	// The records are made as they are due, never all at once.
+	rd := stream.Reader()
 	start := time.Now()
 	tick := time.NewTicker(5 * time.Millisecond)
 	next := 0
-	for next < len(recs) {
-		due := min(len(recs), int(time.Since(start).Seconds()*float64(cfg.LiveRate))+1)
+	for next < stream.Len {
+		due := min(stream.Len, int(time.Since(start).Seconds()*float64(cfg.LiveRate))+1)
 		if due > next {
-			chunk := recs[next:due]
+			chunk := rd.Next(due - next)
+			if len(chunk) == 0 {
+				break // the stream made fewer records than it planned (it never does)
+			}
 			at := time.Now()
 			offs, err := r.broker.produce(ctx, topic, chunk)
 			if err != nil {
@@ -139,7 +143,7 @@ func (r *run) live(ctx context.Context) error {
 				pending[chunk[i].Partition] = append(pending[chunk[i].Partition], sent{offset: o, at: at})
 			}
 			mu.Unlock()
-			next = due
+			next += len(chunk)
 		}
 		select {
 		case <-ctx.Done():
@@ -165,10 +169,10 @@ func (r *run) live(ctx context.Context) error {
 		v := math.Round(float64(d.Microseconds())/10) / 100
 		return &v
 	}
-	r.rep.LiveRate, r.rep.LiveSeconds, r.rep.LiveEvents = cfg.LiveRate, elapsed.Seconds(), len(recs)
+	r.rep.LiveRate, r.rep.LiveSeconds, r.rep.LiveEvents = cfg.LiveRate, elapsed.Seconds(), next
 	r.rep.LatencyP50Ms, r.rep.LatencyP99Ms, r.rep.LatencyP999Ms, r.rep.LatencyMaxMs = ms(0.50), ms(0.99), ms(0.999), ms(1)
 	fmt.Fprintf(cfg.Progress, "  live: %d events in %.1fs (%.0f/s), produce to visible p50 %.1f ms, p99 %.1f ms, p99.9 %.1f ms, max %.1f ms\n",
-		len(recs), elapsed.Seconds(), float64(len(recs))/elapsed.Seconds(), *r.rep.LatencyP50Ms, *r.rep.LatencyP99Ms, *r.rep.LatencyP999Ms, *r.rep.LatencyMaxMs)
+		next, elapsed.Seconds(), float64(next)/elapsed.Seconds(), *r.rep.LatencyP50Ms, *r.rep.LatencyP99Ms, *r.rep.LatencyP999Ms, *r.rep.LatencyMaxMs)
 	return nil
 }
 

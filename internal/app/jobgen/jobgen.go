@@ -4,13 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
-	"math/rand/v2"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
-	"time"
-
-	"github.com/projector/projector/delta"
 )
 
 // Shapes of a stream: where a job's events sit in its partition's log.
@@ -113,7 +110,13 @@ type Truth struct {
 
 // Stream is a generated stream with its reference model.
 type Stream struct {
+	// Records is every record in produce order, for a stream made by
+	// Generate. A stream made by Plan leaves it nil: its Reader makes the
+	// records as they are read, so that they are never all in memory.
 	Records []Record
+	// Len counts the stream's records (events, duplicates and bad
+	// records).
+	Len int
 	// Truth is the reference, unless Config.LeanReference; then Refs is,
 	// Refs[i] being job JobID(i)'s.
 	Truth  map[string]Truth
@@ -124,245 +127,306 @@ type Stream struct {
 	// Jobs counts the jobs; StateBytes sums their final states' sizes.
 	Jobs       int
 	StateBytes int64
+
+	g *gen
 }
 
-type ev struct {
-	job       string
-	version   int64
-	value     []byte
-	isDelta   bool
-	recreated bool // a snapshot that creates a deleted job again
+// gen is what a planned stream's records are made from again, record by
+// record: the config, and for each job how many records it has and its
+// partition (8 bytes a job).
+type gen struct {
+	cfg     Config
+	payload []byte // the padding's JSON string, when StateBytes asks for one
+	jobs    []jobInfo
 }
 
-// Generate builds a stream. The same Config always yields the same stream.
-func Generate(cfg Config) *Stream {
+type jobInfo struct {
+	records uint32
+	home    uint32
+}
+
+func newGen(cfg Config) *gen {
+	g := &gen{cfg: cfg}
+	if pad := cfg.StateBytes - naturalStateBytes; pad > 0 {
+		g.payload = strconv.AppendQuote(nil, strings.Repeat("x", pad))
+	}
+	return g
+}
+
+// Plan makes a stream's reference model, counts and faults, but not its
+// records: its Reader makes them, in produce order, as they are read. The
+// same Config always yields the same stream, whatever the size.
+func Plan(cfg Config) *Stream {
 	cfg = cfg.WithDefaults()
 	if !slices.Contains(Shapes, cfg.Shape) {
 		panic(fmt.Sprintf("jobgen: shape %q: not one of %v", cfg.Shape, Shapes))
 	}
-	rng := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
-	s := &Stream{Jobs: cfg.Jobs}
+	g := newGen(cfg)
+	g.jobs = make([]jobInfo, cfg.Jobs)
+	s := &Stream{Jobs: cfg.Jobs, g: g}
 	if cfg.LeanReference {
 		s.Refs = make([]Ref, cfg.Jobs)
 	} else {
 		s.Truth = make(map[string]Truth, cfg.Jobs)
 	}
-	perPart := make([][]Record, cfg.Partitions)
-	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-
-	for i := 0; i < cfg.Jobs; i++ {
-		id := JobID(i)
-		p := PartitionOf(id, cfg.Partitions)
-		evs, truth := history(rng, id, cfg, base.Add(time.Duration(i)*time.Second))
-		s.StateBytes += int64(len(truth.State))
+	var j job
+	var buf []byte
+	for i := range cfg.Jobs {
+		g.makeJob(i, &j)
+		g.jobs[i] = jobInfo{records: uint32(len(j.seq)), home: uint32(j.home)}
+		s.Len += len(j.seq)
+		s.Events += j.last()
+		s.Faults.count(&j)
+		last := j.last()
+		if j.deleted && !j.recreated {
+			if cfg.LeanReference {
+				s.Refs[i] = Ref{Version: uint32(last), Deleted: true}
+			} else {
+				s.Truth[string(j.id)] = Truth{Version: int64(last), Deleted: true}
+			}
+			continue
+		}
+		st := g.stateAt(&j, last)
+		buf = g.appendState(buf[:0], &j, &st, false)
+		s.StateBytes += int64(len(buf))
 		if cfg.LeanReference {
-			ref := Ref{Version: uint32(truth.Version), Deleted: truth.Deleted}
-			if !truth.Deleted {
-				h, err := StateHash(truth.State)
-				if err != nil {
-					panic(err)
-				}
-				ref.Hash = h
-			}
-			s.Refs[i] = ref
+			var h int64
+			h, buf = g.stateHash(&j, &st, buf)
+			s.Refs[i] = Ref{Version: uint32(last), Hash: h}
 		} else {
-			s.Truth[id] = truth
-		}
-		switch {
-		case truth.Deleted:
-			s.Faults.Deleted++
-		case len(evs) > 0 && evs[len(evs)-1].recreated:
-			s.Faults.Recreated++
-		}
-		s.Events += len(evs)
-		recs := make([]Record, len(evs))
-		key := []byte(id) // one key a job, shared by its records
-		for k, e := range evs {
-			recs[k] = Record{Partition: p, Key: key, Value: e.value}
-		}
-		recs = s.inject(rng, cfg, evs, recs, p)
-		perPart[p] = append(perPart[p], recs...)
-	}
-	// Interleave jobs within each partition so a batch holds many jobs,
-	// keeping each job's own order (faults already placed it).
-	for p := range perPart {
-		if cfg.Shape == ShapeSpread {
-			perPart[p] = spread(rng, perPart[p])
-		} else {
-			perPart[p] = interleave(rng, perPart[p])
-		}
-	}
-	// Misrouted records sit in another partition; gather all by round robin.
-	for more := true; more; {
-		more = false
-		for p := range perPart {
-			n := min(len(perPart[p]), 50)
-			if n > 0 {
-				s.Records = append(s.Records, perPart[p][:n]...)
-				perPart[p] = perPart[p][n:]
-				more = true
-			}
+			s.Truth[string(j.id)] = Truth{Version: int64(last), State: slices.Clone(buf)}
 		}
 	}
 	return s
 }
 
-// inject applies at most one fault of each kind to a job's records.
-func (s *Stream) inject(rng *rand.Rand, cfg Config, evs []ev, recs []Record, p int) []Record {
-	n := len(recs)
-	// Deltas that have a later event of the job may go missing or astray:
-	// the later event is what reveals the gap (a missing last delta would
-	// be invisible, which no projector can detect).
-	pickDelta := func() int {
-		var cands []int
-		for k := 1; k < n-1; k++ {
-			if evs[k].isDelta && recs[k].Fault == "" {
-				cands = append(cands, k)
-			}
+// count adds j's faults.
+func (f *Faults) count(j *job) {
+	one := func(ok bool) int {
+		if ok {
+			return 1
 		}
-		if len(cands) == 0 {
-			return -1
-		}
-		return cands[rng.IntN(len(cands))]
+		return 0
 	}
-	drop := -1
-	if rng.Float64() < cfg.MissingRate {
-		if k := pickDelta(); k >= 0 {
-			drop = k
-			recs[k].Fault = "missing"
-			s.Faults.Missing++
-		}
-	}
-	if cfg.Partitions > 1 && rng.Float64() < cfg.MisrouteRate {
-		if k := pickDelta(); k >= 0 {
-			recs[k].Partition = (p + 1 + rng.IntN(cfg.Partitions-1)) % cfg.Partitions
-			recs[k].Fault = "misrouted"
-			s.Faults.Misrouted++
-		}
-	}
-	if rng.Float64() < cfg.DuplicateRate {
-		k := rng.IntN(n)
-		if recs[k].Fault == "" {
-			dup := recs[k]
-			dup.Fault = "duplicate"
-			at := min(k+1+rng.IntN(4), n)
-			recs = insert(recs, at, dup)
-			evs = insertEv(evs, at, evs[k])
-			n++
-			s.Faults.Duplicate++
-		}
-	}
-	if rng.Float64() < cfg.LateRate && n > 3 {
-		k := 1 + rng.IntN(n-2)
-		if recs[k].Fault == "" {
-			late := recs[k]
-			late.Fault = "late"
-			to := min(k+1+rng.IntN(3), n-1)
-			recs = append(recs[:k], recs[k+1:]...)
-			recs = insert(recs, to, late)
-			s.Faults.Late++
-		}
-	}
-	if rng.Float64() < cfg.BadRate {
-		at := rng.IntN(n + 1)
-		recs = insert(recs, at, badRecord(rng, string(recs[0].Key), p))
-		s.Faults.Bad++
-	}
-	if drop >= 0 {
-		out := recs[:0]
-		for _, r := range recs {
-			if r.Fault != "missing" {
-				out = append(out, r)
-			}
-		}
-		recs = out
-	}
-	return recs
+	f.Missing += one(j.missing)
+	f.Misrouted += one(j.misrouted)
+	f.Duplicate += one(j.duplicate)
+	f.Late += one(j.late)
+	f.Bad += one(j.bad)
+	f.Deleted += one(j.deleted && !j.recreated)
+	f.Recreated += one(j.recreated)
 }
 
-func insert(recs []Record, at int, r Record) []Record {
-	recs = append(recs, Record{})
-	copy(recs[at+1:], recs[at:])
-	recs[at] = r
-	return recs
-}
-
-func insertEv(evs []ev, at int, e ev) []ev {
-	evs = append(evs, ev{})
-	copy(evs[at+1:], evs[at:])
-	evs[at] = e
-	return evs
-}
-
-// interleave merges jobs' runs so that records of many jobs alternate,
-// preserving each job's own order.
-func interleave(rng *rand.Rand, recs []Record) []Record {
-	byJob := map[string][]Record{}
-	var order []string
-	for _, r := range recs {
-		k := string(r.Key)
-		if _, ok := byJob[k]; !ok {
-			order = append(order, k)
+// Generate is Plan with every record read into Records: for tests and the
+// demo, whose streams are small.
+func Generate(cfg Config) *Stream {
+	s := Plan(cfg)
+	s.Records = make([]Record, 0, s.Len)
+	rd := s.Reader()
+	for {
+		recs := rd.Next(4096)
+		if len(recs) == 0 {
+			return s
 		}
-		byJob[k] = append(byJob[k], r)
+		s.Records = append(s.Records, recs...)
 	}
-	out := make([]Record, 0, len(recs))
-	window := 64
-	for start := 0; start < len(order); start += window {
-		active := order[start:min(start+window, len(order))]
-		for {
-			var live []string
-			for _, k := range active {
-				if len(byJob[k]) > 0 {
-					live = append(live, k)
-				}
-			}
-			if len(live) == 0 {
-				break
-			}
-			k := live[rng.IntN(len(live))]
-			out = append(out, byJob[k][0])
-			byJob[k] = byJob[k][1:]
+}
+
+// Reader yields a stream's records in produce order, making each when it
+// is read: partition by partition 50 records at a time, each partition's
+// log being its jobs' records placed as the stream's shape has them (and
+// the records misrouted from it, where they fell). It holds 16 bytes a
+// job (spread) or the 64 jobs being placed (clustered), never the
+// records it has yielded.
+type Reader struct {
+	g       *gen
+	parts   []placer
+	pending []Record
+	slab    []byte
+	done    bool
+}
+
+// placer makes one partition's log.
+type placer interface {
+	// next appends up to n of the log's next records to out.
+	next(out []Record, n int, mk *maker) []Record
+}
+
+// Reader starts reading the stream from its first record; every Reader of
+// a stream yields the same records.
+func (s *Stream) Reader() *Reader {
+	r := &Reader{g: s.g, parts: make([]placer, s.g.cfg.Partitions)}
+	for p := range r.parts {
+		if s.g.cfg.Shape == ShapeSpread {
+			r.parts[p] = newSpreadPlacer(s.g, p)
+		} else {
+			r.parts[p] = &clusteredPlacer{g: s.g, p: p, d: newDraws(s.g.cfg.Seed, tagPartition, uint64(p), 0)}
 		}
+	}
+	return r
+}
+
+// Next returns the stream's next n records, fewer only at its end (none
+// after it). The records are the caller's: the Reader keeps none.
+func (r *Reader) Next(n int) []Record {
+	mk := &maker{g: r.g, slab: r.slab}
+	for len(r.pending) < n && !r.done {
+		had := len(r.pending)
+		for _, p := range r.parts {
+			r.pending = p.next(r.pending, 50, mk)
+		}
+		r.done = len(r.pending) == had
+	}
+	r.slab = mk.slab
+	k := min(n, len(r.pending))
+	out := r.pending[:k:k]
+	r.pending = slices.Clone(r.pending[k:])
+	return out
+}
+
+// maker makes records into a slab of bytes shared by many.
+type maker struct {
+	g    *gen
+	slab []byte
+}
+
+func (m *maker) record(j *job, e entry) Record {
+	if cap(m.slab)-len(m.slab) < 4096+len(m.g.payload)*2 {
+		m.slab = make([]byte, 0, max(1<<20, 16*len(m.g.payload)))
+	}
+	at := len(m.slab)
+	m.slab = append(m.slab, j.id...)
+	key := m.slab[at:len(m.slab):len(m.slab)]
+	at = len(m.slab)
+	m.slab = m.g.appendValue(m.slab, j, e)
+	return Record{Partition: int(e.part), Key: key, Value: m.slab[at:len(m.slab):len(m.slab)], Fault: faultNames[e.fault]}
+}
+
+// spreadPlacer places each job's records evenly over the whole log,
+// keeping each job's own order: the k-th of a job's n records goes to
+// about (k + phase) / n of the way, the phase drawn once a job so that
+// jobs with as many records do not all move in step. A heap holds each
+// job's next place.
+type spreadPlacer struct {
+	g    *gen
+	heap []slot
+	j    job
+}
+
+type slot struct {
+	at  float64
+	job uint32
+	k   uint32
+}
+
+func (a slot) before(b slot) bool { return a.at < b.at || a.at == b.at && a.job < b.job }
+
+func (g *gen) phase(i int) float64 {
+	d := newDraws(g.cfg.Seed, tagPhase, uint64(i), 0)
+	return d.float64()
+}
+
+func newSpreadPlacer(g *gen, p int) *spreadPlacer {
+	s := &spreadPlacer{g: g}
+	for i, info := range g.jobs {
+		if int(info.home) == p {
+			s.heap = append(s.heap, slot{at: g.phase(i) / float64(info.records), job: uint32(i)})
+		}
+	}
+	for i := len(s.heap)/2 - 1; i >= 0; i-- {
+		s.down(i)
+	}
+	return s
+}
+
+func (s *spreadPlacer) down(i int) {
+	h := s.heap
+	for {
+		l := 2*i + 1
+		if l >= len(h) {
+			return
+		}
+		m := l
+		if r := l + 1; r < len(h) && h[r].before(h[l]) {
+			m = r
+		}
+		if !h[m].before(h[i]) {
+			return
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
+}
+
+func (s *spreadPlacer) next(out []Record, n int, mk *maker) []Record {
+	for ; n > 0 && len(s.heap) > 0; n-- {
+		top := s.heap[0]
+		s.g.makeJob(int(top.job), &s.j)
+		out = append(out, mk.record(&s.j, s.j.seq[top.k]))
+		if m := len(s.j.seq); int(top.k)+1 < m {
+			k := top.k + 1
+			s.heap[0] = slot{at: (float64(k) + s.g.phase(int(top.job))) / float64(m), job: top.job, k: k}
+		} else {
+			s.heap[0] = s.heap[len(s.heap)-1]
+			s.heap = s.heap[:len(s.heap)-1]
+		}
+		s.down(0)
+	}
+	if len(s.heap) == 0 {
+		s.heap = nil
 	}
 	return out
 }
 
-// spread places each job's records evenly over the whole of recs, keeping
-// each job's own order: the k-th of a job's n records goes to about
-// (k + phase) / n of the way, the phase drawn once a job so that jobs
-// with as many records do not all move in step.
-func spread(rng *rand.Rand, recs []Record) []Record {
-	type placed struct {
-		at  float64
-		rec Record
-	}
-	out := make([]placed, 0, len(recs))
-	for start := 0; start < len(recs); {
-		end := start + 1
-		for end < len(recs) && string(recs[end].Key) == string(recs[start].Key) {
-			end++
+// clusteredPlacer interleaves the jobs of the partition 64 at a time, so
+// that a batch holds many jobs: it draws which live job of the 64 gives
+// the next record, keeping each job's own order.
+type clusteredPlacer struct {
+	g    *gen
+	p    int
+	d    draws
+	scan int // the next job to look at for the next 64
+	// active are the 64 jobs being placed, live the indexes of those with
+	// records left, in job order.
+	active []job
+	taken  []int
+	live   []int
+}
+
+func (c *clusteredPlacer) next(out []Record, n int, mk *maker) []Record {
+	const window = 64
+	for ; n > 0; n-- {
+		if len(c.live) == 0 {
+			c.active = c.active[:0]
+			for ; c.scan < len(c.g.jobs) && len(c.active) < window; c.scan++ {
+				if int(c.g.jobs[c.scan].home) != c.p {
+					continue
+				}
+				if len(c.active) < cap(c.active) {
+					c.active = c.active[:len(c.active)+1]
+				} else {
+					c.active = append(c.active, job{})
+				}
+				c.g.makeJob(c.scan, &c.active[len(c.active)-1])
+			}
+			if len(c.active) == 0 {
+				return out
+			}
+			c.taken = append(c.taken[:0], make([]int, len(c.active))...)
+			c.live = c.live[:0]
+			for a := range c.active {
+				c.live = append(c.live, a)
+			}
 		}
-		n, phase := float64(end-start), rng.Float64()
-		for k, r := range recs[start:end] {
-			out = append(out, placed{at: (float64(k) + phase) / n, rec: r})
+		li := c.d.intN(len(c.live))
+		a := c.live[li]
+		j := &c.active[a]
+		out = append(out, mk.record(j, j.seq[c.taken[a]]))
+		if c.taken[a]++; c.taken[a] == len(j.seq) {
+			c.live = slices.Delete(c.live, li, li+1)
 		}
-		start = end
 	}
-	slices.SortStableFunc(out, func(a, b placed) int {
-		switch {
-		case a.at < b.at:
-			return -1
-		case a.at > b.at:
-			return 1
-		}
-		return 0
-	})
-	res := recs[:0]
-	for _, p := range out {
-		res = append(res, p.rec)
-	}
-	return res
+	return out
 }
 
 // PartitionOf routes a job id to a partition the way the generator's
@@ -379,122 +443,6 @@ const naturalStateBytes = 200
 
 var jobTypes = []string{"crawl", "index", "export", "summarize"}
 
-// history is one job's events and final state.
-func history(rng *rand.Rand, id string, cfg Config, start time.Time) ([]ev, Truth) {
-	n := max(cfg.EventsPerJob*3/4+rng.IntN(cfg.EventsPerJob/2+1), 3)
-	state := map[string]any{}
-	var evs []ev
-	at := start
-	emit := func(v int64, ops []map[string]any, snapshot bool) {
-		at = at.Add(time.Duration(100+rng.IntN(900)) * time.Millisecond)
-		if ops != nil {
-			raw, _ := json.Marshal(ops)
-			parsed, err := delta.ParseOps(raw)
-			if err != nil {
-				panic(err)
-			}
-			next, err := delta.Apply(state, parsed)
-			if err != nil {
-				panic(err)
-			}
-			state = next
-		}
-		rec := map[string]any{
-			"job_id": id, "version": v, "event_id": fmt.Sprintf("evt-%s-%d", id, v),
-			"occurred_at": at.Format(time.RFC3339Nano),
-		}
-		if snapshot || cfg.SnapshotsOnly {
-			raw, _ := delta.EncodeState(state)
-			rec["kind"], rec["state"] = "snapshot", raw
-		} else {
-			rec["kind"], rec["ops"] = "delta", ops
-		}
-		val, _ := json.Marshal(rec)
-		evs = append(evs, ev{job: id, version: v, value: val, isDelta: rec["kind"] == "delta"})
-	}
-	set := func(path string, v any) map[string]any { return map[string]any{"op": "set", "path": path, "value": v} }
-
-	first := []map[string]any{
-		set("/status", "pending"), set("/job_type", jobTypes[rng.IntN(len(jobTypes))]),
-		set("/processed_articles", 0), set("/created_at", start.Format(time.RFC3339)),
-	}
-	if pad := cfg.StateBytes - naturalStateBytes; pad > 0 {
-		first = append(first, set("/payload", strings.Repeat("x", pad)))
-	}
-	emit(1, first, true)
-	emit(2, []map[string]any{set("/status", "running"), set("/started_at", at.Format(time.RFC3339))}, false)
-	for v := int64(3); v < int64(n); v++ {
-		switch r := rng.IntN(10); {
-		case r == 0 && !cfg.DeltasOnly:
-			emit(v, []map[string]any{set("/progress/stage", fmt.Sprintf("stage-%d", v))}, true)
-		case r == 1:
-			emit(v, []map[string]any{set("/progress/stage", fmt.Sprintf("stage-%d", v)), {"op": "remove", "path": "/progress/warning"}}, false)
-		case r == 2:
-			emit(v, []map[string]any{set("/progress/warning", "slow source"), {"op": "increment", "path": "/retries", "by": 1}}, false)
-		default:
-			emit(v, []map[string]any{{"op": "increment", "path": "/processed_articles", "by": 1 + rng.IntN(50)}}, false)
-		}
-	}
-	if rng.IntN(5) == 0 {
-		emit(int64(n), []map[string]any{set("/status", "failed"), set("/error", "source unavailable"), set("/finished_at", at.Format(time.RFC3339))}, false)
-	} else {
-		emit(int64(n), []map[string]any{set("/status", "completed"), {"op": "remove", "path": "/progress"}, set("/finished_at", at.Format(time.RFC3339))}, false)
-	}
-	raw, _ := delta.EncodeState(state)
-	truth := Truth{Version: int64(n), State: raw}
-	if cfg.DeleteRate > 0 && rng.Float64() < cfg.DeleteRate {
-		// Deleted after its last event: purged, cancelled or erased.
-		at = at.Add(time.Second)
-		del, _ := json.Marshal(map[string]any{
-			"job_id": id, "version": n + 1, "kind": "delete", "event_id": fmt.Sprintf("evt-%s-%d", id, n+1),
-			"occurred_at": at.Format(time.RFC3339Nano),
-		})
-		evs = append(evs, ev{job: id, version: int64(n + 1), value: del})
-		truth = Truth{Version: int64(n + 1), Deleted: true}
-		if rng.IntN(3) == 0 {
-			// Created again, from nothing, by a snapshot above the delete.
-			state = map[string]any{"status": "pending", "job_type": jobTypes[rng.IntN(len(jobTypes))], "recreated": true}
-			raw, _ := delta.EncodeState(state)
-			snap, _ := json.Marshal(map[string]any{
-				"job_id": id, "version": n + 2, "kind": "snapshot", "state": raw, "event_id": fmt.Sprintf("evt-%s-%d", id, n+2),
-				"occurred_at": at.Add(time.Second).Format(time.RFC3339Nano),
-			})
-			evs = append(evs, ev{job: id, version: int64(n + 2), value: snap, recreated: true})
-			truth = Truth{Version: int64(n + 2), State: raw}
-		}
-	}
-	return evs, truth
-}
-
-var badValues = []string{
-	`{"job_id": "broken`,
-	`{"job_id":"%s","kind":"snapshot","state":{}}`,
-	`{"job_id":"%s","version":0,"kind":"snapshot","state":{}}`,
-	`{"job_id":"%s","version":"7","kind":"delta","ops":[]}`,
-	`{"job_id":"%s","version":3,"kind":"rumour"}`,
-	`{"job_id":"%s","version":3,"kind":"delta","ops":[{"op":"multiply","path":"/n"}]}`,
-	``,
-}
-
-func badRecord(rng *rand.Rand, id string, p int) Record {
-	tmpl := badValues[rng.IntN(len(badValues))]
-	v := tmpl
-	if len(tmpl) > 0 && tmpl[len(tmpl)-1] == '}' && countVerbs(tmpl) == 1 {
-		v = fmt.Sprintf(tmpl, id)
-	}
-	return Record{Partition: p, Key: []byte(id), Value: []byte(v), Fault: "bad"}
-}
-
-func countVerbs(s string) int {
-	n := 0
-	for i := 0; i+1 < len(s); i++ {
-		if s[i] == '%' && s[i+1] == 's' {
-			n++
-		}
-	}
-	return n
-}
-
 // JobIDs lists the stream's jobs, sorted.
 func (s *Stream) JobIDs() []string {
 	ids := make([]string, 0, s.Jobs)
@@ -508,30 +456,53 @@ func (s *Stream) JobIDs() []string {
 // DistinctJobsPerBatch is the mean, over the batches of partition p's log
 // cut every batchSize records, of the distinct jobs a batch holds: what
 // the projector's batches hold when each is full (a batch cut short by
-// its linger holds fewer).
+// its linger holds fewer). It reads Records (see Batches for a stream
+// read by a Reader).
 func (s *Stream) DistinctJobsPerBatch(p, batchSize int) float64 {
-	seen := map[string]struct{}{}
-	var batches, sum, n int
-	flush := func() {
-		if n > 0 {
-			batches++
-			sum += len(seen)
-			clear(seen)
-			n = 0
-		}
-	}
-	for _, r := range s.Records {
-		if r.Partition != p {
+	b := NewBatches(p, batchSize)
+	b.Add(s.Records)
+	return b.Mean()
+}
+
+// Batches measures DistinctJobsPerBatch of records given in produce
+// order, a chunk at a time.
+type Batches struct {
+	p, size           int
+	seen              map[string]struct{}
+	n, batches, total int
+}
+
+// NewBatches counts partition p's log cut every size records.
+func NewBatches(p, size int) *Batches {
+	return &Batches{p: p, size: size, seen: map[string]struct{}{}}
+}
+
+// Add counts the next records of the stream.
+func (b *Batches) Add(recs []Record) {
+	for _, r := range recs {
+		if r.Partition != b.p {
 			continue
 		}
-		seen[string(r.Key)] = struct{}{}
-		if n++; n == batchSize {
-			flush()
+		b.seen[string(r.Key)] = struct{}{}
+		if b.n++; b.n == b.size {
+			b.batches++
+			b.total += len(b.seen)
+			clear(b.seen)
+			b.n = 0
 		}
 	}
-	flush()
+}
+
+// Mean is the mean of the distinct jobs of the batches so far, the last
+// one counted even if short.
+func (b *Batches) Mean() float64 {
+	batches, total := b.batches, b.total
+	if b.n > 0 {
+		batches++
+		total += len(b.seen)
+	}
 	if batches == 0 {
 		return 0
 	}
-	return float64(sum) / float64(batches)
+	return float64(total) / float64(batches)
 }

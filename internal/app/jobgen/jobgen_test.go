@@ -231,3 +231,50 @@ func TestLeanReferenceIsTheTruth(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEqual(t, hashes[len(hashes)-3], other, "a different state, a different hash")
 }
+
+// TestReaderMakesTheStreamInAnyChunks: a planned stream read in chunks of
+// any size is the stream Generate collects, record for record, with the
+// same reference, and partition 0's batches counted chunk by chunk are
+// those of the whole stream.
+func TestReaderMakesTheStreamInAnyChunks(t *testing.T) {
+	t.Parallel()
+	for _, shape := range jobgen.Shapes {
+		t.Run(shape, func(t *testing.T) {
+			t.Parallel()
+			cfg := jobgen.Config{Seed: 21, Jobs: 400, Shape: shape, DuplicateRate: 0.2, LateRate: 0.2, MissingRate: 0.1, MisrouteRate: 0.1, BadRate: 0.1, DeleteRate: 0.1}
+			whole := jobgen.Generate(cfg)
+			require.Len(t, whole.Records, whole.Len)
+			cfg.LeanReference = true
+			for _, size := range []int{1, 37, 1 << 20} {
+				s := jobgen.Plan(cfg)
+				require.Nil(t, s.Records)
+				require.Equal(t, whole.Len, s.Len)
+				require.Equal(t, whole.Faults, s.Faults)
+				require.Equal(t, whole.Events, s.Events)
+				require.Equal(t, whole.StateBytes, s.StateBytes)
+				rd := s.Reader()
+				b := jobgen.NewBatches(0, 300)
+				var got []jobgen.Record
+				for {
+					recs := rd.Next(size)
+					if len(recs) == 0 {
+						break
+					}
+					if len(got)+size < whole.Len {
+						require.Len(t, recs, size, "a chunk is short only at the end")
+					}
+					b.Add(recs)
+					got = append(got, recs...)
+				}
+				require.Equal(t, whole.Records, got, "chunks of %d", size)
+				require.Empty(t, rd.Next(size), "nothing after the end")
+				require.Equal(t, whole.DistinctJobsPerBatch(0, 300), b.Mean())
+				for i, ref := range s.Refs {
+					tr := whole.Truth[jobgen.JobID(i)]
+					require.Equal(t, tr.Version, int64(ref.Version))
+					require.Equal(t, tr.Deleted, ref.Deleted)
+				}
+			}
+		})
+	}
+}
