@@ -58,7 +58,7 @@ type Config struct {
 	// BatchesInFlight bounds the batches the instance plans and writes at
 	// once, whatever its number of partitions: each holds its records,
 	// their rows and its encoded statement, so this bounds that memory
-	// (zero: GOMAXPROCS + 1, at least 2).
+	// (zero: [DefaultBatchesInFlight], 2 x GOMAXPROCS + 2).
 	BatchesInFlight int
 	// MaxWait is how long the broker holds a fetch with nothing new to
 	// return: how soon an idle partition's fetcher asks again.

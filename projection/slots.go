@@ -5,11 +5,14 @@ import (
 	"runtime"
 )
 
-// DefaultBatchesInFlight is the default of [Config.BatchesInFlight]: one
-// batch a core planning or waiting on its statement, and one more so that a
-// core is not idle while a batch's transaction commits.
+// DefaultBatchesInFlight is the default of [Config.BatchesInFlight]: two
+// batches a core and two more, so that on a small machine every partition of
+// a usual topic has its own, and only an instance of many partitions is
+// bounded. Fewer hold less memory but lengthen the tail of the latency under
+// load: a partition whose records wait for a slot waits for another
+// partition's transaction (docs/performance.md measures both).
 func DefaultBatchesInFlight() int {
-	return max(2, runtime.GOMAXPROCS(0)+1)
+	return 2*runtime.GOMAXPROCS(0) + 2
 }
 
 // batchSlots bounds the batches an instance holds at once between planning
