@@ -77,9 +77,11 @@ func (w *groupWatch) poll() {
 // applied twice, no version going back).
 //
 // The broker is kfake with the two edits of [kfakeGroupFixes], in its own
-// process: as go.mod has it, kfake's classic group coordinator keeps a
-// member that died while its JoinGroup was parked for ever and expires
-// members waiting in JoinGroup, which a Kafka broker does not do, and
+// process: as go.mod has it, kfake's classic group coordinator gives no
+// session to a member that died while its JoinGroup was parked (once the
+// group is stable, it stays a member until some other change rebalances
+// the group) and expires members waiting in JoinGroup, which a Kafka
+// broker does not do, and
 // then misses the bound with bare kafka-go members too
 // (TestFaultGroupChurnStockSoak, TestGroupChurnBareKafkaGoSoak,
 // docs/reliability.md). That broker is built before the test goes parallel,

@@ -39,8 +39,12 @@ var kfakeGroupFixes = []kfakeGroupFix{{
 	// sync) completes, whether or not the answer reaches the member
 	// (GroupCoordinator.completeAndScheduleNextHeartbeatExpiration).
 	// kfake's (*group).reply starts the timer only when the answer was
-	// queued, so a member killed while its request was parked has none
-	// and stays a member for ever.
+	// queued, so a member killed while its request was parked has none:
+	// in a stable group it stays a member, holding partitions nobody
+	// works, until some other change rebalances the group; in a
+	// rebalance it is never counted as joined (reply cleared its
+	// waitingReply), so the rebalance waits its full timer, restarted by
+	// every join, before dropping it.
 	what: "(*group).reply: start the session timer even when the answer cannot be delivered",
 	old: `	if !creq.reply(kresp) {
 		return
