@@ -136,7 +136,7 @@ func kfakeDir() (string, error) {
 }
 
 func buildFixedBroker(dir string) (string, error) {
-	kfakeDir, err := kfakeDir()
+	kdir, err := kfakeDir()
 	if err != nil {
 		return "", err
 	}
@@ -149,12 +149,12 @@ func buildFixedBroker(dir string) (string, error) {
 	if err := os.MkdirAll(kf, 0o755); err != nil {
 		return "", err
 	}
-	files, err := filepath.Glob(filepath.Join(kfakeDir, "*.go"))
+	files, err := filepath.Glob(filepath.Join(kdir, "*.go"))
 	if err != nil {
 		return "", err
 	}
 	patched := false
-	for _, f := range append(files, filepath.Join(kfakeDir, "go.mod")) {
+	for _, f := range append(files, filepath.Join(kdir, "go.mod")) {
 		if strings.HasSuffix(f, "_test.go") {
 			continue
 		}
@@ -175,7 +175,7 @@ func buildFixedBroker(dir string) (string, error) {
 		}
 	}
 	if !patched {
-		return "", fmt.Errorf("kfake changed: no groups.go in %s; redo the edits against this kfake", kfakeDir)
+		return "", fmt.Errorf("kfake changed: no groups.go in %s; redo the edits against this kfake", kdir)
 	}
 	mod, err := os.ReadFile(mainMod)
 	if err != nil {
