@@ -112,6 +112,25 @@ func TestGroupChurnBareKafkaGoSoak(t *testing.T) {
 	if os.Getenv("PROJECTOR_SOAK") == "" && !strings.Contains(strings.Join(os.Args, " "), "Soak") {
 		t.Skip("soak: run with -run Soak (or PROJECTOR_SOAK=1 for every long variant)")
 	}
+	bareChurnSoak(t, func(t *testing.T) *kafkatest.Cluster { return kafkatest.New(t) })
+}
+
+// TestGroupChurnBareKafkaGoFixedSoak is TestGroupChurnBareKafkaGoSoak on
+// the corrected kfake of TestFaultGroupChurn ([kfakeGroupFixes]), each
+// run on a broker process of its own: how plain kafka-go members fare
+// when the coordinator does what Kafka's does in those two places. It
+// reports the times and asserts only that the members never hold a
+// partition twice. Run on request: -run Soak or PROJECTOR_SOAK=1.
+func TestGroupChurnBareKafkaGoFixedSoak(t *testing.T) {
+	if os.Getenv("PROJECTOR_SOAK") == "" && !strings.Contains(strings.Join(os.Args, " "), "Soak") {
+		t.Skip("soak: run with -run Soak (or PROJECTOR_SOAK=1 for every long variant)")
+	}
+	bareChurnSoak(t, fixedBroker)
+}
+
+// bareChurnSoak runs four bare churns at once, each on its own broker from
+// newBroker, and logs how long each took to settle.
+func bareChurnSoak(t *testing.T, newBroker func(*testing.T) *kafkatest.Cluster) {
 	cfg := bareConfig("g", []string{"127.0.0.1:9092"}, "t")
 	require.NoError(t, cfg.Validate())
 	const runs = 4
@@ -121,7 +140,7 @@ func TestGroupChurnBareKafkaGoSoak(t *testing.T) {
 	for r := range runs {
 		// The broker and topic are made here: they fail the test with
 		// t.Fatal, which only the test's goroutine may call.
-		c := kafkatest.New(t)
+		c := newBroker(t)
 		topic := kafkatest.Topic(t, c, 6)
 		wg.Go(func() { results[r] = bareChurn(t, c, topic, uint64(r), window) })
 	}

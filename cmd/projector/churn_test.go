@@ -77,13 +77,23 @@ func (w *groupWatch) poll() {
 // applied twice, no version going back).
 //
 // The broker is kfake with the two edits of [kfakeGroupFixes], in its own
-// process: as go.mod has it, kfake's classic group coordinator keeps a
-// member that died while its JoinGroup was parked for ever and expires
-// members waiting in JoinGroup, which a Kafka broker does not do, and
+// process: as go.mod has it, kfake's classic group coordinator gives no
+// session to a member that died while its JoinGroup was parked (once the
+// group is stable, it stays a member until some other change rebalances
+// the group) and expires members waiting in JoinGroup, which a Kafka
+// broker does not do, and
 // then misses the bound with bare kafka-go members too
 // (TestFaultGroupChurnStockSoak, TestGroupChurnBareKafkaGoSoak,
-// docs/reliability.md).
+// docs/reliability.md). That broker is built before the test goes parallel,
+// so its compile (about 8 s) does not compete with timing-sensitive tests.
+//
+// Measured on the corrected broker: 4.3 to 10.6 s over 11 runs (3.5 and
+// 6.0 s in two later runs). The worst case expected is about 18 s: a
+// rebalance that waits its full 10 s timer for a join that never comes,
+// then the 6 s session of a member that died just after that join was
+// answered, then a rejoin of the survivors; under the 21 s bound.
 func TestFaultGroupChurn(t *testing.T) {
+	fixedBrokerBin(t)
 	t.Parallel()
 	took, settled := groupChurn(t, fixedBroker(t))
 	require.True(t, settled, "the survivors did not work every partition within %s of the churn's end", churnWindow)
@@ -152,6 +162,10 @@ func groupChurn(t *testing.T, c *kafkatest.Cluster) (took time.Duration, settled
 
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 800))
 	until := time.Now().Add(churnFor)
+	// stopped is when the last replacement started, taken before the
+	// poll of the broker (up to 2 s) so that poll is not counted as the
+	// survivors' time.
+	var stopped time.Time
 	for time.Now().Before(until) {
 		time.Sleep(time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))) // the churn's pace, not a synchronisation
 		i := rng.IntN(len(procs))
@@ -159,10 +173,10 @@ func groupChurn(t *testing.T, c *kafkatest.Cluster) (took time.Duration, settled
 		<-procs[i].done
 		t.Logf("%6.1fs killed %s", time.Since(start).Seconds(), procs[i].name)
 		procs[i], addrs[i] = launch()
+		stopped = time.Now()
 		w.poll()
 	}
-	stopped := time.Now()
-	t.Logf("%6.1fs churn stopped; survivors %s, %s, %s", time.Since(start).Seconds(), procs[0].name, procs[1].name, procs[2].name)
+	t.Logf("%6.1fs churn stopped; survivors %s, %s, %s", stopped.Sub(start).Seconds(), procs[0].name, procs[1].name, procs[2].name)
 
 	var last string
 	for time.Since(stopped) < churnWindow {

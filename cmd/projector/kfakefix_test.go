@@ -22,9 +22,9 @@ import (
 const kfakeModule = "github.com/twmb/franz-go/pkg/kfake"
 
 // kfakeGroupFix is one edit to kfake's groups.go: old must occur exactly
-// once and is replaced by new.
+// once and is replaced by with.
 type kfakeGroupFix struct {
-	what, old, new string
+	what, old, with string
 }
 
 // kfakeGroupFixes make kfake's classic group coordinator do what Kafka's
@@ -39,8 +39,12 @@ var kfakeGroupFixes = []kfakeGroupFix{{
 	// sync) completes, whether or not the answer reaches the member
 	// (GroupCoordinator.completeAndScheduleNextHeartbeatExpiration).
 	// kfake's (*group).reply starts the timer only when the answer was
-	// queued, so a member killed while its request was parked has none
-	// and stays a member for ever.
+	// queued, so a member killed while its request was parked has none:
+	// in a stable group it stays a member, holding partitions nobody
+	// works, until some other change rebalances the group; in a
+	// rebalance it is never counted as joined (reply cleared its
+	// waitingReply), so the rebalance waits its full timer, restarted by
+	// every join, before dropping it.
 	what: "(*group).reply: start the session timer even when the answer cannot be delivered",
 	old: `	if !creq.reply(kresp) {
 		return
@@ -48,7 +52,7 @@ var kfakeGroupFixes = []kfakeGroupFix{{
 	if m != nil {
 		g.updateHeartbeat(m)
 	}`,
-	new: `	creq.reply(kresp) // patched: the session starts whether or not the answer was delivered, as in Kafka
+	with: `	creq.reply(kresp) // patched: the session starts whether or not the answer was delivered, as in Kafka
 	if m != nil {
 		g.updateHeartbeat(m)
 	}`,
@@ -58,13 +62,17 @@ var kfakeGroupFixes = []kfakeGroupFix{{
 	// timeout bounds that wait, and its session starts again when the
 	// request is answered. kfake's (*group).updateHeartbeat removes it
 	// when the timer of its last heartbeat runs out, and never answers
-	// its parked JoinGroup.
+	// its parked JoinGroup. The edit keeps every waiting member for as
+	// long as it waits, where Kafka drops a new member (one with no
+	// member ID yet) still waiting in JoinGroup after 5 minutes
+	// (KAFKA-7610); a wait that long is far beyond the 21 s bound the
+	// churn test asserts, so the difference does not touch it.
 	what: "(*group).updateHeartbeat: do not expire a member waiting in JoinGroup or SyncGroup",
 	old: `		if g.members[m.memberID] != m {
 			return
 		}
 		g.updateMemberAndRebalance(m, nil, nil)`,
-	new: `		if g.members[m.memberID] != m {
+	with: `		if g.members[m.memberID] != m {
 			return
 		}
 		if !m.waitingReply.empty() { // patched: a member awaiting join or sync is kept, as in Kafka
@@ -81,7 +89,7 @@ func patchKfakeGroups(src string, fixes []kfakeGroupFix) (string, error) {
 		if n := strings.Count(src, f.old); n != 1 {
 			return "", fmt.Errorf("kfake changed: the text of the edit %q occurs %d times in groups.go (want once); redo the edit against this kfake", f.what, n)
 		}
-		src = strings.Replace(src, f.old, f.new, 1)
+		src = strings.Replace(src, f.old, f.with, 1)
 	}
 	return src, nil
 }
@@ -104,13 +112,35 @@ func fixedBrokerBin(t *testing.T) string {
 	return fixedBin
 }
 
-func buildFixedBroker(dir string) (string, error) {
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", kfakeModule).Output()
+// goCmd is the go command run with GOWORK=off: the build names its own
+// go.mod with -modfile, which workspace mode refuses, and the module
+// queries must answer for this module's go.mod, not a workspace's.
+func goCmd(args ...string) *exec.Cmd {
+	cmd := exec.Command("go", args...)
+	cmd.Env = append(os.Environ(), "GOWORK=off")
+	return cmd
+}
+
+// kfakeDir is the directory of the kfake that go.mod selects, in the
+// module cache.
+func kfakeDir() (string, error) {
+	out, err := goCmd("list", "-m", "-f", "{{.Dir}}", kfakeModule).Output()
 	if err != nil {
 		return "", fmt.Errorf("go list -m %s: %w", kfakeModule, err)
 	}
-	kfakeDir := strings.TrimSpace(string(out))
-	out, err = exec.Command("go", "env", "GOMOD").Output()
+	dir := strings.TrimSpace(string(out))
+	if dir == "" {
+		return "", fmt.Errorf("%s is not in the module cache; run go mod download", kfakeModule)
+	}
+	return dir, nil
+}
+
+func buildFixedBroker(dir string) (string, error) {
+	kdir, err := kfakeDir()
+	if err != nil {
+		return "", err
+	}
+	out, err := goCmd("env", "GOMOD").Output()
 	if err != nil {
 		return "", fmt.Errorf("go env GOMOD: %w", err)
 	}
@@ -119,11 +149,12 @@ func buildFixedBroker(dir string) (string, error) {
 	if err := os.MkdirAll(kf, 0o755); err != nil {
 		return "", err
 	}
-	files, err := filepath.Glob(filepath.Join(kfakeDir, "*.go"))
+	files, err := filepath.Glob(filepath.Join(kdir, "*.go"))
 	if err != nil {
 		return "", err
 	}
-	for _, f := range append(files, filepath.Join(kfakeDir, "go.mod")) {
+	patched := false
+	for _, f := range append(files, filepath.Join(kdir, "go.mod")) {
 		if strings.HasSuffix(f, "_test.go") {
 			continue
 		}
@@ -132,15 +163,19 @@ func buildFixedBroker(dir string) (string, error) {
 			return "", err
 		}
 		if filepath.Base(f) == "groups.go" {
-			patched, err := patchKfakeGroups(string(src), kfakeGroupFixes)
+			fixed, err := patchKfakeGroups(string(src), kfakeGroupFixes)
 			if err != nil {
 				return "", err
 			}
-			src = []byte(patched)
+			src = []byte(fixed)
+			patched = true
 		}
 		if err := os.WriteFile(filepath.Join(kf, filepath.Base(f)), src, 0o644); err != nil {
 			return "", err
 		}
+	}
+	if !patched {
+		return "", fmt.Errorf("kfake changed: no groups.go in %s; redo the edits against this kfake", kdir)
 	}
 	mod, err := os.ReadFile(mainMod)
 	if err != nil {
@@ -158,12 +193,16 @@ func buildFixedBroker(dir string) (string, error) {
 		return "", err
 	}
 	exe := filepath.Join(dir, "projector")
-	build := exec.Command("go", "build", "-modfile", filepath.Join(dir, "go.mod"), "-o", exe, ".")
+	build := goCmd("build", "-modfile", filepath.Join(dir, "go.mod"), "-o", exe, ".")
 	if out, err := build.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build against kfake with groups.go patched: %v\n%s", err, out)
 	}
 	return exe, nil
 }
+
+// fixedBrokerStart is how long the patched broker may take to print its
+// addresses.
+const fixedBrokerStart = time.Minute
 
 // fixedBroker starts the broker of [fixedBrokerBin] in its own process for
 // t, stopped when t ends, and returns a client of it.
@@ -177,6 +216,28 @@ func fixedBroker(t *testing.T) *kafkatest.Cluster {
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
+	// The addrs line is read before cmd.Wait starts, as Wait closes
+	// stdout once the child exits; a child that never prints it fails
+	// the test after fixedBrokerStart rather than hanging it.
+	type firstLine struct {
+		s   string
+		err error
+	}
+	got := make(chan firstLine, 1)
+	go func() {
+		s, err := bufio.NewReader(stdout).ReadString('\n')
+		got <- firstLine{s, err}
+	}()
+	var line firstLine
+	select {
+	case line = <-got:
+	case <-time.After(fixedBrokerStart):
+		line.err = fmt.Errorf("no addrs line within %s", fixedBrokerStart)
+	}
+	addrs, ok := strings.CutPrefix(strings.TrimSpace(line.s), "addrs ")
+	if line.err != nil || !ok {
+		_ = cmd.Process.Kill()
+	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
 	t.Cleanup(func() {
@@ -188,9 +249,7 @@ func fixedBroker(t *testing.T) *kafkatest.Cluster {
 			<-done
 		}
 	})
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	addrs, ok := strings.CutPrefix(strings.TrimSpace(line), "addrs ")
-	require.True(t, err == nil && ok, "the patched broker did not start: read %q, %v", line, err)
+	require.True(t, line.err == nil && ok, "the patched broker did not start: read %q, %v", line.s, line.err)
 	c := kafkatest.Connect(strings.Split(addrs, ","))
 	t.Cleanup(c.Close)
 	return c
@@ -199,9 +258,9 @@ func fixedBroker(t *testing.T) *kafkatest.Cluster {
 // The edits apply to the kfake of go.mod, each once, and an edit whose
 // text is missing is refused rather than skipped.
 func TestKfakeGroupFixesApply(t *testing.T) {
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", kfakeModule).Output()
+	dir, err := kfakeDir()
 	require.NoError(t, err)
-	src, err := os.ReadFile(filepath.Join(strings.TrimSpace(string(out)), "groups.go"))
+	src, err := os.ReadFile(filepath.Join(dir, "groups.go"))
 	require.NoError(t, err)
 	patched, err := patchKfakeGroups(string(src), kfakeGroupFixes)
 	require.NoError(t, err)

@@ -117,7 +117,10 @@ func Start(opts ...Option) (*Cluster, error) {
 // Connect is a [Cluster] for a broker started elsewhere (another process)
 // at addrs: its helpers (topics, produce, high watermarks) work as on one
 // from [Start]; Kfake returns nil and Close only drops this side's
-// connections.
+// connections. Of the options only [WithClientSecurity] applies: the
+// others configure the broker, which its own process has already done
+// ([WithBrokers], [WithKfakeOptions] and [WithDefaultPartitions] are
+// ignored).
 func Connect(addrs []string, opts ...Option) *Cluster {
 	cfg := config{partitions: DefaultPartitions}
 	for _, o := range opts {
@@ -154,8 +157,10 @@ func (c *Cluster) Addrs() []string { return append([]string(nil), c.addrs...) }
 // broker of [Connect].
 func (c *Cluster) Kfake() *kfake.Cluster { return c.kf }
 
-// Close stops the broker and closes this package's idle connections. Clients
-// still connected see their connections drop. Calling it twice is harmless.
+// Close closes this package's idle connections and, for a broker of
+// [Start], stops it: clients still connected see their connections drop.
+// For a broker of [Connect] it leaves the broker running. Calling it twice
+// is harmless.
 func (c *Cluster) Close() {
 	c.transport.CloseIdleConnections()
 	if c.kf != nil {
