@@ -70,6 +70,11 @@ type Gap struct {
 	LastErr     string
 	// InFlight is set while an attempt taken with [Detector.Take] runs.
 	InFlight bool
+	// ReadsTo, while the job's first attempt waits for its lane to read
+	// as far as its log ended when it began to wait, is that offset;
+	// -1 otherwise ([Detector.HoldUntil]). Set in the copies the
+	// detector returns.
+	ReadsTo int64
 	// Slow counts the attempts in a row whose request to the authority
 	// ended for want of a timely answer (see [Detector.Slow]); callers
 	// send a slow job's next request where it holds up no prompt one.
@@ -398,7 +403,7 @@ func (d *Detector) SlowLaneFull(job string) {
 func (d *Detector) Gaps() []Gap {
 	out := make([]Gap, 0, len(d.gaps))
 	for _, e := range d.gaps {
-		out = append(out, e.Gap)
+		out = append(out, d.view(e))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].JobID < out[j].JobID })
 	return out
@@ -425,7 +430,7 @@ func (d *Detector) Oldest(n int) []Gap {
 	}
 	out := make([]Gap, len(h))
 	for i := len(h) - 1; i >= 0; i-- {
-		out[i] = heap.Pop(&h).(*entry).Gap
+		out[i] = d.view(heap.Pop(&h).(*entry))
 	}
 	return out
 }
@@ -462,7 +467,17 @@ func (d *Detector) Gap(job string) (Gap, bool) {
 	if !ok {
 		return Gap{}, false
 	}
-	return e.Gap, true
+	return d.view(e), true
+}
+
+// view is e's record as the detector returns it.
+func (d *Detector) view(e *entry) Gap {
+	g := e.Gap
+	g.ReadsTo = -1
+	if e.Attempts == 0 && e.until >= 0 && d.policy.Wait > 0 {
+		g.ReadsTo = e.until
+	}
+	return g
 }
 
 // dueQueue is a min-heap of entries by NextAttempt, then job.

@@ -228,6 +228,7 @@ func TestFirstAttemptWaitsForTheLaneToReadAsFarAsItsLogEnded(t *testing.T) {
 	require.Empty(t, d.Take(t0.Add(wait), 10, 50), "due by time, but the lane has not read as far as its log ended")
 	g, _ := d.Gap("j")
 	require.Zero(t, g.Attempts, "a put-off is no attempt")
+	require.Equal(t, int64(100), g.ReadsTo, "the status says how far the lane must read")
 	require.Equal(t, t0.Add(10*wait), g.NextAttempt, "put off to the bound of the wait")
 	require.Empty(t, d.Take(t0.Add(wait+time.Second), 10, 99), "not read that far yet")
 	require.Equal(t, []string{"j"}, d.Take(t0.Add(wait+time.Second), 10, 100), "read that far: due again at once, and taken")
@@ -254,6 +255,7 @@ func TestFirstAttemptWaitsForTheLaneToReadAsFarAsItsLogEnded(t *testing.T) {
 	require.Equal(t, []string{"j"}, d.Take(t0.Add(wait), 10, 100))
 	d.Failed("j", t0.Add(wait), gapfill.StepReread, "not found")
 	g, _ = d.Gap("j")
+	require.Equal(t, int64(-1), g.ReadsTo, "a later attempt does not wait for the lane")
 	require.Equal(t, []string{"j"}, d.Take(g.NextAttempt, 10, 50), "a later attempt is not put off")
 
 	d = gapfill.NewDetector(pol)

@@ -127,6 +127,10 @@ type HeldJob struct {
 	NextAttempt time.Time `json:"next_attempt"`
 	LastStep    string    `json:"last_step"`
 	LastError   string    `json:"last_error,omitempty"`
+	// ReadsTo, while the job's first attempt waits for the partition to
+	// be read as far as its log ended when the gap opened (the missing
+	// version may simply not be read yet), is that offset.
+	ReadsTo *int64 `json:"reads_to,omitempty"`
 }
 
 // Status is what /status serves.

@@ -275,6 +275,7 @@ func (w *worker) publish() {
 				JobID: g.JobID, Version: j.Version, Missing: j.Missing(10), HeldDeltas: len(j.Held),
 				// By the wall clock, as the status orders them.
 				Since: g.Since.Round(0), Attempts: g.Attempts, NextAttempt: g.NextAttempt.Round(0), LastStep: string(g.LastStep), LastError: g.LastErr,
+				ReadsTo: readsTo(g.ReadsTo),
 			})
 		}
 		w.heldView, w.heldViewOf = observe.SortHeld(w.partition, held), w.detector.Len()
@@ -329,4 +330,13 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-t.C:
 	}
+}
+
+// readsTo is a held job's [gapfill.Gap.ReadsTo] as /status shows it: absent
+// when its attempts do not wait for the partition to be read further.
+func readsTo(offset int64) *int64 {
+	if offset < 0 {
+		return nil
+	}
+	return &offset
 }
