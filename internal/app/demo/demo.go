@@ -148,7 +148,7 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	pcfg := projection.Config{
 		Store: st, Logger: log,
 		BatchSize: 2000,
-		GapWait: time.Second, RereadWindow: time.Hour, RereadMaxTime: 10 * time.Second,
+		GapWait:   time.Second, RereadWindow: time.Hour, RereadMaxTime: 10 * time.Second,
 		SnapshotURL: authURL, SnapshotTimeout: 2 * time.Second, SnapshotMaxElapsed: 5 * time.Second,
 		GapRetryMin: 200 * time.Millisecond, GapRetryMax: 2 * time.Second,
 	}
