@@ -146,9 +146,8 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	say("  authority %s/jobs/{job_id}", authURL)
 
 	pcfg := projection.Config{
-		Store: st, Logger: log,
-		BatchSize: 2000,
-		GapWait:   time.Second, RereadWindow: time.Hour, RereadMaxTime: 10 * time.Second,
+		Store: st, Logger: log, BatchSize: 2000,
+		GapWait: time.Second, RereadWindow: time.Hour, RereadMaxTime: 10 * time.Second,
 		SnapshotURL: authURL, SnapshotTimeout: 2 * time.Second, SnapshotMaxElapsed: 5 * time.Second,
 		GapRetryMin: 200 * time.Millisecond, GapRetryMax: 2 * time.Second,
 	}
