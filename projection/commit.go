@@ -29,6 +29,15 @@ func batchTimeout(st *store.Store) time.Duration {
 	return max(minApplyTimeout, 2*st.StatementTimeout())
 }
 
+// slotBeatEvery is how often a worker waiting for a batch slot shows it is
+// alive: well within the stall timeout.
+func slotBeatEvery(stall time.Duration) time.Duration {
+	if stall <= 0 {
+		return time.Second
+	}
+	return min(time.Second, stall/4)
+}
+
 // applyContext is the context of one batch transaction: it outlives ctx,
 // because a batch in flight at shutdown is finished rather than thrown away,
 // but by no more than shutdownGrace.
@@ -156,8 +165,9 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 		// A slot is held from planning to settling, each attempt apart:
 		// never while the worker waits out an outage or a swap, or
 		// isolates a refused batch.
-		if !w.slots.acquire(ctx) {
-			w.log.Warn("batch abandoned at shutdown; it will be read again", "first_offset", firstOffset(msgs))
+		if !w.slots.acquire(ctx, w.partition, w.beat.Now, slotBeatEvery(w.cfg.StallTimeout)) {
+			w.log.Warn("batch abandoned while it waited for a batch slot (the instance stops, or the partition's generation ended); it will be read again",
+				"first_offset", firstOffset(msgs))
 			return nil
 		}
 		w.beat.Now()
@@ -183,7 +193,7 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 			w.databaseAnswered()
 			w.metrics.Batch(time.Since(now), len(msgs))
 			w.settle(pl, result, now)
-			w.slots.release()
+			w.slots.release(w.partition)
 			moved := pl.batch.NextOffset != w.stored
 			w.storedAt(pl.batch.NextOffset)
 			switch {
@@ -199,7 +209,7 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 			}
 			return nil
 		}
-		w.slots.release()
+		w.slots.release(w.partition)
 		var stale *store.StaleError
 		var swap *store.SwapWaitError
 		switch {

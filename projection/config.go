@@ -56,9 +56,11 @@ type Config struct {
 	// one, and batches grow with the load without delaying a quiet stream.
 	BatchLinger time.Duration
 	// BatchesInFlight bounds the batches the instance plans and writes at
-	// once, whatever its number of partitions: each holds its records,
-	// their rows and its encoded statement, so this bounds that memory
-	// (zero: [DefaultBatchesInFlight], 2 x GOMAXPROCS + 2).
+	// once, whatever its number of partitions (zero: no bound). Each holds,
+	// while it is planned and written, its records decoded, the rows it
+	// read and its encoded statement; the records fetched stay with each
+	// partition all the same. A bound below the partitions lengthens the
+	// tail of the latency under load.
 	BatchesInFlight int
 	// MaxWait is how long the broker holds a fetch with nothing new to
 	// return: how soon an idle partition's fetcher asks again.
@@ -187,9 +189,6 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = 5000
-	}
-	if c.BatchesInFlight == 0 {
-		c.BatchesInFlight = DefaultBatchesInFlight()
 	}
 	if c.MaxWait == 0 {
 		c.MaxWait = time.Second

@@ -29,7 +29,7 @@ type Projector struct {
 	// budget is the memory every partition's job cache shares.
 	budget *cacheBudget
 	// slots bounds the batches every partition's worker holds at once.
-	slots batchSlots
+	slots *batchSlots
 	// fetchers ask the authority for every partition's held jobs.
 	fetchers *fetchPool
 	counters counters

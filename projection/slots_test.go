@@ -1,6 +1,9 @@
 package projection
 
 import (
+	"context"
+	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -44,4 +47,62 @@ func TestBatchesInFlightBoundsTheBatchesHeldAtOnce(t *testing.T) {
 		}
 		require.LessOrEqual(t, most.Load(), int32(tc.inFlight))
 	}
+}
+
+// With one batch slot, partition 1's batch waits for partition 0's, which
+// waits on a row lock within its time limit: the waiting partition keeps
+// its beat and is not found stalled, and both commit once the lock goes.
+func TestWaitingForABatchSlotBehindASlowBatchIsNotAStall(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := newRig(t, 2)
+	logs := &lockedBuffer{}
+	const stall = time.Second
+	cfg := r.config(func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		c.StallTimeout = stall
+		c.BatchesInFlight = 1
+	})
+	p, err := New(cfg)
+	require.NoError(t, err)
+	p.testStallWarning = 200 * time.Millisecond
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(rctx) }()
+	t.Cleanup(func() {
+		stop()
+		<-done
+	})
+
+	r.produce(rec{0, "slow", snap("slow", 1, `{"n":1}`)}, rec{1, "other", snap("other", 1, `{"n":1}`)})
+	r.caughtUp(20*time.Second, &running{p: p})
+	tx, err := r.store.Pool().Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM `+r.store.JobsTable()+` WHERE job_id = 'slow' FOR UPDATE`)
+	require.NoError(t, err)
+	r.produce(rec{0, "slow", snap("slow", 2, `{"n":2}`)})
+	r.eventually(20*time.Second, "partition 0's batch waits on the lock", func() (bool, string) {
+		return strings.Contains(logs.String(), "batch transaction still running"), "not yet"
+	})
+	r.produce(rec{1, "other", snap("other", 2, `{"n":2}`)})
+	r.eventually(30*time.Second, "partition 1 has waited for its slot for three stall timeouts", func() (bool, string) {
+		return strings.Contains(logs.String(), "running_for=4s"), "not that long yet"
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("Run ended while a partition waited for a slot behind a batch within its limit: %v\n%s", err, logs.String())
+	default:
+	}
+	require.NotContains(t, logs.String(), "partition stalled")
+	for _, c := range p.Liveness().Checks {
+		if c.Name == "partition 1 worker" || c.Name == "progress" {
+			require.True(t, c.OK, "/healthz while partition 1 waits for a slot: %+v", c)
+		}
+	}
+	require.Equal(t, int64(1), r.rows()["other"].Version, "partition 1's batch waited for the slot")
+	require.NoError(t, tx.Rollback(ctx))
+	r.caughtUp(20*time.Second, &running{p: p})
+	require.Equal(t, int64(2), r.rows()["slow"].Version)
+	require.Equal(t, int64(2), r.rows()["other"].Version)
 }

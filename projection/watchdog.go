@@ -48,7 +48,8 @@ func (w watched) ApplyBounded(partition int, now time.Time) bool {
 func (p *Projector) applyBounded(partition int, now time.Time) bool {
 	v, ok := p.applying.Load(partition)
 	if !ok {
-		return false
+		// Waiting for a batch slot is waiting for the holders' batches.
+		return p.slots.bounded(partition, now, batchTimeout(p.cfg.Store)+shutdownGrace)
 	}
 	started := time.Unix(0, v.(int64))
 	return now.Sub(started) < batchTimeout(p.cfg.Store)+shutdownGrace

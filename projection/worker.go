@@ -88,8 +88,8 @@ type worker struct {
 type workerDeps struct {
 	store *store.Store
 	cfg   workerConfig
-	// slots bounds the instance's batches in flight.
-	slots batchSlots
+	// slots bounds the instance's batches in flight (nil: no bound).
+	slots *batchSlots
 	// resolver runs held jobs' re-reads and snapshot fetches, nil when the
 	// gap policy has neither; fetchers is the instance's pool that asks the
 	// authority, nil without the snapshot step.

@@ -121,6 +121,7 @@ Examples:
 		fs.IntVar(&o.swapDiffer, "swap-differ-percent", 1, "with --swap-rows, the percentage of rows the rebuilt model changes")
 		fs.BoolVar(&o.swapKeepOld, "swap-keep-old", false, "with --swap-rows, swap as 'projector rebuild --keep-old' does")
 		o.memory.register(fs)
+		fs.Lookup("memory-limit").Usage = "the soft memory limit of the projector's measured run, a `size`, off or\nauto, as projector run's, in its own process; the broker, the bench itself (the\ngrowth, waiters and live runs) and --rebuild's process take none of it"
 		o.log.register(fs)
 		o.log.level = "warn"
 		fs.Lookup("log-level").DefValue = "warn"
@@ -137,7 +138,8 @@ Examples:
 		}
 		if spec := os.Getenv(bench.ProjectorChildEnv); spec != "" {
 			// The measured run's process takes the limit `projector run`
-			// would: the broker's and the bench's own processes take none.
+			// would; the broker's and the bench's own processes set none
+			// (GOMEMLIMIT in the environment reaches every process).
 			o.memory.apply(logger)
 			return bench.ServeProjector(ctx, spec, env.stdout, logger)
 		}

@@ -68,9 +68,9 @@ again and it continues from the shadow's stored positions (--restart starts
 over). --dry-run builds the shadow and reports how the live model differs
 from it (missing, behind, ahead, differs, extra) without swapping.
 
-Its batches are larger than run's (--batch-size 10000), and at most
---batches-in-flight of them are held at once, as in run; --memory-limit works
-as in run. Where memory is tight, lower --batch-size or --batches-in-flight.
+Its batches are larger than run's (--batch-size 10000); --batches-in-flight
+and --memory-limit work as in run. Where memory is tight, lower --batch-size
+or --batches-in-flight.
 
 Example:
   DATABASE_URL=postgres://app@db:5432/app projector rebuild --brokers kafka-1:9092 --snapshot-url http://authority:8080`,

@@ -207,6 +207,9 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// maxEventsPerJob bounds Events / Jobs (see [Config.Validate]).
+const maxEventsPerJob = 1000
+
 // Validate names what is wrong with c, in the library's words.
 func (c Config) Validate() error {
 	switch {
@@ -218,6 +221,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("Events %d: must be at least 100", c.Events)
 	case c.Jobs < 1 || c.Jobs*3 > c.Events:
 		return fmt.Errorf("Jobs %d: must be from 1 to a third of Events (every job has at least 3 events)", c.Jobs)
+	case c.Events/c.Jobs > maxEventsPerJob:
+		// The stream makes each record from its job's seed when it is read,
+		// folding the job from its start: that costs the square of a job's
+		// events, and past this many it would take hours.
+		return fmt.Errorf("Events %d over Jobs %d: at most %d events a job; raise Jobs", c.Events, c.Jobs, maxEventsPerJob)
 	case c.Partitions < 1 || c.Partitions > 1000:
 		return fmt.Errorf("Partitions %d: must be from 1 to 1000", c.Partitions)
 	case c.StateBytes < 0 || c.StateBytes > 900_000:
