@@ -49,13 +49,13 @@ func newRigTopicConfig(t *testing.T, partitions int, configs ...kafka.ConfigEntr
 // config is a fast-reacting engine configuration for tests.
 func (r *rig) config(mod ...func(*Config)) Config {
 	cfg := Config{
-		Brokers:                r.kafka.Addrs(),
-		Topic:                  r.topic,
-		Group:                  r.topic + "-group",
-		Store:                  r.store,
-		Logger:                 slog.New(slog.NewTextHandler(testWriter{r.t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
-		BatchSize:              500,
-		BatchLinger:            20 * time.Millisecond,
+		Brokers:   r.kafka.Addrs(),
+		Topic:     r.topic,
+		Group:     r.topic + "-group",
+		Store:     r.store,
+		Logger:    slog.New(slog.NewTextHandler(testWriter{r.t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		BatchSize: 500,
+		// BatchLinger is left at its default (none), as `projector run` has it.
 		MaxWait:                200 * time.Millisecond,
 		HeartbeatInterval:      kafkatest.GroupHeartbeatInterval,
 		SessionTimeout:         kafkatest.GroupSessionTimeout,

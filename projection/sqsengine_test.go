@@ -38,8 +38,7 @@ func (r *sqsRig) config(mod ...func(*Config)) Config {
 		SQS:         emulatorSQS(r.emu, r.queue, 2*time.Second),
 		Store:       r.store,
 		Logger:      slog.New(slog.NewTextHandler(testWriter{r.t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
-		BatchSize:   500,
-		BatchLinger: 20 * time.Millisecond,
+		BatchSize:   500, // BatchLinger: the default (none), as `projector run` has it
 		GapWaitOff:  true,
 		GapRetryMin: 50 * time.Millisecond,
 		GapRetryMax: 500 * time.Millisecond,

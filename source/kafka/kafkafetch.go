@@ -45,6 +45,10 @@ type fetched struct {
 	// record, handed over or not, or a marker); -1 in the others.
 	first int64
 	err   error
+	// ready is when the chunk was offered: one taken long after was
+	// waiting for its worker, and the records that came meanwhile are
+	// already in the log (see [Partition.Fetch]).
+	ready time.Time
 }
 
 // fetcherConfig is what a [partitionFetcher] reads and how.
@@ -376,7 +380,7 @@ func (f *partitionFetcher) handOver(ctx context.Context) bool {
 	if len(f.pending) == 0 && f.next <= f.handed {
 		return true
 	}
-	c := fetched{recs: f.pending, next: f.next, first: -1}
+	c := fetched{recs: f.pending, next: f.next, first: -1, ready: time.Now()}
 	if !f.reported {
 		c.first = f.first
 		if c.first < 0 {

@@ -451,3 +451,41 @@ func TestKafkaSourceReadsEveryCodec(t *testing.T) {
 	}
 	require.Equal(t, int64(100), next)
 }
+
+// TestAFetchWhoseChunkWaitedTakesWhatCameMeanwhile: with no linger, a
+// Fetch whose first chunk waited for it (its worker was writing a batch)
+// also takes the records produced meanwhile, which the fetcher reads as
+// soon as it hands that chunk over, rather than leave them for a batch of
+// their own.
+func TestAFetchWhoseChunkWaitedTakesWhatCameMeanwhile(t *testing.T) {
+	t.Parallel()
+	c := kafkatest.New(t)
+	topic := kafkatest.Topic(t, c, 1)
+	s, _ := testKafkaSourceWith(t, c.Addrs(), topic, 0, 100, 5*time.Second, 0, &kafkago.Dialer{Timeout: 10 * time.Second})
+	defer s.Close()
+	s.catchUp = 10 * time.Second // a bound, not a wait: the next chunk comes in a round trip
+	ctx := t.Context()
+
+	produceN(t, c, topic, 0, 3)
+	recs, err := s.Fetch(ctx, 10*time.Second)
+	require.NoError(t, err)
+	require.Len(t, recs, 3, "the first chunk, taken as soon as it came")
+	require.NoError(t, s.Ack(ctx, recs))
+
+	produceN(t, c, topic, 3, 2)
+	// The next chunk (offsets 3 and 4) is handed over and waits, as for a
+	// worker busy with its batch, while more records come.
+	require.Eventually(t, func() bool {
+		hwm, _ := s.Ends()
+		return hwm == 5
+	}, 10*time.Second, 5*time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // the worker's batch being written: the scenario, not a synchronisation
+	produceN(t, c, topic, 5, 4)
+	recs, err = s.Fetch(ctx, 10*time.Second)
+	require.NoError(t, err)
+	var offsets []int64
+	for _, r := range recs {
+		offsets = append(offsets, r.Coord.Offset)
+	}
+	require.Equal(t, []int64{3, 4, 5, 6, 7, 8}, offsets, "the waiting chunk and what came meanwhile, in one batch")
+}

@@ -23,6 +23,9 @@ type Partition struct {
 	// batchSize and linger bound one Fetch.
 	batchSize int
 	linger    time.Duration
+	// catchUp is how long a Fetch whose first chunk waited for it waits
+	// for the next one (catchUpWait; tests set more).
+	catchUp time.Duration
 	// fetcher reads ahead of the batches; newFetcher starts one at an
 	// offset (again after [Partition.outOfRange] moved the position).
 	fetcher    *partitionFetcher
@@ -88,7 +91,7 @@ func OpenPartition(c PartitionConfig, position, start int64) (*Partition, error)
 	}
 	s := &Partition{
 		topic: c.Topic, partition: c.Partition, log: c.Log,
-		batchSize: c.BatchSize, linger: c.Linger,
+		batchSize: c.BatchSize, linger: c.Linger, catchUp: catchUpWait,
 		newFetcher: func(offset int64) *partitionFetcher {
 			return startPartitionFetcher(fetcherConfig{
 				dialer: c.Dialer, brokers: c.Brokers, topic: c.Topic, partition: c.Partition,
@@ -147,9 +150,19 @@ func (s *Partition) Fetch(ctx context.Context, wait time.Duration) ([]source.Rec
 	recs := c.recs
 	carrySkipped(recs, c.next)
 	if len(recs) < s.batchSize {
+		// A chunk that waited for this worker (its last batch was being
+		// written) is followed in the log by what came meanwhile, which
+		// the fetcher, free again, is reading now: wait for that one
+		// chunk too, rather than leave it for a batch of its own.
+		// Otherwise the linger is the wait.
+		catchUp := time.Since(c.ready) > staleChunk
 		until := time.Now().Add(s.linger)
 		for len(recs) < s.batchSize {
-			c, ok := s.receive(ctx, time.Until(until))
+			wait := time.Until(until)
+			if catchUp {
+				wait, catchUp = max(wait, s.catchUp), false
+			}
+			c, ok := s.receive(ctx, wait)
 			if !ok {
 				break
 			}
@@ -165,6 +178,17 @@ func (s *Partition) Fetch(ctx context.Context, wait time.Duration) ([]source.Rec
 	}
 	return recs, nil
 }
+
+// staleChunk is how long a chunk may wait for its worker before the worker,
+// taking it, also waits up to catchUpWait for the next chunk, of the records
+// that came meanwhile: the fetcher reads them as soon as it hands the chunk
+// over, and the broker answers at once when there are records, so the wait
+// is about a round trip; on a partition that went quiet it is the most a
+// batch is delayed.
+const (
+	staleChunk  = 2 * time.Millisecond
+	catchUpWait = 20 * time.Millisecond
+)
 
 // carrySkipped gives the last of recs the offsets passed after it, up to
 // next.

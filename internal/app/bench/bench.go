@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -156,13 +157,15 @@ type Report struct {
 	WaitersHeapBytes          int64    `json:"waiters_heap_bytes,omitempty"`
 	RebuildSeconds            float64  `json:"rebuild_seconds,omitempty"`
 	RebuildRatioToCopy        float64  `json:"rebuild_ratio_to_copy,omitempty"`
-	LiveRate                  int      `json:"live_rate,omitempty"`
-	LiveSeconds               float64  `json:"live_seconds,omitempty"`
-	LiveEvents                int      `json:"live_events,omitempty"`
-	LatencyP50Ms              *float64 `json:"latency_p50_ms,omitempty"`
-	LatencyP99Ms              *float64 `json:"latency_p99_ms,omitempty"`
-	LatencyP999Ms             *float64 `json:"latency_p999_ms,omitempty"`
-	LatencyMaxMs              *float64 `json:"latency_max_ms,omitempty"`
+	// RebuildPeakRSSBytes is the rebuild process's peak resident set.
+	RebuildPeakRSSBytes int64    `json:"rebuild_peak_rss_bytes,omitempty"`
+	LiveRate            int      `json:"live_rate,omitempty"`
+	LiveSeconds         float64  `json:"live_seconds,omitempty"`
+	LiveEvents          int      `json:"live_events,omitempty"`
+	LatencyP50Ms        *float64 `json:"latency_p50_ms,omitempty"`
+	LatencyP99Ms        *float64 `json:"latency_p99_ms,omitempty"`
+	LatencyP999Ms       *float64 `json:"latency_p999_ms,omitempty"`
+	LatencyMaxMs        *float64 `json:"latency_max_ms,omitempty"`
 }
 
 // MismatchError is a read model that differs from the stream's reference:
@@ -923,6 +926,9 @@ func (r *run) rebuild(ctx context.Context, topic string, st *store.Store, truth 
 		Note: "shadow table from the earliest offsets, then the swap; checked exact"})
 	r.rep.RebuildSeconds = elapsed.Seconds()
 	r.rep.RebuildRatioToCopy = r.rep.Writers[len(r.rep.Writers)-1].RatioToCopy
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		r.rep.RebuildPeakRSSBytes = ru.Maxrss << 10 // kilobytes on Linux
+	}
 	return nil
 }
 
@@ -952,7 +958,7 @@ func Print(out io.Writer, rep *Report) {
 			rep.Waiters, rep.WaitersEventsPerSecond, rep.WaitersRatio, rep.NoWaitersEventsPerSecond, rep.WaitersGoroutines, mib(rep.WaitersHeapBytes))
 	}
 	if rep.RebuildSeconds > 0 {
-		fmt.Fprintf(out, "rebuild: %.2fs, %.2fx raw COPY\n", rep.RebuildSeconds, rep.RebuildRatioToCopy)
+		fmt.Fprintf(out, "rebuild: %.2fs, %.2fx raw COPY, its process's peak RSS %s\n", rep.RebuildSeconds, rep.RebuildRatioToCopy, mib(rep.RebuildPeakRSSBytes))
 	}
 	if rep.LatencyP99Ms != nil {
 		fmt.Fprintf(out, "live: %d events at %d/s for %.0fs; produce to visible p50 %.1f ms, p99 %.1f ms, p99.9 %.1f ms, max %.1f ms\n",
