@@ -35,7 +35,7 @@ func slotBeatEvery(stall time.Duration) time.Duration {
 	if stall <= 0 {
 		return time.Second
 	}
-	return min(time.Second, stall/4)
+	return max(min(time.Second, stall/4), 10*time.Millisecond)
 }
 
 // applyContext is the context of one batch transaction: it outlives ctx,
@@ -165,7 +165,8 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 		// A slot is held from planning to settling, each attempt apart:
 		// never while the worker waits out an outage or a swap, or
 		// isolates a refused batch.
-		if !w.slots.acquire(ctx, w.partition, w.beat.Now, slotBeatEvery(w.cfg.StallTimeout)) {
+		slot, ok := w.slots.acquire(ctx, w.partition, w.beat.Now, slotBeatEvery(w.cfg.StallTimeout), batchTimeout(w.store)+shutdownGrace)
+		if !ok {
 			w.log.Warn("batch abandoned while it waited for a batch slot (the instance stops, or the partition's generation ended); it will be read again",
 				"first_offset", firstOffset(msgs))
 			return nil
@@ -193,7 +194,7 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 			w.databaseAnswered()
 			w.metrics.Batch(time.Since(now), len(msgs))
 			w.settle(pl, result, now)
-			w.slots.release(w.partition)
+			w.slots.release(w.partition, slot)
 			moved := pl.batch.NextOffset != w.stored
 			w.storedAt(pl.batch.NextOffset)
 			switch {
@@ -209,7 +210,7 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 			}
 			return nil
 		}
-		w.slots.release(w.partition)
+		w.slots.release(w.partition, slot)
 		var stale *store.StaleError
 		var swap *store.SwapWaitError
 		switch {

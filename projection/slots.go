@@ -13,16 +13,20 @@ import (
 // *batchSlots bounds nothing (the default).
 //
 // A worker waiting for a slot waits for another partition's transaction:
-// it keeps its beat, and the stall watchdog counts the wait as a pause as
-// long as the slots' holders are within their own time limit
+// it keeps its beat while the slots' holders are within their own time
+// limit, and the stall watchdog counts the wait as a pause then
 // ([batchSlots.bounded]). Fewer slots hold less memory but lengthen the
 // tail of the latency under load (docs/performance.md).
 type batchSlots struct {
 	ch chan struct{}
-	// waiting and holding map a partition to when it began to wait for
-	// a slot, or took one (UnixNano).
+	// waiting and holding map a partition to a token of when it began to
+	// wait for a slot, or took one.
 	waiting, holding sync.Map
 }
+
+// slotToken is one wait or one hold, told apart from the partition's next
+// by its pointer.
+type slotToken struct{ at time.Time }
 
 func newBatchSlots(n int) *batchSlots {
 	if n <= 0 {
@@ -31,46 +35,64 @@ func newBatchSlots(n int) *batchSlots {
 	return &batchSlots{ch: make(chan struct{}, n)}
 }
 
-// acquire takes a slot for partition, beating every beatEvery while it
-// waits; false if ctx ended first.
-func (s *batchSlots) acquire(ctx context.Context, partition int, beat func(), beatEvery time.Duration) bool {
+// acquire takes a slot for partition; false if ctx ended first. While it
+// waits, beat runs every beatEvery as long as the holders are within limit
+// ([batchSlots.bounded]). Waiters take the slots in the order they came.
+func (s *batchSlots) acquire(ctx context.Context, partition int, beat func(), beatEvery, limit time.Duration) (*slotToken, bool) {
 	if s == nil {
-		return true
+		return nil, true
 	}
 	select {
 	case s.ch <- struct{}{}:
-		s.holding.Store(partition, time.Now().UnixNano())
-		return true
+		return s.hold(partition), true
 	default:
 	}
-	s.waiting.Store(partition, time.Now().UnixNano())
-	defer s.waiting.Delete(partition)
-	t := time.NewTicker(beatEvery)
-	defer t.Stop()
-	for {
-		select {
-		case s.ch <- struct{}{}:
-			s.holding.Store(partition, time.Now().UnixNano())
-			return true
-		case <-t.C:
-			beat()
-		case <-ctx.Done():
-			return false
+	w := &slotToken{at: time.Now()}
+	s.waiting.Store(partition, w)
+	defer s.waiting.CompareAndDelete(partition, w)
+	// The beat runs apart, so the send below keeps its place in the
+	// channel's queue of senders.
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		t := time.NewTicker(beatEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-t.C:
+				if s.bounded(partition, now, limit) {
+					beat()
+				}
+			}
 		}
+	}()
+	select {
+	case s.ch <- struct{}{}:
+		return s.hold(partition), true
+	case <-ctx.Done():
+		return nil, false
 	}
 }
 
-// release gives partition's slot back.
-func (s *batchSlots) release(partition int) {
+func (s *batchSlots) hold(partition int) *slotToken {
+	h := &slotToken{at: time.Now()}
+	s.holding.Store(partition, h)
+	return h
+}
+
+// release gives back the slot h holds for partition.
+func (s *batchSlots) release(partition int, h *slotToken) {
 	if s == nil {
 		return
 	}
-	s.holding.Delete(partition)
+	s.holding.CompareAndDelete(partition, h)
 	<-s.ch
 }
 
 // bounded reports whether partition waits for a slot while every slot's
-// holder is within limit of taking it: the wait is then another batch's,
+// holder took it less than limit ago: the wait is then another batch's,
 // which its own time limit bounds, and not a wedge.
 func (s *batchSlots) bounded(partition int, now time.Time, limit time.Duration) bool {
 	if s == nil {
@@ -81,7 +103,7 @@ func (s *batchSlots) bounded(partition int, now time.Time, limit time.Duration) 
 	}
 	ok := true
 	s.holding.Range(func(_, v any) bool {
-		if now.Sub(time.Unix(0, v.(int64))) >= limit {
+		if now.Sub(v.(*slotToken).at) >= limit {
 			ok = false
 		}
 		return ok

@@ -106,3 +106,39 @@ func TestWaitingForABatchSlotBehindASlowBatchIsNotAStall(t *testing.T) {
 	require.Equal(t, int64(2), r.rows()["slow"].Version)
 	require.Equal(t, int64(2), r.rows()["other"].Version)
 }
+
+// A wait for a slot is bounded only while it is a wait, and only while
+// every holder took its slot within the limit; no slots bound nothing.
+func TestASlotWaitIsBoundedOnlyWhileItsHoldersAre(t *testing.T) {
+	t.Parallel()
+	var none *batchSlots
+	h, ok := none.acquire(t.Context(), 0, func() {}, time.Second, time.Second)
+	require.True(t, ok)
+	none.release(0, h)
+	require.False(t, none.bounded(0, time.Now(), time.Second))
+
+	s := newBatchSlots(1)
+	now := time.Now()
+	require.False(t, s.bounded(1, now, time.Minute), "not waiting")
+	held, ok := s.acquire(t.Context(), 0, func() {}, time.Second, time.Minute)
+	require.True(t, ok)
+	s.waiting.Store(1, &slotToken{at: now})
+	require.True(t, s.bounded(1, now, time.Minute), "waiting behind a holder within its limit")
+	require.False(t, s.bounded(1, now.Add(2*time.Minute), time.Minute), "the holder is past its limit: a wedge, not a wait")
+	s.waiting.Delete(1)
+
+	// A waiter beats while bounded and takes the slot once it is free.
+	var beats atomic.Int32
+	got := make(chan *slotToken)
+	go func() {
+		h, _ := s.acquire(t.Context(), 1, func() { beats.Add(1) }, 10*time.Millisecond, time.Minute)
+		got <- h
+	}()
+	require.Eventually(t, func() bool { return beats.Load() >= 2 }, 10*time.Second, 5*time.Millisecond, "the waiter keeps its beat")
+	s.release(0, held)
+	h = <-got
+	require.NotNil(t, h)
+	s.release(1, h)
+	_, holding := s.holding.Load(1)
+	require.False(t, holding)
+}

@@ -158,7 +158,9 @@ Examples:
 		if !o.jobsSet {
 			// A short stream spreads over fewer jobs, as the default
 			// 200,000 events do over 50,000 (4 each), rather than refuse.
-			o.jobs = min(defaultBenchJobs, o.events/4)
+			// A long one over enough jobs that none has more events
+			// than the stream can make (bench.MaxEventsPerJob).
+			o.jobs = max(min(defaultBenchJobs, o.events/4), (o.events+bench.MaxEventsPerJob-1)/bench.MaxEventsPerJob)
 		}
 		switch {
 		case !contains(bench.Mixes, o.mix):
@@ -169,6 +171,9 @@ Examples:
 			return usagef("--events %d: must be at least 1000", o.events)
 		case o.jobs < 1 || o.jobs*3 > o.events:
 			return usagef("--jobs %d: must be from 1 to a third of --events (every job has at least 3 events)", o.jobs)
+		case o.events/o.jobs > bench.MaxEventsPerJob:
+			return usagef("--jobs %d: at most %d events a job (--events %d needs --jobs %d or more): the stream makes each record by folding its job from its start",
+				o.jobs, bench.MaxEventsPerJob, o.events, (o.events+bench.MaxEventsPerJob-1)/bench.MaxEventsPerJob)
 		case o.partitions < 1 || o.partitions > 1000:
 			return usagef("--partitions %d: must be from 1 to 1000", o.partitions)
 		case o.stateBytes < 0 || o.stateBytes > 900_000:

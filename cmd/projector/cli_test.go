@@ -205,6 +205,7 @@ func TestBadUsageExits2(t *testing.T) {
 		{"demo --events-per-job 1", nil, []string{"demo", "--events-per-job", "1"}, []string{"--events-per-job"}},
 		{"bench --events 10", nil, []string{"bench", "--events", "10"}, []string{"--events"}},
 		{"bench --jobs above --events", nil, []string{"bench", "--events", "1000", "--jobs", "2000"}, []string{"--jobs"}},
+		{"bench too many events a job", nil, []string{"bench", "--events", "2000000", "--jobs", "1000"}, []string{"--jobs 1000", "at most 1000 events a job", "--jobs 2000 or more"}},
 		{"bench --mix unknown", nil, []string{"bench", "--mix", "lots"}, []string{"--mix", "snapshots, deltas, mixed"}},
 		{"bench --state-bytes -1", nil, []string{"bench", "--state-bytes", "-1"}, []string{"--state-bytes"}},
 		{"bench --preload -1", nil, []string{"bench", "--preload", "-1"}, []string{"--preload"}},

@@ -404,7 +404,7 @@ func (f *partitionFetcher) fail(ctx context.Context, err error) bool {
 		return false
 	}
 	select {
-	case f.out <- fetched{err: err}:
+	case f.out <- fetched{err: err, first: -1, ready: time.Now()}:
 		return true
 	case <-ctx.Done():
 		return false

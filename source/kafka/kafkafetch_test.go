@@ -463,7 +463,6 @@ func TestAFetchWhoseChunkWaitedTakesWhatCameMeanwhile(t *testing.T) {
 	topic := kafkatest.Topic(t, c, 1)
 	s, _ := testKafkaSourceWith(t, c.Addrs(), topic, 0, 100, 5*time.Second, 0, &kafkago.Dialer{Timeout: 10 * time.Second})
 	defer s.Close()
-	s.catchUp = 10 * time.Second // a bound, not a wait: the next chunk comes in a round trip
 	ctx := t.Context()
 
 	produceN(t, c, topic, 0, 3)
@@ -481,6 +480,7 @@ func TestAFetchWhoseChunkWaitedTakesWhatCameMeanwhile(t *testing.T) {
 	}, 10*time.Second, 5*time.Millisecond)
 	time.Sleep(100 * time.Millisecond) // the worker's batch being written: the scenario, not a synchronisation
 	produceN(t, c, topic, 5, 4)
+	s.catchUp = 5 * time.Second // a bound, not a wait: the next chunk comes in a round trip
 	recs, err = s.Fetch(ctx, 10*time.Second)
 	require.NoError(t, err)
 	var offsets []int64

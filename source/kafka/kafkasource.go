@@ -24,8 +24,10 @@ type Partition struct {
 	batchSize int
 	linger    time.Duration
 	// catchUp is how long a Fetch whose first chunk waited for it waits
-	// for the next one (catchUpWait; tests set more).
-	catchUp time.Duration
+	// for the next one (catchUpWait; tests set more); tookWaiting says
+	// the chunk receive returned last was there before it asked.
+	catchUp     time.Duration
+	tookWaiting bool
 	// fetcher reads ahead of the batches; newFetcher starts one at an
 	// offset (again after [Partition.outOfRange] moved the position).
 	fetcher    *partitionFetcher
@@ -121,6 +123,8 @@ func (s *Partition) Fetch(ctx context.Context, wait time.Duration) ([]source.Rec
 	if !ok {
 		return nil, nil
 	}
+	// A chunk that was there before this Fetch asked, offered a while ago.
+	stale := s.tookWaiting && time.Since(c.ready) > staleChunk
 	if c.err != nil {
 		if errors.Is(c.err, kafkago.OffsetOutOfRange) {
 			s.outOfRange(ctx)
@@ -150,12 +154,14 @@ func (s *Partition) Fetch(ctx context.Context, wait time.Duration) ([]source.Rec
 	recs := c.recs
 	carrySkipped(recs, c.next)
 	if len(recs) < s.batchSize {
-		// A chunk that waited for this worker (its last batch was being
-		// written) is followed in the log by what came meanwhile, which
-		// the fetcher, free again, is reading now: wait for that one
-		// chunk too, rather than leave it for a batch of its own.
+		// With no linger, a chunk that waited for this worker (its last
+		// batch was being written) is followed in the log by what came
+		// meanwhile, which the fetcher, free again, is reading now: wait
+		// for that one chunk too, rather than leave it for a batch of its
+		// own. A chunk held back by the last Fetch counts as waiting: the
+		// next one is then usually waiting too, and taken at once.
 		// Otherwise the linger is the wait.
-		catchUp := time.Since(c.ready) > staleChunk
+		catchUp := s.linger <= 0 && stale
 		until := time.Now().Add(s.linger)
 		for len(recs) < s.batchSize {
 			wait := time.Until(until)
@@ -202,12 +208,13 @@ func carrySkipped(recs []source.Record, next int64) {
 // d passed or ctx ended first.
 func (s *Partition) receive(ctx context.Context, d time.Duration) (fetched, bool) {
 	if c := s.held; c != nil {
-		s.held = nil
+		s.held, s.tookWaiting = nil, true
 		return *c, true
 	}
 	// A chunk already waiting is taken without a timer.
 	select {
 	case c := <-s.fetcher.out:
+		s.tookWaiting = true
 		return c, true
 	default:
 	}
@@ -218,6 +225,7 @@ func (s *Partition) receive(ctx context.Context, d time.Duration) (fetched, bool
 	defer t.Stop()
 	select {
 	case c := <-s.fetcher.out:
+		s.tookWaiting = false
 		return c, true
 	case <-t.C:
 	case <-ctx.Done():

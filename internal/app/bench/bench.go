@@ -210,8 +210,8 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// maxEventsPerJob bounds Events / Jobs (see [Config.Validate]).
-const maxEventsPerJob = 1000
+// MaxEventsPerJob bounds Events / Jobs (see [Config.Validate]).
+const MaxEventsPerJob = 1000
 
 // Validate names what is wrong with c, in the library's words.
 func (c Config) Validate() error {
@@ -224,11 +224,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("Events %d: must be at least 100", c.Events)
 	case c.Jobs < 1 || c.Jobs*3 > c.Events:
 		return fmt.Errorf("Jobs %d: must be from 1 to a third of Events (every job has at least 3 events)", c.Jobs)
-	case c.Events/c.Jobs > maxEventsPerJob:
+	case c.Events/c.Jobs > MaxEventsPerJob:
 		// The stream makes each record from its job's seed when it is read,
 		// folding the job from its start: that costs the square of a job's
 		// events, and past this many it would take hours.
-		return fmt.Errorf("Events %d over Jobs %d: at most %d events a job; raise Jobs", c.Events, c.Jobs, maxEventsPerJob)
+		return fmt.Errorf("Events %d over Jobs %d: at most %d events a job; raise Jobs", c.Events, c.Jobs, MaxEventsPerJob)
 	case c.Partitions < 1 || c.Partitions > 1000:
 		return fmt.Errorf("Partitions %d: must be from 1 to 1000", c.Partitions)
 	case c.StateBytes < 0 || c.StateBytes > 900_000:
@@ -926,7 +926,7 @@ func (r *run) rebuild(ctx context.Context, topic string, st *store.Store, truth 
 		Note: "shadow table from the earliest offsets, then the swap; checked exact"})
 	r.rep.RebuildSeconds = elapsed.Seconds()
 	r.rep.RebuildRatioToCopy = r.rep.Writers[len(r.rep.Writers)-1].RatioToCopy
-	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok && runtime.GOOS == "linux" {
 		r.rep.RebuildPeakRSSBytes = ru.Maxrss << 10 // kilobytes on Linux
 	}
 	return nil

@@ -49,11 +49,11 @@ func (r *run) live(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	e := startEngine(ctx, p)
-	defer e.stop()
 	// The runs before wrote gigabytes: a checkpoint of theirs in the
 	// middle of the live run would hold its commits back for seconds.
 	r.checkpoint(ctx)
+	e := startEngine(ctx, p)
+	defer e.stop()
 	// Produce only once every partition is claimed: the group join is not
 	// part of an event's latency.
 	if err := waitFor(ctx, e, 30*time.Second, func() (bool, error) {
