@@ -56,12 +56,14 @@ func loadJobs(ctx context.Context, q querier, table, tombstones, projection stri
 	if len(ids) == 0 {
 		return out, nil
 	}
+	// Planned for its arguments every time, as the batch's statements are
+	// (see fence): a generic plan of a table that started empty scans it.
 	rows, err := q.Query(ctx, `SELECT job_id, version, state::text, coalesce(event_id, ''), coalesce(last_ops::text, ''), false
 		FROM `+table+` WHERE job_id = ANY($1::text[])
 		UNION ALL
 		SELECT t.job_id, t.version, '', coalesce(t.event_id, ''), '', true
 		FROM `+tombstones+` t WHERE t.projection = $2 AND t.job_id = ANY($1::text[])
-			AND NOT EXISTS (SELECT 1 FROM `+table+` j WHERE j.job_id = t.job_id)`, ids, projection)
+			AND NOT EXISTS (SELECT 1 FROM `+table+` j WHERE j.job_id = t.job_id)`, pgx.QueryExecModeCacheDescribe, ids, projection)
 	if err != nil {
 		return nil, fmt.Errorf("store: load %d jobs: %w", len(ids), err)
 	}

@@ -157,10 +157,19 @@ func (s *Store) fence(ctx context.Context, tx pgx.Tx, b *Batch) error {
 	// failing as an outage at the statement bound. The statements after
 	// the fence wait as before: the bound is lifted once it holds the row
 	// (the setting it had is kept in projector.lock_timeout meanwhile).
+	//
+	// Every statement of the batch is planned for its own arguments
+	// (plan_cache_mode): pgx prepares them once a connection, and after
+	// five runs PostgreSQL may keep a generic plan made from the table's
+	// statistics of then; for a table that started empty that plan reads
+	// the whole table once per row of the batch's arrays, and a batch of
+	// 5,000 took over 20 s once the table had grown (the bench's live
+	// runs, until an analyze replaced the plan).
 	var pipe pgx.Batch
 	pipe.Queue(`SELECT set_config('projector.lock_timeout', current_setting('lock_timeout'), true),
 		set_config('idle_in_transaction_session_timeout', $1, true),
-		set_config('statement_timeout', $2, true), set_config('lock_timeout', $3, true)`,
+		set_config('statement_timeout', $2, true), set_config('lock_timeout', $3, true),
+		set_config('plan_cache_mode', 'force_custom_plan', true)`,
 		millis(s.idleTimeout), millis(s.statementTimeout), millis(s.claimLockTimeout))
 	if !b.Unfenced {
 		var lastOffset, lastHash *int64

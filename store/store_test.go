@@ -543,3 +543,46 @@ func TestSwapKeepsTheCountOfLogsReplaced(t *testing.T) {
 	}
 	require.Equal(t, map[string]string{"t~log1": "bad in log 0", "t~log2": "bad in log 1"}, topics)
 }
+
+// Every statement of a batch is planned for its own arguments: a generic
+// plan, made once the table's statistics said it was empty, would scan the
+// grown table once per row of the batch's arrays. The setting is the
+// batch's alone and leaves the pool's connections as they were.
+func TestBatchStatementsArePlannedForTheirArguments(t *testing.T) {
+	t.Parallel()
+	s := pgtest.Store(t)
+	ctx := context.Background()
+	log := pgx.Identifier{s.Schema(), "plan_modes"}.Sanitize()
+	fn := pgx.Identifier{s.Schema(), "log_plan_mode"}.Sanitize()
+	for _, sql := range []string{
+		`CREATE TABLE ` + log + ` (mode text NOT NULL)`,
+		`CREATE FUNCTION ` + fn + `() RETURNS trigger LANGUAGE plpgsql AS $$
+			BEGIN INSERT INTO ` + log + ` VALUES (current_setting('plan_cache_mode')); RETURN NEW; END $$`,
+		`CREATE TRIGGER log_plan_mode BEFORE INSERT OR UPDATE ON ` + s.JobsTable() + ` FOR EACH ROW EXECUTE FUNCTION ` + fn + `()`,
+	} {
+		_, err := s.Pool().Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	c, err := s.Claim(ctx, "t", 0, "me")
+	require.NoError(t, err)
+	for i := range 7 { // past the five runs after which PostgreSQL may keep a generic plan
+		_, err = s.Apply(ctx, &store.Batch{Topic: "t", Partition: 0, Epoch: c.Epoch, NextOffset: int64(i + 1), Snapshots: []store.Write{
+			{JobID: fmt.Sprint("j", i), Version: 1, State: json.RawMessage(`{"n":1}`)},
+		}, Updates: []store.Write{
+			{JobID: "u", Version: int64(i + 1), Expect: int64(i), State: json.RawMessage(`{"n":2}`)},
+		}})
+		require.NoError(t, err)
+	}
+	var modes []string
+	rows, err := s.Pool().Query(ctx, `SELECT mode FROM `+log)
+	require.NoError(t, err)
+	modes, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Len(t, modes, 14)
+	for _, m := range modes {
+		require.Equal(t, "force_custom_plan", m)
+	}
+	var outside string
+	require.NoError(t, s.Pool().QueryRow(ctx, `SELECT current_setting('plan_cache_mode')`).Scan(&outside))
+	require.Equal(t, "auto", outside, "the setting is local to the batch's transaction")
+}
