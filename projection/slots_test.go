@@ -2,7 +2,6 @@ package projection
 
 import (
 	"context"
-	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -56,23 +55,7 @@ func TestWaitingForABatchSlotBehindASlowBatchIsNotAStall(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	r := newRig(t, 2)
-	logs := &lockedBuffer{}
-	const stall = time.Second
-	cfg := r.config(func(c *Config) {
-		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
-		c.StallTimeout = stall
-		c.BatchesInFlight = 1
-	})
-	p, err := New(cfg)
-	require.NoError(t, err)
-	p.testStallWarning = 200 * time.Millisecond
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- p.Run(rctx) }()
-	t.Cleanup(func() {
-		stop()
-		<-done
-	})
+	p, logs, done := runLogged(t, r, time.Second, func(c *Config) { c.BatchesInFlight = 1 })
 
 	r.produce(rec{0, "slow", snap("slow", 1, `{"n":1}`)}, rec{1, "other", snap("other", 1, `{"n":1}`)})
 	r.caughtUp(20*time.Second, &running{p: p})

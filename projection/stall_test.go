@@ -75,22 +75,7 @@ func TestSlowBatchWithinItsLimitIsNotAStall(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	r := newRig(t, 1)
-	logs := &lockedBuffer{}
-	const stall = time.Second
-	cfg := r.config(func(c *Config) {
-		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
-		c.StallTimeout = stall
-	})
-	p, err := New(cfg)
-	require.NoError(t, err)
-	p.testStallWarning = 200 * time.Millisecond
-	rctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- p.Run(rctx) }()
-	t.Cleanup(func() {
-		stop()
-		<-done
-	})
+	p, logs, done := runLogged(t, r, time.Second)
 
 	r.produce(rec{0, "slow", snap("slow", 1, `{"n":1}`)})
 	r.caughtUp(20*time.Second, &running{p: p})
@@ -121,4 +106,27 @@ func TestSlowBatchWithinItsLimitIsNotAStall(t *testing.T) {
 	require.NoError(t, tx.Rollback(ctx))
 	r.caughtUp(20*time.Second, &running{p: p})
 	require.Equal(t, int64(2), r.rows()["slow"].Version)
+}
+
+// runLogged runs an engine of r with a stall timeout of stall, its log in
+// logs, and the slow-batch warning after 200 ms; done has what Run
+// returned, once it returns (at the latest when t ends).
+func runLogged(t *testing.T, r *rig, stall time.Duration, mod ...func(*Config)) (*Projector, *lockedBuffer, chan error) {
+	t.Helper()
+	logs := &lockedBuffer{}
+	cfg := r.config(append([]func(*Config){func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		c.StallTimeout = stall
+	}}, mod...)...)
+	p, err := New(cfg)
+	require.NoError(t, err)
+	p.testStallWarning = 200 * time.Millisecond
+	rctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(rctx) }()
+	t.Cleanup(func() {
+		stop()
+		<-done
+	})
+	return p, logs, done
 }
