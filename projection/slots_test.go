@@ -59,11 +59,7 @@ func TestWaitingForABatchSlotBehindASlowBatchIsNotAStall(t *testing.T) {
 
 	r.produce(rec{0, "slow", snap("slow", 1, `{"n":1}`)}, rec{1, "other", snap("other", 1, `{"n":1}`)})
 	r.caughtUp(20*time.Second, &running{p: p})
-	tx, err := r.store.Pool().Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
-	_, err = tx.Exec(ctx, `SELECT 1 FROM `+r.store.JobsTable()+` WHERE job_id = 'slow' FOR UPDATE`)
-	require.NoError(t, err)
+	tx := lockRow(t, r, "slow")
 	r.produce(rec{0, "slow", snap("slow", 2, `{"n":2}`)})
 	r.eventually(20*time.Second, "partition 0's batch waits on the lock", func() (bool, string) {
 		return strings.Contains(logs.String(), "batch transaction still running"), "not yet"

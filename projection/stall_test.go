@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -52,11 +53,7 @@ func TestStalledBatchIsLoggedWhileItWaits(t *testing.T) {
 
 	r.produce(rec{0, "stall", snap("stall", 1, `{"n":1}`)})
 	r.caughtUp(20*time.Second, &running{p: p})
-	tx, err := r.store.Pool().Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
-	_, err = tx.Exec(ctx, `SELECT 1 FROM `+r.store.JobsTable()+` WHERE job_id = 'stall' FOR UPDATE`)
-	require.NoError(t, err)
+	tx := lockRow(t, r, "stall")
 	r.produce(rec{0, "stall", snap("stall", 2, `{"n":2}`)})
 	r.eventually(20*time.Second, "the stalled batch is logged", func() (bool, string) {
 		return strings.Contains(logs.String(), "batch transaction still running"), "no stall line yet"
@@ -79,11 +76,7 @@ func TestSlowBatchWithinItsLimitIsNotAStall(t *testing.T) {
 
 	r.produce(rec{0, "slow", snap("slow", 1, `{"n":1}`)})
 	r.caughtUp(20*time.Second, &running{p: p})
-	tx, err := r.store.Pool().Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
-	_, err = tx.Exec(ctx, `SELECT 1 FROM `+r.store.JobsTable()+` WHERE job_id = 'slow' FOR UPDATE`)
-	require.NoError(t, err)
+	tx := lockRow(t, r, "slow")
 	r.produce(rec{0, "slow", snap("slow", 2, `{"n":2}`)})
 	// The batch waits on the lock: once it has run for three stall
 	// timeouts (its own log says so), the instance must still be running,
@@ -129,4 +122,18 @@ func runLogged(t *testing.T, r *rig, stall time.Duration, mod ...func(*Config)) 
 		<-done
 	})
 	return p, logs, done
+}
+
+// lockRow holds job's row locked in a transaction of its own, rolled back
+// when t ends if the test has not ended it: a batch that writes the row
+// waits for it.
+func lockRow(t *testing.T, r *rig, job string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := r.store.Pool().Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	_, err = tx.Exec(ctx, `SELECT 1 FROM `+r.store.JobsTable()+` WHERE job_id = $1 FOR UPDATE`, job)
+	require.NoError(t, err)
+	return tx
 }
