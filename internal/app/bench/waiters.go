@@ -1,10 +1,14 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/projector/projector/store"
@@ -36,20 +40,23 @@ func (r *run) holdWaiters(ctx context.Context, st *store.Store, n int) (release 
 	runtime.GC()
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	goroutines := runtime.NumGoroutine()
+	// The waits' goroutines (the callers', the Waiter's and those they
+	// start) carry a label, so what they take is counted apart from the
+	// rest of the process, whose goroutines come and go meanwhile.
+	labels := pprof.Labels(waitsLabel, waitsLabel)
 	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	ran := make(chan struct{})
-	go func() {
+	go pprof.Do(runCtx, labels, func(runCtx context.Context) {
 		defer close(ran)
 		_ = w.Run(runCtx)
-	}()
+	})
 	waitCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan error, n)
 	for i := range n {
-		go func() {
+		go pprof.Do(waitCtx, labels, func(waitCtx context.Context) {
 			_, err := w.WaitJob(waitCtx, fmt.Sprintf("never-written-%d", i), 1)
 			done <- err
-		}()
+		})
 	}
 	release = func() {
 		cancel()
@@ -62,13 +69,11 @@ func (r *run) holdWaiters(ctx context.Context, st *store.Store, n int) (release 
 	}
 	// Held, and each read once: a run beside them measures waits held,
 	// not waits arriving (whose first read is one query for all of them).
-	// What they take is counted as soon as all are held: the longer the
-	// count waits, the more of the process's other goroutines (the last
-	// run's, ending) leave in between and hide some of theirs.
+	// What they take is counted as soon as all are held.
 	counted := false
 	count := func() {
 		counted = true
-		r.rep.WaitersGoroutines = runtime.NumGoroutine() - goroutines
+		r.rep.WaitersGoroutines = labeledGoroutines(waitsLabel, waitsLabel)
 		runtime.GC()
 		runtime.ReadMemStats(&after)
 		r.rep.WaitersHeapBytes = int64(after.HeapAlloc) - int64(before.HeapAlloc)
@@ -88,4 +93,30 @@ func (r *run) holdWaiters(ctx context.Context, st *store.Store, n int) (release 
 		count()
 	}
 	return release, nil
+}
+
+// waitsLabel labels the goroutines of the waits a run holds.
+const waitsLabel = "bench-waits"
+
+// labeledGoroutines counts this process's goroutines labelled key=value
+// (runtime/pprof), from the goroutine profile's text form: each stack's
+// count, then its labels on the line after.
+func labeledGoroutines(key, value string) int {
+	var b bytes.Buffer
+	if err := pprof.Lookup("goroutine").WriteTo(&b, 1); err != nil {
+		return 0
+	}
+	want := strconv.Quote(key) + ":" + strconv.Quote(value)
+	total, count := 0, 0
+	for _, line := range strings.Split(b.String(), "\n") {
+		if n, _, ok := strings.Cut(line, " @ "); ok {
+			count, _ = strconv.Atoi(n)
+			continue
+		}
+		if strings.HasPrefix(line, "# labels: ") && strings.Contains(line, want) {
+			total += count
+			count = 0
+		}
+	}
+	return total
 }
