@@ -20,13 +20,14 @@ func TestBenchTable(t *testing.T) {
 	require.Regexp(t, `(?m)^WRITER\s+EVENTS\s+SECONDS\s+EVENTS/S\s+x RAW COPY\s+NOTE$`, r.stdout, "%s", r)
 	for _, row := range []string{
 		`raw COPY \(no versions, no key: the ceiling\)\s+\d+\s+[\d.]+\s+\d+\s+1\.00`,
+		`keyed upserts, a row per job per batch \(no Kafka, no version rules: the keyed ceiling\)\s+\d+\s+[\d.]+\s+\d+\s+[\d.]+`,
 		`naive: group Reader, an upsert and a commit per event\s+20\s`,
 		`pgx.Batch of single upserts, 1000 per tx\s+\d+\s`,
 		`projector \(Kafka to PostgreSQL, end to end\)\s+\d+\s+[\d.]+\s+\d+\s+[\d.]+\s+.*checked exact`,
 	} {
 		require.Regexp(t, `(?m)^`+row, r.stdout, "%s", r)
 	}
-	require.Regexp(t, `(?m)^projector: [\d.]+x raw COPY, [\d.]+x the naive consumer; peak heap [\d.]+ MiB, peak RSS [\d.]+ MiB \(projector: child process.*; broker: child process`, r.stdout, "%s", r)
+	require.Regexp(t, `(?m)^projector: [\d.]+x raw COPY, [\d.]+x the keyed ceiling, [\d.]+x the naive consumer; peak heap [\d.]+ MiB, peak RSS [\d.]+ MiB \(projector: child process.*; broker: child process`, r.stdout, "%s", r)
 }
 
 // TestBenchJSON runs every part of the benchmark once, small, and checks
@@ -44,7 +45,7 @@ func TestBenchJSON(t *testing.T) {
 	require.Equal(t, "clustered", got["shape"], "the default shape")
 	require.Contains(t, got["projector"], "child process", "the projector's memory is measured in a process of its own")
 	for _, k := range []string{"events", "projector_events_per_second", "projector_ratio_to_copy", "projector_ratio_to_naive",
-		"peak_heap_bytes", "peak_rss_bytes", "distinct_jobs_per_batch", "growth_ratio", "empty_table_events_per_second", "rebuild_seconds",
+		"projector_ratio_to_keyed", "peak_heap_bytes", "peak_rss_bytes", "distinct_jobs_per_batch", "growth_ratio", "empty_table_events_per_second", "rebuild_seconds",
 		"rebuild_ratio_to_copy", "latency_p50_ms", "latency_p99_ms", "latency_max_ms"} {
 		v, ok := got[k].(float64)
 		require.True(t, ok, "%s is a number: %s", k, r.stdout)
@@ -65,6 +66,7 @@ func TestBenchJSON(t *testing.T) {
 	}
 	require.Equal(t, []string{
 		"raw COPY (no versions, no key: the ceiling)",
+		"keyed upserts, a row per job per batch (no Kafka, no version rules: the keyed ceiling)",
 		"naive: group Reader, an upsert and a commit per event",
 		"projector (Kafka to PostgreSQL, end to end)",
 		"projector, 2000 rows already in the table",

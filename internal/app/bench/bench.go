@@ -21,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/projector/projector/event"
 	"github.com/projector/projector/internal/app/broker"
@@ -123,20 +124,23 @@ type Writer struct {
 
 // Report is everything one run measured; its JSON is `projector bench --json`.
 type Report struct {
-	Mix                       string   `json:"mix"`
-	Shape                     string   `json:"shape"`
-	Events                    int      `json:"events"`
-	Jobs                      int      `json:"jobs"`
-	BatchSize                 int      `json:"batch_size"`
-	DistinctJobsPerBatch      float64  `json:"distinct_jobs_per_batch"`
-	DistinctJobsPerBatchHow   string   `json:"distinct_jobs_per_batch_how"`
-	Partitions                int      `json:"partitions"`
-	StateBytes                int      `json:"state_bytes"`
-	MeanStateBytes            int      `json:"mean_state_bytes"`
-	CPUs                      int      `json:"cpus"`
-	ProjectorEventsPerSecond  float64  `json:"projector_events_per_second"`
-	ProjectorRatioToCopy      float64  `json:"projector_ratio_to_copy"`
-	ProjectorRatioToNaive     float64  `json:"projector_ratio_to_naive"`
+	Mix                      string  `json:"mix"`
+	Shape                    string  `json:"shape"`
+	Events                   int     `json:"events"`
+	Jobs                     int     `json:"jobs"`
+	BatchSize                int     `json:"batch_size"`
+	DistinctJobsPerBatch     float64 `json:"distinct_jobs_per_batch"`
+	DistinctJobsPerBatchHow  string  `json:"distinct_jobs_per_batch_how"`
+	Partitions               int     `json:"partitions"`
+	StateBytes               int     `json:"state_bytes"`
+	MeanStateBytes           int     `json:"mean_state_bytes"`
+	CPUs                     int     `json:"cpus"`
+	ProjectorEventsPerSecond float64 `json:"projector_events_per_second"`
+	ProjectorRatioToCopy     float64 `json:"projector_ratio_to_copy"`
+	ProjectorRatioToNaive    float64 `json:"projector_ratio_to_naive"`
+	// ProjectorRatioToKeyed is the projector's rate over the keyed
+	// ceiling's ([keyedUpserts]): how near it comes to writing only rows.
+	ProjectorRatioToKeyed     float64  `json:"projector_ratio_to_keyed"`
 	PeakHeapBytes             int64    `json:"peak_heap_bytes"`
 	PeakRSSBytes              int64    `json:"peak_rss_bytes"`
 	HeapBeforeBytes           int64    `json:"heap_before_bytes"`
@@ -378,6 +382,13 @@ func (r *run) measure(ctx context.Context) error {
 	}
 	r.add(w)
 	r.checkpoint(ctx)
+	w, err = keyedUpserts(ctx, r.pool, r.schema, events, cfg.Partitions, cfg.BatchSize)
+	if err != nil {
+		return fmt.Errorf("bench: keyed upserts: %w", err)
+	}
+	r.add(w)
+	keyedRate := r.rep.Writers[len(r.rep.Writers)-1].EventsPerSecond
+	r.checkpoint(ctx)
 	w, err = naive(ctx, r, topic)
 	if err != nil {
 		return fmt.Errorf("bench: naive: %w", err)
@@ -444,6 +455,7 @@ func (r *run) measure(ctx context.Context) error {
 	r.rep.ProjectorEventsPerSecond = main.rate
 	r.rep.ProjectorRatioToCopy = main.rate / r.rep.Writers[0].EventsPerSecond
 	r.rep.ProjectorRatioToNaive = main.rate / naiveRate
+	r.rep.ProjectorRatioToKeyed = main.rate / keyedRate
 
 	if cfg.Rebuild {
 		if err := r.rebuild(ctx, topic, empty.store, truth); err != nil {
@@ -603,7 +615,7 @@ func (r *run) produce(ctx context.Context, topic string, stream *jobgen.Stream) 
 			if err != nil {
 				return nil, fmt.Errorf("bench: a generated record does not decode: %w", err)
 			}
-			if err := events.add(ev); err != nil {
+			if err := events.add(rec.Partition, ev); err != nil {
 				return nil, err
 			}
 		}
@@ -945,8 +957,8 @@ func Print(out io.Writer, rep *Report) {
 		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%.2f\t%s\n", w.Name, w.Events, w.Seconds, w.EventsPerSecond, w.RatioToCopy, note)
 	}
 	tw.Flush()
-	fmt.Fprintf(out, "\nprojector: %.2fx raw COPY, %.1fx the naive consumer; peak heap %s, peak RSS %s (projector: %s; broker: %s)\n",
-		rep.ProjectorRatioToCopy, rep.ProjectorRatioToNaive, mib(rep.PeakHeapBytes), mib(rep.PeakRSSBytes), rep.Projector, rep.Broker)
+	fmt.Fprintf(out, "\nprojector: %.2fx raw COPY, %.2fx the keyed ceiling, %.1fx the naive consumer; peak heap %s, peak RSS %s (projector: %s; broker: %s)\n",
+		rep.ProjectorRatioToCopy, rep.ProjectorRatioToKeyed, rep.ProjectorRatioToNaive, mib(rep.PeakHeapBytes), mib(rep.PeakRSSBytes), rep.Projector, rep.Broker)
 	fmt.Fprintf(out, "stream: shape %s, %d jobs, %.1f distinct jobs a batch of %d; the bench process's peak RSS %s (the stream is made as it is produced, never whole)\n",
 		rep.Shape, rep.Jobs, rep.DistinctJobsPerBatch, rep.BatchSize, mib(rep.BenchPeakRSSBytes))
 	if rep.Preload > 0 {
@@ -974,3 +986,134 @@ func JSON(out io.Writer, rep *Report) error {
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+// keyedUpserts is the keyed ceiling: the least any read model keyed by job
+// must write for this stream, and nothing else. The log is cut into the
+// batches the projector reads (each partition's records in log order,
+// batchSize at a time); each batch is reduced to the last version of each
+// of its jobs and written by one upsert of a row per job (the version
+// guard in its WHERE, as a keyed model needs), in a transaction of its
+// own, every partition at once on the pool. No Kafka, no positions, no
+// version rules, no deltas applied: a delta's ops are stored as its job's
+// state, and they are smaller than the state they would make, so if
+// anything this ceiling is high. On a stream whose jobs' events are far
+// apart, nearly every event is a row to find and rewrite: no writer of a
+// keyed model goes faster than this on it.
+func keyedUpserts(ctx context.Context, pool *pgxpool.Pool, schema string, events *spill, partitions, batchSize int) (Writer, error) {
+	w := Writer{Name: "keyed upserts, a row per job per batch (no Kafka, no version rules: the keyed ceiling)", Events: events.n,
+		Note: fmt.Sprintf("decoded before timing, read back from a file; each partition's log cut every %d records, one upsert statement per batch, %d partitions at once", batchSize, partitions)}
+	t, err := table(ctx, pool, schema, "keyed")
+	if err != nil {
+		return w, err
+	}
+	took, err := keyedInto(ctx, pool, t, events, partitions, batchSize)
+	if err != nil {
+		return w, err
+	}
+	w.Seconds = took.Seconds()
+	_, err = pool.Exec(ctx, `DROP TABLE `+t)
+	return w, err
+}
+
+// keyedBatch is one batch of the keyed ceiling: a row per job.
+type keyedBatch struct {
+	ids    []string
+	vers   []int64
+	states []string
+	at     map[string]int // job id to its row
+	n      int            // records read into it
+}
+
+// add takes an event into the batch: a new row for a job not in it yet,
+// else the job's row if the event is of a later version.
+func (b *keyedBatch) add(job string, version int64, state string) {
+	if state == "" {
+		state = "null" // a delete has no body
+	}
+	b.n++
+	if i, ok := b.at[job]; ok {
+		if version > b.vers[i] {
+			b.vers[i], b.states[i] = version, state
+		}
+		return
+	}
+	b.at[job] = len(b.ids)
+	b.ids, b.vers, b.states = append(b.ids, job), append(b.vers, version), append(b.states, state)
+}
+
+// keyedInto writes the keyed ceiling's rows into table t (see
+// [keyedUpserts]) and says how long that took.
+func keyedInto(ctx context.Context, pool *pgxpool.Pool, t string, events *spill, partitions, batchSize int) (time.Duration, error) {
+	upsert := `INSERT INTO ` + t + ` AS t (job_id, version, state)
+		SELECT i.job_id, i.version, i.state::jsonb FROM unnest($1::text[], $2::bigint[], $3::text[]) AS i(job_id, version, state)
+		ON CONFLICT (job_id) DO UPDATE SET version = excluded.version, state = excluded.state, updated_at = now()
+		WHERE t.version < excluded.version`
+	g, gctx := errgroup.WithContext(ctx)
+	queues := make([]chan *keyedBatch, partitions)
+	for p := range queues {
+		q := make(chan *keyedBatch, 1)
+		queues[p] = q
+		g.Go(func() error {
+			for b := range q {
+				if _, err := pool.Exec(gctx, upsert, b.ids, b.vers, b.states); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	fresh := func() *keyedBatch { return &keyedBatch{at: make(map[string]int, batchSize)} }
+	filling := make([]*keyedBatch, partitions)
+	for p := range filling {
+		filling[p] = fresh()
+	}
+	send := func(p int) error {
+		select {
+		case queues[p] <- filling[p]:
+			filling[p] = fresh()
+			return nil
+		case <-gctx.Done():
+			return gctx.Err()
+		}
+	}
+	start := time.Now()
+	read := func() error {
+		defer func() {
+			for _, q := range queues {
+				close(q)
+			}
+		}()
+		rows := events.rows()
+		for rows.Next() {
+			p := rows.partition
+			if p < 0 || p >= partitions {
+				return fmt.Errorf("an event of partition %d, of %d", p, partitions)
+			}
+			filling[p].add(rows.jobID, rows.version, rows.body)
+			if filling[p].n == batchSize {
+				if err := send(p); err != nil {
+					return err
+				}
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for p, b := range filling {
+			if b.n > 0 {
+				if err := send(p); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	readErr := read()
+	if err := g.Wait(); err != nil {
+		return 0, err
+	}
+	if readErr != nil {
+		return 0, readErr
+	}
+	return time.Since(start), nil
+}

@@ -11,8 +11,8 @@ import (
 	"github.com/projector/projector/event"
 )
 
-// spill is the stream's events, decoded (job id, version, and the state of
-// a snapshot or the ops of a delta), in an unlinked temporary file: written
+// spill is the stream's events, decoded (partition, job id, version, and
+// the state of a snapshot or the ops of a delta), in an unlinked temporary file: written
 // once while the stream is produced, and read back by the baselines a
 // buffer at a time, so that the bench never holds every event.
 type spill struct {
@@ -33,9 +33,10 @@ func newSpill() (*spill, error) {
 	return &spill{f: f, w: bufio.NewWriterSize(f, 1<<20)}, nil
 }
 
-// add appends an event.
-func (s *spill) add(ev event.Event) error {
-	b := binary.AppendUvarint(s.buf[:0], uint64(len(ev.JobID)))
+// add appends an event of partition p.
+func (s *spill) add(p int, ev event.Event) error {
+	b := binary.AppendUvarint(s.buf[:0], uint64(p))
+	b = binary.AppendUvarint(b, uint64(len(ev.JobID)))
 	b = append(b, ev.JobID...)
 	b = binary.AppendVarint(b, ev.Version)
 	body := ev.State
@@ -70,9 +71,10 @@ func (s *spill) rows() *spillRows {
 
 // spillRows reads a spill's events one by one.
 type spillRows struct {
-	r       *bufio.Reader
-	buf     []byte
-	jobID   string
+	r         *bufio.Reader
+	buf       []byte
+	partition int
+	jobID     string
 	version int64
 	body    string
 	err     error
@@ -83,9 +85,14 @@ func (s *spillRows) Next() bool {
 	if s.err != nil {
 		return false
 	}
-	n, err := binary.ReadUvarint(s.r)
+	p, err := binary.ReadUvarint(s.r)
 	if errors.Is(err, io.EOF) {
 		return false
+	}
+	s.partition = int(p)
+	var n uint64
+	if err == nil {
+		n, err = binary.ReadUvarint(s.r)
 	}
 	if err == nil {
 		s.jobID, err = s.str(n)
