@@ -92,10 +92,14 @@ type Gap struct {
 type entry struct {
 	Gap
 	// until is where the job's log ended when it began to wait (-1: not
-	// known, or not a log): its first attempt waits, beyond Wait, until
-	// the lane has read that far, since the missing version may simply
-	// not be read yet ([Detector.HoldUntil]).
+	// a log; endToLearn: the lane's end is not known yet): its first
+	// attempt waits, beyond Wait, until the lane has read that far, since
+	// the missing version may simply not be read yet
+	// ([Detector.HoldUntil], [Detector.HoldRestored]).
 	until int64
+	// from starts the clock of that wait's bound: when the job began to
+	// wait, or when it was restored.
+	from time.Time
 	// While it does, the entry is also in the detector's gate, ordered
 	// by until (gi its place there, -1 when not), and its due time is put
 	// off to the end of that wait; due is the time it had.
@@ -122,13 +126,20 @@ type Detector struct {
 	// gate holds the jobs whose first attempt waits for the lane to read
 	// on, ordered by how far ([Detector.HoldUntil]).
 	gate gateQueue
+	// read is the furthest position a Take was given, and moved when it
+	// last grew: a lane that keeps reading keeps its gated jobs waiting.
+	read  int64
+	moved time.Time
+	// toLearn counts the jobs whose log end is not known yet
+	// ([Detector.HoldRestored]).
+	toLearn int
 	// version counts changes, for callers that cache a view of the gaps.
 	version uint64
 }
 
 // NewDetector returns a detector with no held jobs.
 func NewDetector(p Policy) *Detector {
-	return &Detector{policy: p.WithDefaults(), gaps: map[string]*entry{}}
+	return &Detector{policy: p.WithDefaults(), gaps: map[string]*entry{}, read: -1}
 }
 
 // Policy is the policy in force.
@@ -165,23 +176,89 @@ func (d *Detector) HoldUntil(job string, since time.Time, end int64) {
 		}
 		return
 	}
+	d.add(job, since, end, since)
+}
+
+// add holds a job not held yet.
+func (d *Detector) add(job string, since time.Time, end int64, from time.Time) *entry {
 	e := &entry{Gap: Gap{JobID: job, Since: since, NextAttempt: since.Add(d.policy.Wait), LastStep: StepWait,
-		Timeout: d.policy.SnapshotTimeout}, until: end, gi: -1}
+		Timeout: d.policy.SnapshotTimeout}, until: end, from: from, gi: -1}
 	d.gaps[job] = e
 	heap.Push(&d.queue, e)
+	if end == endToLearn {
+		d.toLearn++
+	}
+	return e
+}
+
+// endToLearn marks a job whose lane's end is not known yet.
+const endToLearn = -2
+
+// HoldRestored is [Detector.HoldUntil] for a job held since since that a
+// new owner of its lane restores at now, before the lane's end is known
+// ([Detector.LogEnd] gives it): its first attempt waits for the lane to
+// read as far as its log ends, with the bound counted from now. A job
+// held already keeps its own wait.
+func (d *Detector) HoldRestored(job string, since, now time.Time) {
+	if _, ok := d.gaps[job]; ok {
+		d.Hold(job, since)
+		return
+	}
+	d.version++
+	d.add(job, since, endToLearn, now)
+}
+
+// LogEnd tells the jobs restored before their lane's end was known
+// ([Detector.HoldRestored]) where it ends: end, once known (above zero:
+// a lane with a restored held delta has records).
+func (d *Detector) LogEnd(end int64) {
+	if d.toLearn == 0 || end <= 0 {
+		return
+	}
+	for _, e := range d.gaps {
+		if e.until != endToLearn {
+			continue
+		}
+		e.until = end
+		if e.gi >= 0 {
+			heap.Fix(&d.gate, e.gi)
+		}
+	}
+	d.toLearn = 0
+	d.version++
 }
 
 // logWaitFactor bounds how long a first attempt waits for the lane to
-// read as far as its log ended when the gap opened, in Waits: a lane
-// that stopped moving (an outage, a transaction held open) does not keep
-// its held jobs from the other steps for longer.
+// read as far as its log ended when the gap opened, in Waits counted from
+// when the lane last moved (or the wait began, if later): a lane that
+// keeps reading gets there, however far it is, and finds what is late on
+// its way at no cost; one that stopped moving (an outage, a transaction
+// held open) does not keep its held jobs from the other steps for longer.
 const logWaitFactor = 10
 
 // readsFurther reports whether e's first attempt still waits for the lane
 // to read as far as its log ended when e began to wait.
 func (d *Detector) readsFurther(e *entry, now time.Time, position int64) bool {
-	return e.Attempts == 0 && e.until >= 0 && position >= 0 && position < e.until &&
-		d.policy.Wait > 0 && now.Before(e.Since.Add(logWaitFactor*d.policy.Wait))
+	if e.Attempts > 0 || position < 0 || d.policy.Wait <= 0 {
+		return false
+	}
+	switch {
+	case e.until == endToLearn:
+	case e.until < 0 || position >= e.until:
+		return false
+	}
+	return now.Before(d.gateBound(e))
+}
+
+// gateBound is when e's first attempt stops waiting for the lane:
+// logWaitFactor Waits after the lane last moved, or after e began to
+// wait if that was later.
+func (d *Detector) gateBound(e *entry) time.Time {
+	from := e.from
+	if d.moved.After(from) {
+		from = d.moved
+	}
+	return from.Add(logWaitFactor * d.policy.Wait)
 }
 
 // Progress records that a held job moved forward but is still held: it
@@ -198,7 +275,10 @@ func (d *Detector) ProgressUntil(job string, now time.Time, end int64) {
 	}
 	d.version++
 	d.ungate(e)
-	e.Since, e.Attempts, e.LastStep, e.LastErr, e.until = now, 0, StepWait, "", end
+	if e.until == endToLearn {
+		d.toLearn--
+	}
+	e.Since, e.Attempts, e.LastStep, e.LastErr, e.until, e.from = now, 0, StepWait, "", end, now
 	e.progressed = true
 	d.schedule(e, now.Add(d.policy.Wait))
 }
@@ -214,6 +294,9 @@ func (d *Detector) Close(job string) {
 	if e.index >= 0 {
 		heap.Remove(&d.queue, e.index)
 	}
+	if e.until == endToLearn {
+		d.toLearn--
+	}
 	delete(d.gaps, job)
 }
 
@@ -223,6 +306,7 @@ func (d *Detector) Reset() {
 	clear(d.gaps)
 	d.queue = d.queue[:0]
 	d.gate = d.gate[:0]
+	d.toLearn = 0
 }
 
 // Steps lists the steps an attempt runs, in order.
@@ -260,16 +344,25 @@ func (d *Detector) Due(now time.Time) []string {
 // first attempt due before the lane has read as far as its log ended when
 // the job began to wait is put off, uncounted, until the lane has (a later
 // Take with that position) or the wait's bound has passed
-// ([Detector.HoldUntil]). Each job is put off once, and let go once: the
-// cost does not grow with how many wait.
+// ([Detector.HoldUntil]). A job is let go once, and put off once per
+// bound while its lane keeps reading: the cost does not grow with how
+// many wait.
 func (d *Detector) Take(now time.Time, limit int, position int64) []string {
 	if len(d.Steps()) == 0 {
 		return nil
 	}
 	changed := false
+	if position > d.read {
+		// The first position seen is no move: the lane's reading is
+		// measured from there.
+		if d.read >= 0 {
+			d.moved = now
+		}
+		d.read = position
+	}
 	// The lane has read far enough for these: due again at the time they
 	// had.
-	for len(d.gate) > 0 && position >= 0 && d.gate[0].until <= position {
+	for len(d.gate) > 0 && position >= 0 && d.gate[0].until >= 0 && d.gate[0].until <= position {
 		e := heap.Pop(&d.gate).(*entry)
 		e.gi = -1
 		d.schedule(e, e.due)
@@ -278,10 +371,14 @@ func (d *Detector) Take(now time.Time, limit int, position int64) []string {
 	var out []string
 	for len(out) < limit && len(d.queue) > 0 && !now.Before(d.queue[0].NextAttempt) {
 		e := d.queue[0]
-		if e.gi < 0 && d.readsFurther(e, now, position) {
-			e.due = e.NextAttempt
-			d.schedule(e, e.Since.Add(logWaitFactor*d.policy.Wait))
-			heap.Push(&d.gate, e)
+		if d.readsFurther(e, now, position) {
+			// Put off to the bound; one put off already, whose bound
+			// came while its lane kept reading, to the later bound.
+			if e.gi < 0 {
+				e.due = e.NextAttempt
+				heap.Push(&d.gate, e)
+			}
+			d.schedule(e, d.gateBound(e))
 			changed = true
 			continue
 		}
@@ -509,11 +606,13 @@ func (q *dueQueue) Pop() any {
 }
 
 // gateQueue orders the jobs whose first attempt waits for the lane by how
-// far the lane must read.
+// far the lane must read; those whose lane's end is not known yet last.
 type gateQueue []*entry
 
 func (q gateQueue) Len() int           { return len(q) }
-func (q gateQueue) Less(i, j int) bool { return q[i].until < q[j].until }
+func (q gateQueue) Less(i, j int) bool { return gateKey(q[i]) < gateKey(q[j]) }
+
+func gateKey(e *entry) uint64 { return uint64(e.until) } // endToLearn (negative) is the largest
 func (q gateQueue) Swap(i, j int) {
 	q[i], q[j] = q[j], q[i]
 	q[i].gi, q[j].gi = i, j

@@ -286,5 +286,77 @@ func TestPutOffJobsCostOnceEach(t *testing.T) {
 	require.Equal(t, []string{"j0000", "j0001", "j0002", "j0003", "j0004", "j0005", "j0006", "j0007", "j0008", "j0009"}, got)
 	require.Len(t, d.Take(now.Add(time.Second), 1000, 1500), 491, "the rest let go up to 1500")
 	require.Empty(t, d.Take(now.Add(time.Second), 1000, 1500))
-	require.Len(t, d.Take(t0.Add(11*wait), 1000, 1500), 499, "past the bound the others go too")
+	// The lane moved at now+1s: the others wait ten Waits from then.
+	require.Empty(t, d.Take(t0.Add(11*wait), 1000, 1500), "the lane moved: the bound is counted from its move")
+	require.Len(t, d.Take(now.Add(time.Second+10*wait), 1000, 1500), 499, "past the bound the others go too")
+}
+
+// TestAGateWaitsWhileItsLaneReads: a first attempt waits for its lane as
+// long as the lane keeps reading towards where its log ended, however
+// long that takes (a lane far behind on a log whose jobs' events are far
+// apart); once the lane stops moving, it waits ten Waits more and no
+// longer.
+func TestAGateWaitsWhileItsLaneReads(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	wait := 10 * time.Second
+	d := gapfill.NewDetector(gapfill.Policy{Wait: wait, Reread: true})
+	d.HoldUntil("j", t0, 100_000)
+	pos := int64(0)
+	now := t0
+	for range 60 { // 60 Waits, six times the bound of a lane that stands still
+		now = now.Add(wait)
+		pos += 100
+		require.Empty(t, d.Take(now, 10, pos), "the lane reads on at %d", pos)
+		g, ok := d.Gap("j")
+		require.True(t, ok)
+		require.Zero(t, g.Attempts)
+		require.Equal(t, int64(100_000), g.ReadsTo)
+	}
+	// The lane stops.
+	require.Empty(t, d.Take(now.Add(10*wait-time.Second), 10, pos), "within ten Waits of its last move")
+	require.Equal(t, []string{"j"}, d.Take(now.Add(10*wait), 10, pos), "ten Waits after the lane last moved")
+}
+
+// TestARestoredJobWaitsForItsLaneToReadToItsEnd: a job restored by a new
+// owner of its lane, held long ago, is not taken at once while the lane's
+// end is unknown: once the end is known, its first attempt waits for the
+// lane to read that far; with the end never known, for ten Waits from
+// the restore, not from when it was first held. A job that moves forward
+// waits for the end as given then.
+func TestARestoredJobWaitsForItsLaneToReadToItsEnd(t *testing.T) {
+	t0 := time.Unix(100_000, 0)
+	wait := 10 * time.Second
+	pol := gapfill.Policy{Wait: wait, Reread: true}
+
+	d := gapfill.NewDetector(pol)
+	d.HoldRestored("j", t0.Add(-time.Hour), t0)
+	require.Empty(t, d.Take(t0, 10, 50), "the lane's end is not known yet")
+	g, _ := d.Gap("j")
+	require.Equal(t, int64(-1), g.ReadsTo, "no offset to show yet")
+	require.Equal(t, t0.Add(-time.Hour), g.Since, "held since when it was first held")
+	d.LogEnd(0) // not known: nothing changes
+	require.Empty(t, d.Take(t0.Add(time.Second), 10, 50))
+	d.LogEnd(100)
+	g, _ = d.Gap("j")
+	require.Equal(t, int64(100), g.ReadsTo)
+	require.Empty(t, d.Take(t0.Add(time.Second), 10, 99), "not read that far yet")
+	require.Equal(t, []string{"j"}, d.Take(t0.Add(time.Second), 10, 100), "read that far")
+
+	d = gapfill.NewDetector(pol)
+	d.HoldRestored("j", t0.Add(-time.Hour), t0)
+	require.Empty(t, d.Take(t0.Add(10*wait-time.Second), 10, 50), "the bound counts from the restore")
+	require.Equal(t, []string{"j"}, d.Take(t0.Add(10*wait), 10, 50), "ten Waits after the restore, with no end known")
+
+	d = gapfill.NewDetector(pol)
+	d.HoldRestored("j", t0.Add(-time.Hour), t0)
+	d.ProgressUntil("j", t0.Add(time.Second), 200)
+	d.LogEnd(100)
+	g, _ = d.Gap("j")
+	require.Equal(t, int64(200), g.ReadsTo, "moved forward: it waits for the end as it was then")
+	require.Empty(t, d.Take(t0.Add(time.Second+wait), 10, 150))
+	require.Equal(t, []string{"j"}, d.Take(t0.Add(time.Second+wait), 10, 200))
+
+	d = gapfill.NewDetector(gapfill.Policy{Reread: true}) // waiting off
+	d.HoldRestored("j", t0.Add(-time.Hour), t0)
+	require.Equal(t, []string{"j"}, d.Take(t0, 10, 50), "with waiting off nothing is put off")
 }

@@ -58,8 +58,8 @@ func (w *worker) restore(ctx context.Context) error {
 		start = end
 	}
 	// Held deltas that a row already covers (another writer moved it while
-	// nobody owned the partition) are released by the next attempt: make
-	// every restored gap due at once.
+	// nobody owned the partition) are released by the next attempt, due at
+	// once; the rest wait for the lane first (see holdStored).
 	return nil
 }
 
@@ -106,6 +106,7 @@ func (w *worker) restoreChunk(ctx context.Context, held []store.Held) error {
 // it is never written to, each job gets a copy to add to.
 func (w *worker) holdStored(held []store.Held, rows map[string]store.Job) error {
 	copied := map[string]bool{}
+	since := map[string]time.Time{}
 	for _, h := range held {
 		j, ok := w.cache.get(h.JobID)
 		if !ok {
@@ -130,9 +131,38 @@ func (w *worker) holdStored(held []store.Held, rows map[string]store.Job) error 
 		j.Held[h.Version] = held
 
 		w.cache.put(j)
-		w.detector.Hold(h.JobID, h.Since)
+		if s, ok := since[h.JobID]; !ok || h.Since.Before(s) {
+			since[h.JobID] = h.Since
+		}
+	}
+	// On a log, a restored job whose next version is missing waits, as
+	// one held while running does, for the lane to read as far as its log
+	// ends before its first attempt: a partition claimed behind its end
+	// (a rebalance while catching up) would otherwise re-read its log for
+	// every such job at once, for versions its lane is about to read. One
+	// whose held deltas its row already reaches or covers (another writer
+	// moved it) is due at once: its attempt closes or releases them.
+	now := time.Now()
+	for id, s := range since {
+		j, _ := w.cache.peek(id)
+		if w.lane != nil && w.lane.Caps().Log && lowestHeld(j) > j.Version+1 {
+			w.detector.HoldRestored(id, s, now)
+		} else {
+			w.detector.Hold(id, s)
+		}
 	}
 	return nil
+}
+
+// lowestHeld is the lowest version j holds; 0 when none.
+func lowestHeld(j gapfill.Job) int64 {
+	var low int64
+	for v := range j.Held {
+		if low == 0 || v < low {
+			low = v
+		}
+	}
+	return low
 }
 
 // heldOf is a held row as the detector keeps it; a row read without its
