@@ -75,9 +75,9 @@ type spillRows struct {
 	buf       []byte
 	partition int
 	jobID     string
-	version int64
-	body    string
-	err     error
+	version   int64
+	body      string
+	err       error
 }
 
 // Next reads the next event; false at the end or on an error (see Err).
