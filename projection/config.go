@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"time"
 
@@ -56,11 +57,13 @@ type Config struct {
 	// one, and batches grow with the load without delaying a quiet stream.
 	BatchLinger time.Duration
 	// BatchesInFlight bounds the batches the instance plans and writes at
-	// once, whatever its number of partitions (zero: no bound). Each holds,
-	// while it is planned and written, its records decoded, the rows it
-	// read and its encoded statement; the records fetched stay with each
-	// partition all the same. A bound below the partitions lengthens the
-	// tail of the latency under load.
+	// once, whatever its number of partitions (zero:
+	// [DefaultBatchesInFlight]; one at or above the partitions bounds
+	// nothing). Each holds, while it is planned and written, its records
+	// decoded, the rows it read and its encoded statement; the records
+	// fetched stay with each partition all the same. A bound below the
+	// partitions makes a partition wait for another's transaction at
+	// times.
 	BatchesInFlight int
 	// MaxWait is how long the broker holds a fetch with nothing new to
 	// return: how soon an idle partition's fetcher asks again.
@@ -189,6 +192,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = 5000
+	}
+	if c.BatchesInFlight == 0 {
+		c.BatchesInFlight = DefaultBatchesInFlight()
 	}
 	if c.MaxWait == 0 {
 		c.MaxWait = time.Second
@@ -401,3 +407,11 @@ func (c Config) gapPolicy() gapfill.Policy {
 		SnapshotTimeoutMax: c.SnapshotTimeoutMax,
 	}
 }
+
+// DefaultBatchesInFlight is the default of [Config.BatchesInFlight]: as
+// many batches as the CPUs the process may use (GOMAXPROCS), at least
+// two, so that one is planned while another commits. Planning is CPU
+// work and a commit waits on PostgreSQL: more in flight than that adds
+// memory (a batch in hand holds several KB a record) and no speed, and
+// an instance's memory then does not grow with its partitions.
+func DefaultBatchesInFlight() int { return max(2, runtime.GOMAXPROCS(0)) }

@@ -10,7 +10,8 @@ import (
 // ([Config.BatchesInFlight]), whatever its number of partitions: while a
 // batch is planned and written it holds its records decoded, the rows it
 // read, the states it decoded and encodes and pgx's encoded statement. A nil
-// *batchSlots bounds nothing (the default).
+// *batchSlots bounds nothing (a Config with no bound never makes one:
+// [DefaultBatchesInFlight] applies).
 //
 // A worker waiting for a slot waits for another partition's transaction:
 // it keeps its beat while the slots' holders are within their own time

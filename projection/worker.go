@@ -88,7 +88,7 @@ type worker struct {
 type workerDeps struct {
 	store *store.Store
 	cfg   workerConfig
-	// slots bounds the instance's batches in flight (nil: no bound).
+	// slots bounds the instance's batches in flight.
 	slots *batchSlots
 	// resolver runs held jobs' re-reads and snapshot fetches, nil when the
 	// gap policy has neither; fetchers is the instance's pool that asks the

@@ -70,7 +70,7 @@ from it (missing, behind, ahead, differs, extra) without swapping.
 
 Its batches are larger than run's (--batch-size 10000); --batches-in-flight
 and --memory-limit work as in run. Where memory is tight, lower --batch-size
-or set --batches-in-flight.
+or --batches-in-flight.
 
 Example:
   DATABASE_URL=postgres://app@db:5432/app projector rebuild --brokers kafka-1:9092 --snapshot-url http://authority:8080`,

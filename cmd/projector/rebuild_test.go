@@ -47,7 +47,7 @@ func TestRebuildHelpSaysWhatDiffersFromRun(t *testing.T) {
 	help := strings.Join(strings.Fields(r.stdout), " ")
 	require.Regexp(t, `--batch-size int \[PROJECTOR_BATCH_SIZE\] [^\[]*\(default 10000\)`, help)
 	require.NotContains(t, help, "GOGC", "the rebuild leaves the collector's target as the environment sets it")
-	require.Contains(t, help, "Where memory is tight, lower --batch-size or set --batches-in-flight")
+	require.Contains(t, help, "Where memory is tight, lower --batch-size or --batches-in-flight")
 }
 
 // TestRebuild: after a run built the model and stopped, rows damaged by
