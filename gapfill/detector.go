@@ -126,8 +126,9 @@ type Detector struct {
 	// gate holds the jobs whose first attempt waits for the lane to read
 	// on, ordered by how far ([Detector.HoldUntil]).
 	gate gateQueue
-	// read is the furthest position a Take was given, and moved when it
-	// last grew: a lane that keeps reading keeps its gated jobs waiting.
+	// read is the furthest position the lane was seen at ([Detector.Lane],
+	// [Detector.Take]), and moved when it last grew: a lane that keeps
+	// reading keeps its gated jobs waiting.
 	read  int64
 	moved time.Time
 	// toLearn counts the jobs whose log end is not known yet
@@ -208,10 +209,14 @@ func (d *Detector) HoldRestored(job string, since, now time.Time) {
 	d.add(job, since, endToLearn, now)
 }
 
-// LogEnd tells the jobs restored before their lane's end was known
-// ([Detector.HoldRestored]) where it ends: end, once known (above zero:
-// a lane with a restored held delta has records).
-func (d *Detector) LogEnd(end int64) {
+// Lane records where the lane reads next (position) and where its log
+// ends (end) at now, on every turn of the lane's loop, whether or not an
+// attempt is taken: a move of position restarts the bound of the gated
+// jobs' wait, and end, once known (above zero: a lane with a restored
+// held delta has records), is what the jobs restored before it was known
+// ([Detector.HoldRestored]) wait for. -1 for either: not a log.
+func (d *Detector) Lane(position, end int64, now time.Time) {
+	d.reading(position, now)
 	if d.toLearn == 0 || end <= 0 {
 		return
 	}
@@ -250,15 +255,38 @@ func (d *Detector) readsFurther(e *entry, now time.Time, position int64) bool {
 	return now.Before(d.gateBound(e))
 }
 
+// logWaitMax bounds the whole wait of a first attempt for its lane, in
+// Waits from when it began, however steadily the lane reads: a version
+// that is lost, not late, is then sought by the other steps at last.
+const logWaitMax = 60
+
 // gateBound is when e's first attempt stops waiting for the lane:
 // logWaitFactor Waits after the lane last moved, or after e began to
-// wait if that was later.
+// wait if that was later, and logWaitMax Waits after it began at most.
+// A job whose lane's end is not known yet has no target the lane's
+// moves bring nearer: logWaitFactor Waits after it began.
 func (d *Detector) gateBound(e *entry) time.Time {
 	from := e.from
-	if d.moved.After(from) {
+	if d.moved.After(from) && e.until != endToLearn {
 		from = d.moved
 	}
-	return from.Add(logWaitFactor * d.policy.Wait)
+	bound := from.Add(logWaitFactor * d.policy.Wait)
+	if most := e.from.Add(logWaitMax * d.policy.Wait); bound.After(most) {
+		bound = most
+	}
+	return bound
+}
+
+// reading records the lane's position at now.
+func (d *Detector) reading(position int64, now time.Time) {
+	if position > d.read {
+		// The first position seen is no move: the lane's reading is
+		// measured from there.
+		if d.read >= 0 {
+			d.moved = now
+		}
+		d.read = position
+	}
 }
 
 // Progress records that a held job moved forward but is still held: it
@@ -307,6 +335,7 @@ func (d *Detector) Reset() {
 	d.queue = d.queue[:0]
 	d.gate = d.gate[:0]
 	d.toLearn = 0
+	d.read, d.moved = -1, time.Time{}
 }
 
 // Steps lists the steps an attempt runs, in order.
@@ -352,14 +381,7 @@ func (d *Detector) Take(now time.Time, limit int, position int64) []string {
 		return nil
 	}
 	changed := false
-	if position > d.read {
-		// The first position seen is no move: the lane's reading is
-		// measured from there.
-		if d.read >= 0 {
-			d.moved = now
-		}
-		d.read = position
-	}
+	d.reading(position, now)
 	// The lane has read far enough for these: due again at the time they
 	// had.
 	for len(d.gate) > 0 && position >= 0 && d.gate[0].until >= 0 && d.gate[0].until <= position {

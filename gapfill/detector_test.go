@@ -292,18 +292,20 @@ func TestPutOffJobsCostOnceEach(t *testing.T) {
 }
 
 // TestAGateWaitsWhileItsLaneReads: a first attempt waits for its lane as
-// long as the lane keeps reading towards where its log ended, however
-// long that takes (a lane far behind on a log whose jobs' events are far
-// apart); once the lane stops moving, it waits ten Waits more and no
-// longer.
+// long as the lane keeps reading towards where its log ended (a lane far
+// behind on a log whose jobs' events are far apart), up to sixty Waits in
+// all; once the lane stops moving, it waits ten Waits more and no longer.
+// A move the lane reports on its own turn ([gapfill.Detector.Lane]) counts
+// as one a Take sees does.
 func TestAGateWaitsWhileItsLaneReads(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	wait := 10 * time.Second
-	d := gapfill.NewDetector(gapfill.Policy{Wait: wait, Reread: true})
+	pol := gapfill.Policy{Wait: wait, Reread: true}
+	d := gapfill.NewDetector(pol)
 	d.HoldUntil("j", t0, 100_000)
 	pos := int64(0)
 	now := t0
-	for range 60 { // 60 Waits, six times the bound of a lane that stands still
+	for range 40 { // four times the bound of a lane that stands still
 		now = now.Add(wait)
 		pos += 100
 		require.Empty(t, d.Take(now, 10, pos), "the lane reads on at %d", pos)
@@ -315,6 +317,67 @@ func TestAGateWaitsWhileItsLaneReads(t *testing.T) {
 	// The lane stops.
 	require.Empty(t, d.Take(now.Add(10*wait-time.Second), 10, pos), "within ten Waits of its last move")
 	require.Equal(t, []string{"j"}, d.Take(now.Add(10*wait), 10, pos), "ten Waits after the lane last moved")
+
+	// A lane that never stops: sixty Waits in all.
+	d = gapfill.NewDetector(pol)
+	d.HoldUntil("j", t0, 100_000)
+	pos, now = 0, t0
+	for range 59 {
+		now = now.Add(wait)
+		pos += 100
+		require.Empty(t, d.Take(now, 10, pos), "the lane reads on at %d", pos)
+	}
+	require.Equal(t, []string{"j"}, d.Take(t0.Add(60*wait), 10, pos+100), "sixty Waits after it began, however the lane reads")
+
+	// Moves seen between Takes (no attempt could be taken then) count.
+	d = gapfill.NewDetector(pol)
+	d.HoldUntil("j", t0, 1000)
+	require.Empty(t, d.Take(t0.Add(wait), 10, 10), "put off")
+	d.Lane(20, 1000, t0.Add(2*wait))
+	require.Empty(t, d.Take(t0.Add(11*wait), 10, 20), "ten Waits from the move the lane reported, not from the Take before")
+	require.Equal(t, []string{"j"}, d.Take(t0.Add(12*wait), 10, 20))
+}
+
+// TestGatedJobsOfKnownAndUnknownEndsGoTheirOwnWays: a job whose lane's
+// end is not known yet sits in the gate with those whose end is, and
+// holds none of them up: each known one goes once the lane reads to its
+// end.
+func TestGatedJobsOfKnownAndUnknownEndsGoTheirOwnWays(t *testing.T) {
+	t0 := time.Unix(100_000, 0)
+	wait := 10 * time.Second
+	d := gapfill.NewDetector(gapfill.Policy{Wait: wait, Reread: true})
+	d.HoldRestored("r", t0.Add(-time.Hour), t0)
+	d.HoldUntil("k", t0, 60)
+	require.Empty(t, d.Take(t0.Add(wait), 10, 50), "both put off")
+	require.Equal(t, []string{"k"}, d.Take(t0.Add(wait+time.Second), 10, 60), "k's end is read; r's is not known")
+	require.Empty(t, d.Take(t0.Add(wait+2*time.Second), 10, 70))
+}
+
+// TestAJobThatStopsWaitingForAnEndIsNotLookedFor: once no held job waits
+// for the lane's end, telling the detector the end walks nothing (a
+// restored job closed, or moved forward, before the end was known).
+func TestAJobThatStopsWaitingForAnEndIsNotLookedFor(t *testing.T) {
+	t0 := time.Unix(100_000, 0)
+	wait := 10 * time.Second
+	for name, stop := range map[string]func(d *gapfill.Detector){
+		"closed":         func(d *gapfill.Detector) { d.Close("r") },
+		"moved forward":  func(d *gapfill.Detector) { d.ProgressUntil("r", t0, 500) },
+		"detector reset": func(d *gapfill.Detector) { d.Reset() },
+	} {
+		d := gapfill.NewDetector(gapfill.Policy{Wait: wait, Reread: true})
+		d.HoldRestored("r", t0.Add(-time.Hour), t0)
+		stop(d)
+		v := d.Version()
+		d.Lane(10, 100, t0.Add(time.Second))
+		require.Equal(t, v, d.Version(), "%s: no job waits for the end", name)
+	}
+	d := gapfill.NewDetector(gapfill.Policy{Wait: wait, Reread: true})
+	d.HoldRestored("r", t0.Add(-time.Hour), t0)
+	v := d.Version()
+	d.Lane(10, 100, t0.Add(time.Second))
+	require.NotEqual(t, v, d.Version(), "one waits: it learns the end")
+	g, _ := d.Gap("r")
+	require.Equal(t, int64(100), g.ReadsTo)
 }
 
 // TestARestoredJobWaitsForItsLaneToReadToItsEnd: a job restored by a new
@@ -334,9 +397,9 @@ func TestARestoredJobWaitsForItsLaneToReadToItsEnd(t *testing.T) {
 	g, _ := d.Gap("j")
 	require.Equal(t, int64(-1), g.ReadsTo, "no offset to show yet")
 	require.Equal(t, t0.Add(-time.Hour), g.Since, "held since when it was first held")
-	d.LogEnd(0) // not known: nothing changes
+	d.Lane(50, 0, t0.Add(time.Second)) // not known: nothing changes
 	require.Empty(t, d.Take(t0.Add(time.Second), 10, 50))
-	d.LogEnd(100)
+	d.Lane(50, 100, t0.Add(time.Second))
 	g, _ = d.Gap("j")
 	require.Equal(t, int64(100), g.ReadsTo)
 	require.Empty(t, d.Take(t0.Add(time.Second), 10, 99), "not read that far yet")
@@ -347,10 +410,18 @@ func TestARestoredJobWaitsForItsLaneToReadToItsEnd(t *testing.T) {
 	require.Empty(t, d.Take(t0.Add(10*wait-time.Second), 10, 50), "the bound counts from the restore")
 	require.Equal(t, []string{"j"}, d.Take(t0.Add(10*wait), 10, 50), "ten Waits after the restore, with no end known")
 
+	// With no end known, the lane's moves bring nothing nearer.
+	d = gapfill.NewDetector(pol)
+	d.HoldRestored("j", t0.Add(-time.Hour), t0)
+	for i := range 9 {
+		require.Empty(t, d.Take(t0.Add(time.Duration(i+1)*wait), 10, int64(50+i)))
+	}
+	require.Equal(t, []string{"j"}, d.Take(t0.Add(10*wait), 10, 60), "ten Waits after the restore, though the lane moved")
+
 	d = gapfill.NewDetector(pol)
 	d.HoldRestored("j", t0.Add(-time.Hour), t0)
 	d.ProgressUntil("j", t0.Add(time.Second), 200)
-	d.LogEnd(100)
+	d.Lane(50, 100, t0.Add(time.Second))
 	g, _ = d.Gap("j")
 	require.Equal(t, int64(200), g.ReadsTo, "moved forward: it waits for the end as it was then")
 	require.Empty(t, d.Take(t0.Add(time.Second+wait), 10, 150))

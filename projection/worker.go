@@ -231,7 +231,7 @@ func (w *worker) run(ctx context.Context) error {
 		res := w.attempts.collect(w)
 		if caps.Log {
 			w.hwm, w.stable = src.Ends()
-			w.detector.LogEnd(w.logEnd())
+			w.detector.Lane(w.readPosition(), w.logEnd(), time.Now())
 		}
 		// A position the source moved without records is stored on its
 		// own when nothing else is to be committed: the stored position
