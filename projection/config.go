@@ -58,12 +58,12 @@ type Config struct {
 	BatchLinger time.Duration
 	// BatchesInFlight bounds the batches the instance plans and writes at
 	// once, whatever its number of partitions (zero:
-	// [DefaultBatchesInFlight]; one at or above the partitions bounds
-	// nothing). Each holds, while it is planned and written, its records
-	// decoded, the rows it read and its encoded statement; the records
-	// fetched stay with each partition all the same. A bound below the
-	// partitions makes a partition wait for another's transaction at
-	// times.
+	// [DefaultBatchesInFlight]; -1: no bound). Each holds, while it is
+	// planned and written, its records decoded, the rows it read and its
+	// encoded statement; the records fetched stay with each partition all
+	// the same. A bound below the partitions makes a partition wait for
+	// another's transaction at times, and batches held up by a lock in
+	// PostgreSQL then hold up the instance's other partitions too.
 	BatchesInFlight int
 	// MaxWait is how long the broker holds a fetch with nothing new to
 	// return: how soon an idle partition's fetcher asks again.
@@ -318,8 +318,8 @@ func (c Config) Validate() error {
 	if c.BatchSize < 1 || c.BatchSize > 1_000_000 {
 		errs = append(errs, fmt.Errorf("batch-size: %d is outside 1..1000000", c.BatchSize))
 	}
-	if c.BatchesInFlight < 0 {
-		errs = append(errs, fmt.Errorf("batches-in-flight: %d is negative", c.BatchesInFlight))
+	if c.BatchesInFlight < -1 {
+		errs = append(errs, fmt.Errorf("batches-in-flight: %d: want -1 (no bound), 0 (the default) or a bound", c.BatchesInFlight))
 	}
 	if c.BatchLinger < 0 {
 		errs = append(errs, fmt.Errorf("batch-linger: %s is negative", c.BatchLinger))
@@ -408,10 +408,11 @@ func (c Config) gapPolicy() gapfill.Policy {
 	}
 }
 
-// DefaultBatchesInFlight is the default of [Config.BatchesInFlight]: as
-// many batches as the CPUs the process may use (GOMAXPROCS), at least
-// two, so that one is planned while another commits. Planning is CPU
-// work and a commit waits on PostgreSQL: more in flight than that adds
-// memory (a batch in hand holds several KB a record) and no speed, and
-// an instance's memory then does not grow with its partitions.
-func DefaultBatchesInFlight() int { return max(2, runtime.GOMAXPROCS(0)) }
+// DefaultBatchesInFlight is the default of [Config.BatchesInFlight]: two
+// batches for each CPU the process may use (GOMAXPROCS), one planned while
+// another commits, and at least 8, so that a PostgreSQL with more cores
+// than the instance is kept busy and a few partitions held up by row locks
+// do not hold up the rest. An instance of many partitions then does not
+// hold a batch for each (a batch in hand holds several KB a record);
+// where memory is tighter, a lower bound saves more (docs/performance.md).
+func DefaultBatchesInFlight() int { return max(8, 2*runtime.GOMAXPROCS(0)) }

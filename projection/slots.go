@@ -10,8 +10,7 @@ import (
 // ([Config.BatchesInFlight]), whatever its number of partitions: while a
 // batch is planned and written it holds its records decoded, the rows it
 // read, the states it decoded and encodes and pgx's encoded statement. A nil
-// *batchSlots bounds nothing (a Config with no bound never makes one:
-// [DefaultBatchesInFlight] applies).
+// *batchSlots bounds nothing (BatchesInFlight -1).
 //
 // A worker waiting for a slot waits for another partition's transaction:
 // it keeps its beat while the slots' holders are within their own time

@@ -2,6 +2,7 @@ package projection
 
 import (
 	"context"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -120,4 +121,18 @@ func TestASlotWaitIsBoundedOnlyWhileItsHoldersAre(t *testing.T) {
 	s.release(1, h)
 	_, holding := s.holding.Load(1)
 	require.False(t, holding)
+}
+
+// TestBatchesInFlightDefaultsToTwoACPUAtLeastEight: left at zero, the
+// bound is two batches for each CPU the process may use and at least 8;
+// -1 is no bound; below that is refused.
+func TestBatchesInFlightDefaultsToTwoACPUAtLeastEight(t *testing.T) {
+	want := max(8, 2*runtime.GOMAXPROCS(0))
+	require.Equal(t, want, Config{}.WithDefaults().BatchesInFlight)
+	require.Equal(t, want, DefaultBatchesInFlight())
+	require.Equal(t, 3, Config{BatchesInFlight: 3}.WithDefaults().BatchesInFlight)
+	require.Equal(t, -1, Config{BatchesInFlight: -1}.WithDefaults().BatchesInFlight)
+	require.Nil(t, newBatchSlots(-1), "-1 bounds nothing")
+	require.Equal(t, want, cap(newBatchSlots(Config{}.WithDefaults().BatchesInFlight).ch))
+	require.ErrorContains(t, Config{BatchesInFlight: -2}.Validate(), "batches-in-flight: -2")
 }

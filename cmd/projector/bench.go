@@ -30,6 +30,7 @@ type benchOpts struct {
 	stateBytes  int
 	naive       int
 	batchSize   int
+	inFlight    int
 	seed        uint64
 	preload     int
 	waiters     int
@@ -107,6 +108,7 @@ Examples:
 		fs.IntVar(&o.stateBytes, "state-bytes", 0, "size of a job's state in bytes, about (padded with a field no delta touches;\n0 leaves the natural size, about 200 bytes)")
 		fs.IntVar(&o.naive, "naive-sample", 2000, "events the naive consumer handles (its rate is measured on them)")
 		fs.IntVar(&o.batchSize, "batch-size", projection.Config{}.WithDefaults().BatchSize, "the projector's most records per batch transaction")
+		fs.IntVar(&o.inFlight, "batches-in-flight", 0, "the projector's most batches planned and written at once, as projector run's\n(0: its default; -1: no bound), in every run of it and in --rebuild's")
 		fs.Uint64Var(&o.seed, "seed", 1, "seed of the generated stream")
 		fs.IntVar(&o.preload, "preload", 0, "also run into a table already holding this many rows (growth)")
 		fs.IntVar(&o.waiters, "waiters", 0, "also run the projector while this many /wait-like waits are held on jobs the\nstream never writes, and report its rate as a ratio of the run with none")
@@ -180,6 +182,8 @@ Examples:
 			return usagef("--state-bytes %d: must be from 0 to 900000 (a record must fit the broker's 1 MiB)", o.stateBytes)
 		case o.naive < 10:
 			return usagef("--naive-sample %d: must be at least 10", o.naive)
+		case o.inFlight < -1:
+			return usagef("--batches-in-flight %d: want -1 (no bound), 0 (the default) or a bound", o.inFlight)
 		case o.batchSize < 1:
 			return usagef("--batch-size %d: must be at least 1", o.batchSize)
 		case o.preload < 0:
@@ -201,7 +205,7 @@ Examples:
 		}
 		cfg := bench.Config{
 			DatabaseURL: url, Mix: o.mix, Shape: o.shape, Events: o.events, Jobs: o.jobs, Partitions: o.partitions, StateBytes: o.stateBytes,
-			Seed: o.seed, NaiveSample: o.naive, BatchSize: o.batchSize, Preload: o.preload, Waiters: o.waiters,
+			Seed: o.seed, NaiveSample: o.naive, BatchSize: o.batchSize, BatchesInFlight: o.inFlight, Preload: o.preload, Waiters: o.waiters,
 			Live: o.live, LiveRate: o.rate, LiveDuration: o.duration, Rebuild: o.rebuild,
 			Executable: self, ChildArgs: []string{"--log-level", o.log.level, "--log-format", o.log.format, "--memory-limit", o.memory.String()},
 			CPUProfile: o.cpuProfile, AllocProfile: o.memProfile, Progress: progress, Logger: logger,

@@ -36,13 +36,14 @@ func TestBenchTable(t *testing.T) {
 func TestBenchJSON(t *testing.T) {
 	t.Parallel()
 	r := runBin(t, 4*time.Minute, dbEnv(), "bench", "--json", "--mix", "deltas", "--events", "3000", "--jobs", "300",
-		"--partitions", "3", "--state-bytes", "1000", "--naive-sample", "30", "--preload", "2000", "--rebuild",
+		"--partitions", "3", "--state-bytes", "1000", "--naive-sample", "30", "--preload", "2000", "--rebuild", "--batches-in-flight", "2",
 		"--live", "--rate", "400", "--duration", "2s")
 	require.Equal(t, 0, r.code, "%s", r)
 	var got map[string]any
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &got), "stdout is one JSON object: %s", r)
 	require.Equal(t, "deltas", got["mix"])
 	require.Equal(t, "clustered", got["shape"], "the default shape")
+	require.Equal(t, 2.0, got["batches_in_flight"], "the bound asked for, in every run of the projector")
 	require.Contains(t, got["projector"], "child process", "the projector's memory is measured in a process of its own")
 	for _, k := range []string{"events", "projector_events_per_second", "projector_ratio_to_copy", "projector_ratio_to_naive",
 		"projector_ratio_to_keyed", "peak_heap_bytes", "peak_rss_bytes", "distinct_jobs_per_batch", "growth_ratio", "empty_table_events_per_second", "rebuild_seconds",

@@ -145,7 +145,7 @@ func TestBadUsageExits2(t *testing.T) {
 		{"--snapshot-timeout-max 0", []string{db}, []string{"run", "--brokers", brokers, "--snapshot-timeout-max", "0s"}, []string{"--snapshot-timeout-max"}},
 		{"--batch-size 0", []string{db}, []string{"run", "--brokers", brokers, "--batch-size", "0"}, []string{"--batch-size"}},
 		{"negative --batch-linger", []string{db}, []string{"run", "--brokers", brokers, "--batch-linger", "-1ms"}, []string{"--batch-linger"}},
-		{"negative --batches-in-flight", []string{db}, []string{"run", "--brokers", brokers, "--batches-in-flight", "-1"}, []string{"--batches-in-flight -1", "must be 0"}},
+		{"--batches-in-flight below -1", []string{db}, []string{"run", "--brokers", brokers, "--batches-in-flight", "-2"}, []string{"--batches-in-flight -2", "want -1 (no bound)"}},
 		{"bad --log-level", []string{db}, []string{"run", "--brokers", brokers, "--log-level", "loud"}, []string{"--log-level", "loud"}},
 		{"bad --log-format", []string{db}, []string{"run", "--brokers", brokers, "--log-format", "xml"}, []string{"--log-format"}},
 		{"bad --schema", []string{db}, []string{"run", "--brokers", brokers, "--schema", "1; DROP"}, []string{"schema"}},

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -67,6 +68,9 @@ type Config struct {
 	NaiveSample int
 	// BatchSize is the projector's batch size.
 	BatchSize int
+	// BatchesInFlight is the projector's bound on batches planned and
+	// written at once (0: its default), in every run of it.
+	BatchesInFlight int
 	// Preload, when above zero, also runs the projector against a table
 	// already holding that many rows, beside the run on an empty table.
 	Preload int
@@ -124,11 +128,14 @@ type Writer struct {
 
 // Report is everything one run measured; its JSON is `projector bench --json`.
 type Report struct {
-	Mix                      string  `json:"mix"`
-	Shape                    string  `json:"shape"`
-	Events                   int     `json:"events"`
-	Jobs                     int     `json:"jobs"`
-	BatchSize                int     `json:"batch_size"`
+	Mix       string `json:"mix"`
+	Shape     string `json:"shape"`
+	Events    int    `json:"events"`
+	Jobs      int    `json:"jobs"`
+	BatchSize int    `json:"batch_size"`
+	// BatchesInFlight is the projector's bound on batches planned and
+	// written at once (its default when not given; -1: none).
+	BatchesInFlight          int     `json:"batches_in_flight"`
 	DistinctJobsPerBatch     float64 `json:"distinct_jobs_per_batch"`
 	DistinctJobsPerBatchHow  string  `json:"distinct_jobs_per_batch_how"`
 	Partitions               int     `json:"partitions"`
@@ -237,6 +244,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("Partitions %d: must be from 1 to 1000", c.Partitions)
 	case c.StateBytes < 0 || c.StateBytes > 900_000:
 		return fmt.Errorf("StateBytes %d: must be from 0 to 900000 (a record must fit the broker's 1 MiB)", c.StateBytes)
+	case c.BatchesInFlight < -1:
+		return fmt.Errorf("BatchesInFlight %d: want -1 (no bound), 0 (the default) or a bound", c.BatchesInFlight)
 	case c.NaiveSample < 10:
 		return fmt.Errorf("NaiveSample %d: must be at least 10", c.NaiveSample)
 	case c.Preload < 0:
@@ -315,7 +324,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	defer r.broker.close()
-	r.rep = &Report{Mix: cfg.Mix, Shape: cfg.Shape, Jobs: cfg.Jobs, BatchSize: cfg.BatchSize, Partitions: cfg.Partitions, StateBytes: cfg.StateBytes, CPUs: runtime.NumCPU(),
+	r.rep = &Report{Mix: cfg.Mix, Shape: cfg.Shape, Jobs: cfg.Jobs, BatchSize: cfg.BatchSize,
+		BatchesInFlight: projection.Config{BatchesInFlight: cfg.BatchesInFlight}.WithDefaults().BatchesInFlight, Partitions: cfg.Partitions, StateBytes: cfg.StateBytes, CPUs: runtime.NumCPU(),
 		Projector: "child process: the memory figures are its own", Broker: "child process (not in the memory figures)",
 		Checked: "exact: every job's version and state (a 64-bit hash of it as jsonb text, computed in PostgreSQL) equal the reference, and no other row"}
 	if r.broker.inProcess {
@@ -641,7 +651,7 @@ type projected struct {
 }
 
 func (r *run) engine(st *store.Store, topic, group string) (*projection.Projector, error) {
-	return newEngine(childSpec{Brokers: r.broker.addrs, Topic: topic, Group: group, BatchSize: r.cfg.BatchSize}, st, r.cfg.Logger)
+	return newEngine(childSpec{Brokers: r.broker.addrs, Topic: topic, Group: group, BatchSize: r.cfg.BatchSize, BatchesInFlight: r.cfg.BatchesInFlight}, st, r.cfg.Logger)
 }
 
 // projector runs the real engine from the broker into a fresh table
@@ -686,7 +696,7 @@ func (r *run) projector(ctx context.Context, topic string, hwm map[int]int64, tr
 	}
 	var elapsed time.Duration
 	spec := childSpec{DatabaseURL: r.cfg.DatabaseURL, Schema: r.schema, Table: table, Topic: topic, Group: "bench-" + table,
-		Brokers: r.broker.addrs, BatchSize: r.cfg.BatchSize, HWM: hwm}
+		Brokers: r.broker.addrs, BatchSize: r.cfg.BatchSize, BatchesInFlight: r.cfg.BatchesInFlight, HWM: hwm}
 	switch {
 	case measureMemory && r.cfg.Executable != "":
 		// The projector alone in its own process: its heap and RSS are
@@ -922,7 +932,7 @@ func (r *run) rebuild(ctx context.Context, topic string, st *store.Store, truth 
 		"--schema", r.schema, "--table", "jobs",
 		"--group-heartbeat-interval", g(broker.GroupHeartbeatInterval), "--group-session-timeout", g(broker.GroupSessionTimeout),
 		"--group-rebalance-timeout", g(broker.GroupRebalanceTimeout), "--group-join-backoff", g(broker.GroupJoinBackoff),
-		"--log-level", "warn")
+		"--batches-in-flight", strconv.Itoa(r.cfg.BatchesInFlight), "--log-level", "warn")
 	cmd.Stderr = os.Stderr
 	r.checkpoint(ctx)
 	start := time.Now()
@@ -1008,6 +1018,7 @@ func keyedUpserts(ctx context.Context, pool *pgxpool.Pool, schema string, events
 	}
 	took, err := keyedInto(ctx, pool, t, events, partitions, batchSize)
 	if err != nil {
+		_, _ = pool.Exec(context.WithoutCancel(ctx), `DROP TABLE `+t)
 		return w, err
 	}
 	w.Seconds = took.Seconds()
@@ -1051,7 +1062,9 @@ func keyedInto(ctx context.Context, pool *pgxpool.Pool, t string, events *spill,
 	g, gctx := errgroup.WithContext(ctx)
 	queues := make([]chan *keyedBatch, partitions)
 	for p := range queues {
-		q := make(chan *keyedBatch, 1)
+		// A few batches deep: the reader, one for every partition, does
+		// not wait on one partition's statement while another's is idle.
+		q := make(chan *keyedBatch, 4)
 		queues[p] = q
 		g.Go(func() error {
 			for b := range q {

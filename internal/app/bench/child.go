@@ -28,14 +28,16 @@ const ProjectorChildEnv = "PROJECTOR_BENCH_PROJECTOR_CHILD"
 // childSpec is one measured projector run: the table it writes (already
 // migrated), the topic it reads, and where its stored positions end.
 type childSpec struct {
-	DatabaseURL string        `json:"database_url"`
-	Schema      string        `json:"schema"`
-	Table       string        `json:"table"`
-	Topic       string        `json:"topic"`
-	Group       string        `json:"group"`
-	Brokers     []string      `json:"brokers"`
-	BatchSize   int           `json:"batch_size"`
-	HWM         map[int]int64 `json:"hwm"`
+	DatabaseURL string   `json:"database_url"`
+	Schema      string   `json:"schema"`
+	Table       string   `json:"table"`
+	Topic       string   `json:"topic"`
+	Group       string   `json:"group"`
+	Brokers     []string `json:"brokers"`
+	BatchSize   int      `json:"batch_size"`
+	// BatchesInFlight is the engine's Config.BatchesInFlight.
+	BatchesInFlight int           `json:"batches_in_flight,omitempty"`
+	HWM             map[int]int64 `json:"hwm"`
 	// CPUProfile and AllocProfile name the files for the profiles, if any.
 	CPUProfile   string `json:"cpu_profile,omitempty"`
 	AllocProfile string `json:"alloc_profile,omitempty"`
@@ -166,6 +168,7 @@ func newEngine(s childSpec, st *store.Store, logger *slog.Logger) (*projection.P
 	return projection.New(projection.Config{
 		Brokers: s.Brokers, Topic: s.Topic, Group: s.Group, Store: st, Logger: logger,
 		BatchSize:         s.BatchSize,
+		BatchesInFlight:   s.BatchesInFlight,
 		HeartbeatInterval: broker.GroupHeartbeatInterval, SessionTimeout: broker.GroupSessionTimeout,
 		RebalanceTimeout: broker.GroupRebalanceTimeout, JoinGroupBackoff: broker.GroupJoinBackoff,
 		PartitionWatchInterval: broker.GroupPartitionWatchInterval,

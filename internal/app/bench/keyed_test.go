@@ -14,9 +14,8 @@ import (
 
 // TestKeyedCeilingWritesARowPerJobAtItsLastVersion: the keyed ceiling
 // leaves one row per job of the stream, at the highest version any of its
-// events had, holding that event's body (a delta's ops as they came), and
-// writes each partition's batches of the size asked (a job met
-// twice in one batch is one row of it, at its later version).
+// events had, holding that event's body (a delta's ops as they came); a
+// job met twice in one batch is one row of it, at its later version.
 func TestKeyedCeilingWritesARowPerJobAtItsLastVersion(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
