@@ -161,8 +161,8 @@ func (d *Detector) Hold(job string, since time.Time) { d.HoldUntil(job, since, -
 
 // HoldUntil is [Detector.Hold] for a job of a log that ended at end when
 // it began to wait: its first attempt is not taken ([Detector.Take])
-// before the lane's position reaches end, for at most logWaitFactor times
-// Wait, beyond Wait itself. On a log read behind its end, a version that
+// before the lane's position reaches end, while the lane keeps reading
+// and within the bounds of [Detector.gateBound]. On a log read behind its end, a version that
 // is missing is most likely among the records not read yet (a late
 // delivery further on), which reading finds at no cost; a re-read or a
 // request to the authority would not. A zero Wait (waiting off) takes it
@@ -197,9 +197,9 @@ const endToLearn = -2
 
 // HoldRestored is [Detector.HoldUntil] for a job held since since that a
 // new owner of its lane restores at now, before the lane's end is known
-// ([Detector.LogEnd] gives it): its first attempt waits for the lane to
-// read as far as its log ends, with the bound counted from now. A job
-// held already keeps its own wait.
+// ([Detector.Lane] gives it): its first attempt waits for the lane to
+// read as far as its log ends, with the bounds counted from now (and from
+// since: see [Detector.gateBound]). A job held already keeps its own wait.
 func (d *Detector) HoldRestored(job string, since, now time.Time) {
 	if _, ok := d.gaps[job]; ok {
 		d.Hold(job, since)
@@ -256,29 +256,43 @@ func (d *Detector) readsFurther(e *entry, now time.Time, position int64) bool {
 }
 
 // logWaitMax bounds the whole wait of a first attempt for its lane, in
-// Waits from when it began, however steadily the lane reads: a version
-// that is lost, not late, is then sought by the other steps at last.
+// Waits from when the job was held, however steadily the lane reads: a
+// version that is lost, not late, is then sought by the other steps at
+// last.
 const logWaitMax = 60
 
 // gateBound is when e's first attempt stops waiting for the lane:
 // logWaitFactor Waits after the lane last moved, or after e began to
-// wait if that was later, and logWaitMax Waits after it began at most.
-// A job whose lane's end is not known yet has no target the lane's
-// moves bring nearer: logWaitFactor Waits after it began.
+// wait if that was later; and logWaitMax Waits after the job was held
+// (Since) at most, or logWaitFactor Waits after it began to wait if that
+// is later (a job restored late in its hold still waits a little, and
+// restores do not keep a job from its attempts for ever). A job whose
+// lane's end is not known yet has no target the lane's moves bring
+// nearer: logWaitFactor Waits after it began.
 func (d *Detector) gateBound(e *entry) time.Time {
 	from := e.from
 	if d.moved.After(from) && e.until != endToLearn {
 		from = d.moved
 	}
 	bound := from.Add(logWaitFactor * d.policy.Wait)
-	if most := e.from.Add(logWaitMax * d.policy.Wait); bound.After(most) {
+	most := e.Since.Add(logWaitMax * d.policy.Wait)
+	if least := e.from.Add(logWaitFactor * d.policy.Wait); most.Before(least) {
+		most = least
+	}
+	if bound.After(most) {
 		bound = most
 	}
 	return bound
 }
 
-// reading records the lane's position at now.
+// reading records the lane's position at now. A position that goes back
+// (a new log, or one truncated) is a move too, from which reading is
+// measured afresh.
 func (d *Detector) reading(position int64, now time.Time) {
+	if position >= 0 && position < d.read {
+		d.read, d.moved = position, now
+		return
+	}
 	if position > d.read {
 		// The first position seen is no move: the lane's reading is
 		// measured from there.

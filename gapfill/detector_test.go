@@ -431,3 +431,105 @@ func TestARestoredJobWaitsForItsLaneToReadToItsEnd(t *testing.T) {
 	d.HoldRestored("j", t0.Add(-time.Hour), t0)
 	require.Equal(t, []string{"j"}, d.Take(t0, 10, 50), "with waiting off nothing is put off")
 }
+
+// TestTheGateFollowsALaneWhoseLogStartsAgain: a lane whose position goes
+// back (a new log, or one truncated) has moved: its gated jobs keep
+// waiting while it reads the new log, not only once it passes where the
+// old one was read.
+func TestTheGateFollowsALaneWhoseLogStartsAgain(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	wait := 10 * time.Second
+	d := gapfill.NewDetector(gapfill.Policy{Wait: wait, Reread: true})
+	d.Lane(100_000, 100_000, t0)
+	d.HoldUntil("j", t0, 150_000)
+	require.Empty(t, d.Take(t0.Add(wait), 10, 100_000))
+	for i := range 20 { // the new log, read from 0
+		now := t0.Add(time.Duration(2+i) * wait)
+		d.Lane(int64(i)*1000, 50_000, now)
+		require.Empty(t, d.Take(now, 10, int64(i)*1000), "the lane reads the new log at %d", i*1000)
+	}
+}
+
+// TestLearningTheEndKeepsTheGateInOrder: jobs whose end was unknown take
+// their place in the gate by the end learnt, among those whose end was
+// known: each goes once the lane has read to its own end.
+func TestLearningTheEndKeepsTheGateInOrder(t *testing.T) {
+	t0 := time.Unix(100_000, 0)
+	wait := 10 * time.Second
+	d := gapfill.NewDetector(gapfill.Policy{Wait: wait, Reread: true})
+	d.HoldUntil("k60", t0, 60)
+	d.HoldRestored("r", t0.Add(-time.Hour), t0)
+	d.HoldUntil("k200", t0, 200)
+	require.Empty(t, d.Take(t0.Add(wait), 10, 10), "all put off")
+	d.Lane(10, 100, t0.Add(wait)) // r learns 100
+	now := t0.Add(wait + time.Second)
+	require.Equal(t, []string{"k60"}, d.Take(now, 10, 60))
+	require.Empty(t, d.Take(now, 10, 99))
+	require.Equal(t, []string{"r"}, d.Take(now, 10, 100))
+	require.Equal(t, []string{"k200"}, d.Take(now, 10, 200))
+}
+
+// TestTheWholeWaitCountsFromTheHold: a job that moves forward waits
+// afresh, sixty Waits from then; a restored job's sixty count from when it
+// was first held, but it waits ten after the restore at least.
+func TestTheWholeWaitCountsFromTheHold(t *testing.T) {
+	t0 := time.Unix(100_000, 0)
+	wait := 10 * time.Second
+	pol := gapfill.Policy{Wait: wait, Reread: true}
+	reads := func(d *gapfill.Detector, from, to time.Time, pos int64) (time.Time, int64) {
+		for now := from; now.Before(to); now = now.Add(wait) {
+			pos += 10
+			require.Empty(t, d.Take(now, 10, pos), "at %s the lane reads on", now.Sub(t0))
+		}
+		return to, pos
+	}
+
+	d := gapfill.NewDetector(pol)
+	d.HoldUntil("j", t0, 1_000_000)
+	_, pos := reads(d, t0.Add(wait), t0.Add(50*wait), 0)
+	d.ProgressUntil("j", t0.Add(50*wait), 1_000_000)
+	_, pos = reads(d, t0.Add(51*wait), t0.Add(110*wait), pos)
+	require.Equal(t, []string{"j"}, d.Take(t0.Add(110*wait), 10, pos+10), "sixty Waits after it moved forward")
+
+	d = gapfill.NewDetector(pol)
+	d.HoldRestored("r", t0.Add(-55*wait), t0) // held 55 Waits before the restore
+	d.Lane(0, 1_000_000, t0)
+	_, pos = reads(d, t0, t0.Add(10*wait), 0)
+	require.Equal(t, []string{"r"}, d.Take(t0.Add(10*wait), 10, pos+10), "ten Waits after the restore, past sixty since it was held")
+
+	d = gapfill.NewDetector(pol)
+	d.HoldRestored("r", t0.Add(-20*wait), t0) // held 20 Waits before the restore
+	d.Lane(0, 1_000_000, t0)
+	_, pos = reads(d, t0, t0.Add(40*wait), 0)
+	require.Equal(t, []string{"r"}, d.Take(t0.Add(40*wait), 10, pos+10), "sixty Waits since it was first held")
+}
+
+// TestAnEndLearntDeepInTheGateComesFirst: a job whose end is learnt while
+// jobs with further ends sit above it in the gate goes first once read.
+func TestAnEndLearntDeepInTheGateComesFirst(t *testing.T) {
+	t0 := time.Unix(100_000, 0)
+	wait := time.Hour
+	d := gapfill.NewDetector(gapfill.Policy{Wait: wait, Reread: true})
+	// Put off in this order (by when each falls due): k300, r, k400, k600.
+	d.HoldUntil("k300", t0.Add(-3*time.Minute), 300)
+	d.HoldRestored("r", t0.Add(-2*time.Minute), t0)
+	d.HoldUntil("k400", t0.Add(-time.Minute), 400)
+	d.HoldUntil("k600", t0, 600)
+	now := t0.Add(wait + time.Second)
+	require.Empty(t, d.Take(now, 10, 10), "all put off")
+	d.Lane(10, 100, now) // r learns 100
+	require.Equal(t, []string{"r"}, d.Take(now, 10, 100))
+}
+
+// TestMovingForwardStartsTheBoundAgain: a job that moves forward while its
+// lane stands still waits ten Waits from then, not from its first hold.
+func TestMovingForwardStartsTheBoundAgain(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	wait := 10 * time.Second
+	d := gapfill.NewDetector(gapfill.Policy{Wait: wait, Reread: true})
+	d.HoldUntil("j", t0, 1000)
+	require.Empty(t, d.Take(t0.Add(wait), 10, 10))
+	d.ProgressUntil("j", t0.Add(5*wait), 1000)
+	require.Empty(t, d.Take(t0.Add(12*wait), 10, 10), "ten Waits from moving forward, not from the hold")
+	require.Equal(t, []string{"j"}, d.Take(t0.Add(15*wait), 10, 10))
+}

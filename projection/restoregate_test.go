@@ -38,11 +38,10 @@ func TestARestoredHeldJobWaitsForItsLaneToReadToItsEnd(t *testing.T) {
 	r.produce(filler...)
 	r.produce(rec{0, "late", dlt("late", 2, inc)})
 
-	// The lane takes some seconds to read that far, more than ten
-	// --gap-waits, while the restored hold, begun long before, is due at
-	// once by --gap-wait.
+	// The lane takes a second or two to read that far, while the restored
+	// hold, begun before the restart, is due at once by --gap-wait.
 	second := r.start(r.config(func(c *Config) {
-		c.GapWait, c.GapWaitOff = 150*time.Millisecond, false
+		c.GapWait, c.GapWaitOff = 300*time.Millisecond, false
 		c.BatchSize = 100
 	}))
 	// While it waits, the status says how far the lane must read: the

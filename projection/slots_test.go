@@ -124,10 +124,15 @@ func TestASlotWaitIsBoundedOnlyWhileItsHoldersAre(t *testing.T) {
 }
 
 // TestBatchesInFlightDefaultsToTwoACPUAtLeastEight: left at zero, the
-// bound is two batches for each CPU the process may use and at least 8;
-// -1 is no bound; below that is refused.
+// bound is two batches for each CPU the process may use, at least 8 and at
+// most 32; -1 is no bound; below that is refused.
 func TestBatchesInFlightDefaultsToTwoACPUAtLeastEight(t *testing.T) {
-	want := max(8, 2*runtime.GOMAXPROCS(0))
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	for procs, want := range map[int]int{1: 8, 4: 8, 6: 12, 16: 32, 64: 32} {
+		runtime.GOMAXPROCS(procs)
+		require.Equal(t, want, DefaultBatchesInFlight(), "GOMAXPROCS %d", procs)
+	}
+	want := DefaultBatchesInFlight()
 	require.Equal(t, want, Config{}.WithDefaults().BatchesInFlight)
 	require.Equal(t, want, DefaultBatchesInFlight())
 	require.Equal(t, 3, Config{BatchesInFlight: 3}.WithDefaults().BatchesInFlight)

@@ -43,7 +43,7 @@ func TestBenchJSON(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &got), "stdout is one JSON object: %s", r)
 	require.Equal(t, "deltas", got["mix"])
 	require.Equal(t, "clustered", got["shape"], "the default shape")
-	require.Equal(t, 2.0, got["batches_in_flight"], "the bound asked for, in every run of the projector")
+	require.Equal(t, 2.0, got["batches_in_flight"], "the report names the bound asked for")
 	require.Contains(t, got["projector"], "child process", "the projector's memory is measured in a process of its own")
 	for _, k := range []string{"events", "projector_events_per_second", "projector_ratio_to_copy", "projector_ratio_to_naive",
 		"projector_ratio_to_keyed", "peak_heap_bytes", "peak_rss_bytes", "distinct_jobs_per_batch", "growth_ratio", "empty_table_events_per_second", "rebuild_seconds",

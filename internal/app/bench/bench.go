@@ -924,7 +924,8 @@ func check(ctx context.Context, pool *pgxpool.Pool, table string, truth []jobgen
 // rebuild times `projector rebuild` of the stream into the table the
 // projector wrote, from process start to exit, and checks the result. The
 // rebuild runs with its own defaults (its batches are larger than the
-// projector's), as an operator would run it.
+// projector's), as an operator would run it, but for the bound on batches
+// in flight the bench was given.
 func (r *run) rebuild(ctx context.Context, topic string, st *store.Store, truth []jobgen.Ref) error {
 	g := func(d time.Duration) string { return d.String() }
 	cmd := exec.CommandContext(ctx, r.cfg.Executable, "rebuild",
