@@ -162,10 +162,10 @@ func (d *Detector) Hold(job string, since time.Time) { d.HoldUntil(job, since, -
 // HoldUntil is [Detector.Hold] for a job of a log that ended at end when
 // it began to wait: its first attempt is not taken ([Detector.Take])
 // before the lane's position reaches end, while the lane keeps reading
-// and within the bounds of [Detector.gateBound]. On a log read behind its end, a version that
-// is missing is most likely among the records not read yet (a late
-// delivery further on), which reading finds at no cost; a re-read or a
-// request to the authority would not. A zero Wait (waiting off) takes it
+// and within the bounds of [Detector.gateBound]. On a log read behind its
+// end, a version that is missing is most likely among the records not
+// read yet (a late delivery further on), which reading finds at no cost;
+// a re-read or a request to the authority would not. A zero Wait (waiting off) takes it
 // as Hold does.
 func (d *Detector) HoldUntil(job string, since time.Time, end int64) {
 	d.version++
@@ -181,7 +181,7 @@ func (d *Detector) HoldUntil(job string, since time.Time, end int64) {
 }
 
 // add holds a job not held yet.
-func (d *Detector) add(job string, since time.Time, end int64, from time.Time) *entry {
+func (d *Detector) add(job string, since time.Time, end int64, from time.Time) {
 	e := &entry{Gap: Gap{JobID: job, Since: since, NextAttempt: since.Add(d.policy.Wait), LastStep: StepWait,
 		Timeout: d.policy.SnapshotTimeout}, until: end, from: from, gi: -1}
 	d.gaps[job] = e
@@ -189,7 +189,6 @@ func (d *Detector) add(job string, since time.Time, end int64, from time.Time) *
 	if end == endToLearn {
 		d.toLearn++
 	}
-	return e
 }
 
 // endToLearn marks a job whose lane's end is not known yet.
@@ -647,8 +646,6 @@ type gateQueue []*entry
 
 func (q gateQueue) Len() int           { return len(q) }
 func (q gateQueue) Less(i, j int) bool { return gateKey(q[i]) < gateKey(q[j]) }
-
-func gateKey(e *entry) uint64 { return uint64(e.until) } // endToLearn (negative) is the largest
 func (q gateQueue) Swap(i, j int) {
 	q[i], q[j] = q[j], q[i]
 	q[i].gi, q[j].gi = i, j
@@ -667,3 +664,7 @@ func (q *gateQueue) Pop() any {
 	e.gi = -1
 	return e
 }
+
+// gateKey orders the gate: how far the lane must read, as unsigned so that
+// endToLearn (negative) comes after every known end.
+func gateKey(e *entry) uint64 { return uint64(e.until) }
