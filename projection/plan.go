@@ -173,6 +173,10 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 
 	// Jobs that only received snapshots and hold nothing take the fast
 	// path: one conditional upsert, no row read. The rest need their row.
+	// Most jobs of a batch write once: room for them at once, not grown
+	// by doubling (a write is about 150 bytes).
+	p.batch.Updates = make([]store.Write, 0, len(hasDelta))
+	p.batch.Snapshots = make([]store.Write, 0, len(order)-len(hasDelta))
 	var need []string
 	for _, id := range order {
 		j, cached := w.cache.get(id)
@@ -347,6 +351,12 @@ func (p *plan) advance(w *worker, j gapfill.Job, ins []gapfill.Input, now time.T
 		if out.Changed && len(j.Held) > 0 {
 			p.progress[j.ID] = true
 		}
+	}
+	if next.Raw != nil || next.Deleted {
+		// The encoded state is what is written and cached: the decoded
+		// one would stay alive until the batch commits, a map per job of
+		// the batch.
+		next.State = nil
 	}
 	p.jobs[j.ID] = next
 }

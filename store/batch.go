@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5"
 
@@ -250,7 +251,20 @@ func (s *Store) applySnapshots(ctx context.Context, tx pgx.Tx, b *Batch, res *Re
 	if len(b.Snapshots) == 0 {
 		return nil
 	}
-	ids, vers, states, offs, evs := columns(b.Snapshots)
+	err := inChunks(b.Snapshots, func(ws []Write) error { return s.snapshotChunk(ctx, tx, b, ws, res) })
+	if err != nil {
+		return err
+	}
+	if err := s.snapshotConflicts(ctx, tx, b, res); err != nil {
+		return err
+	}
+	return nil
+}
+
+// snapshotChunk is [Store.applySnapshots] for a part of the batch's
+// snapshots ([inChunks]).
+func (s *Store) snapshotChunk(ctx context.Context, tx pgx.Tx, b *Batch, ws []Write, res *Result) error {
+	ids, vers, states, offs, evs := columns(ws)
 	// The CTEs read the rows and tombstones as they were before this
 	// statement, which tells how far each applied snapshot moved its
 	// job. A tombstone at or above a snapshot keeps the job deleted;
@@ -290,9 +304,6 @@ func (s *Store) applySnapshots(ctx context.Context, tx pgx.Tx, b *Batch, res *Re
 	})
 	if err != nil {
 		return fmt.Errorf("store: apply %s/%d@%d: snapshots: %w", b.Topic, b.Partition, b.NextOffset, err)
-	}
-	if err := s.snapshotConflicts(ctx, tx, b, res); err != nil {
-		return err
 	}
 	return nil
 }
@@ -475,14 +486,14 @@ func (s *Store) applyUpdates(ctx context.Context, tx pgx.Tx, b *Batch) error {
 		}
 		return err
 	}
-	if len(upd) > 0 {
+	err := inChunks(upd, func(upd []Write) error {
 		ids, vers, states, offs, evs := columns(upd)
 		expect := make([]int64, len(upd))
 		expectEv := make([]string, len(upd))
 		for i, w := range upd {
 			expect[i], expectEv[i] = w.Expect, w.ExpectEventID
 		}
-		err := collect(tx.Query(ctx, `UPDATE `+s.jobs+` AS t SET
+		return collect(tx.Query(ctx, `UPDATE `+s.jobs+` AS t SET
 				version = i.version, state = i.state::jsonb, updated_at = now(),
 				source_topic = $8, source_partition = $9, source_offset = i.off, event_id = NULLIF(i.event_id, ''),
 				last_ops = NULLIF(i.last_ops, '')::jsonb
@@ -490,24 +501,24 @@ func (s *Store) applyUpdates(ctx context.Context, tx pgx.Tx, b *Batch) error {
 				AS i(job_id, version, state, off, event_id, expect, last_ops, expect_ev)
 			WHERE t.job_id = i.job_id AND t.version = i.expect AND coalesce(t.event_id, '') = i.expect_ev
 			RETURNING t.job_id`, ids, vers, states, offs, evs, expect, lastOps(upd), b.Topic, b.Partition, expectEv))
-		if err != nil {
-			return fmt.Errorf("store: apply %s/%d@%d: updates: %w", b.Topic, b.Partition, b.NextOffset, err)
-		}
+	})
+	if err != nil {
+		return fmt.Errorf("store: apply %s/%d@%d: updates: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
-	if len(ins) > 0 {
+	err = inChunks(ins, func(ins []Write) error {
 		ids, vers, states, offs, evs := columns(ins)
 		// A job never seen has no tombstone either: one that appeared
 		// meanwhile means the job was deleted, and the batch is stale.
-		err := collect(tx.Query(ctx, `INSERT INTO `+s.jobs+`
+		return collect(tx.Query(ctx, `INSERT INTO `+s.jobs+`
 			(job_id, version, state, updated_at, source_topic, source_partition, source_offset, event_id, last_ops)
 			SELECT i.job_id, i.version, i.state::jsonb, now(), $7, $8, i.off, NULLIF(i.event_id, ''), NULLIF(i.last_ops, '')::jsonb
 			FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::text[]) AS i(job_id, version, state, off, event_id, last_ops)
 			WHERE NOT EXISTS (SELECT 1 FROM `+s.tombstones+` t WHERE t.projection = $9 AND t.job_id = i.job_id)
 			ON CONFLICT (job_id) DO NOTHING
 			RETURNING job_id`, ids, vers, states, offs, evs, lastOps(ins), b.Topic, b.Partition, s.projection))
-		if err != nil {
-			return fmt.Errorf("store: apply %s/%d@%d: inserts: %w", b.Topic, b.Partition, b.NextOffset, err)
-		}
+	})
+	if err != nil {
+		return fmt.Errorf("store: apply %s/%d@%d: inserts: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
 	if len(revive) > 0 {
 		if err := collect(s.revive(ctx, tx, b, revive)); err != nil {
@@ -537,6 +548,39 @@ func (s *Store) applyUpdates(ctx context.Context, tx pgx.Tx, b *Batch) error {
 	return nil
 }
 
+// The bounds of one statement's writes ([inChunks]).
+const (
+	chunkRows  = 1000
+	chunkBytes = 1 << 20
+)
+
+// inChunks calls write with consecutive parts of ws, in order, each of at
+// most chunkRows writes and, past its first, chunkBytes of job ids, states
+// and ops. A statement's parameters are encoded whole, about three times
+// over (the columns, pgx's arrays, the message), before any is sent: one
+// statement for a batch of 5,000 writes held several megabytes of each for
+// every batch being written. The parts are statements of one transaction,
+// so the batch is as atomic as before, and each job is in one part only.
+func inChunks(ws []Write, write func([]Write) error) error {
+	for len(ws) > 0 {
+		n, size := 0, 0
+		for n < len(ws) && n < chunkRows {
+			size += len(ws[n].JobID) + len(ws[n].State) + len(ws[n].LastOps)
+			if n > 0 && size > chunkBytes {
+				break
+			}
+			n++
+		}
+		if err := write(ws[:n]); err != nil {
+			return err
+		}
+		ws = ws[n:]
+	}
+	return nil
+}
+
+// columns are ws's writes as the columns of an unnest. The states are the
+// writes' own bytes, not copies ([text]).
 func columns(ws []Write) (ids []string, vers []int64, states []string, offs []int64, evs []string) {
 	ids = make([]string, len(ws))
 	vers = make([]int64, len(ws))
@@ -544,7 +588,7 @@ func columns(ws []Write) (ids []string, vers []int64, states []string, offs []in
 	offs = make([]int64, len(ws))
 	evs = make([]string, len(ws))
 	for i, w := range ws {
-		ids[i], vers[i], states[i], offs[i], evs[i] = w.JobID, w.Version, string(w.State), w.Offset, w.EventID
+		ids[i], vers[i], states[i], offs[i], evs[i] = w.JobID, w.Version, text(w.State), w.Offset, w.EventID
 	}
 	return
 }
@@ -552,7 +596,15 @@ func columns(ws []Write) (ids []string, vers []int64, states []string, offs []in
 func lastOps(ws []Write) []string {
 	out := make([]string, len(ws))
 	for i, w := range ws {
-		out[i] = string(w.LastOps)
+		out[i] = text(w.LastOps)
 	}
 	return out
+}
+
+// text is b as a string without a copy, for a statement's parameters: a
+// batch's states and ops are not changed once planned (the planner makes
+// new ones; the cache keeps its own copies), and pgx only reads them
+// while it encodes the statement.
+func text(b []byte) string {
+	return unsafe.String(unsafe.SliceData(b), len(b))
 }
