@@ -175,7 +175,9 @@ type Outcome struct {
 // gap is held; held deltas are released as soon as they are next in line;
 // a snapshot or a delete above the row replaces it and covers the held
 // deltas at or below its version; a delta next in line after a delete is
-// rejected, since a deleted job has no state to change. It is pure.
+// rejected, since a deleted job has no state to change. A snapshot's state
+// must be a JSON object, as [event.Decode] leaves it: it is taken as the
+// row's encoded state and decoded only if a delta follows it. It is pure.
 func Advance(job Job, inputs []Input) (Job, Outcome) {
 	var out Outcome
 	everHeld := len(job.Held) > 0

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/projector/projector/delta"
 	"github.com/projector/projector/event"
 )
 
@@ -45,7 +46,8 @@ type LogReader interface {
 	Reread(ctx context.Context, jobs []string, from time.Time) ([]Input, error)
 }
 
-// SnapshotSource fetches a trusted snapshot from the job's authority.
+// SnapshotSource fetches a trusted snapshot from the job's authority. A
+// snapshot's state must be a JSON object ([Resolver.Authority] checks it).
 type SnapshotSource interface {
 	Fetch(ctx context.Context, jobID string) (event.Event, error)
 }
@@ -247,6 +249,16 @@ func (r *Resolver) Authority(ctx context.Context, a *Attempt, now time.Time) {
 	if !ev.Kind.WholeState() || ev.JobID != a.Job.ID {
 		a.Res.Err = fmt.Errorf("snapshot: the authority answered with a %s for %q", ev.Kind, ev.JobID)
 		return
+	}
+	// Advance takes a snapshot's state as the event decoder leaves it, a
+	// JSON object, and does not decode it: an authority's answer is
+	// checked here, where a bad one is this attempt's failure rather than
+	// a write PostgreSQL refuses.
+	if ev.Kind == event.Snapshot {
+		if _, err := delta.DecodeState(ev.State); err != nil {
+			a.Res.Err = fmt.Errorf("snapshot: the authority's state for %q: %w", ev.JobID, err)
+			return
+		}
 	}
 	in := Input{Event: ev, Partition: -1, Offset: -1, Source: FromAuthority, At: now}
 	if !settle(a, []Input{in}, StepSnapshot) {

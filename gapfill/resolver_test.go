@@ -355,12 +355,13 @@ func TestResolverAuthorityErrors(t *testing.T) {
 		events: map[string]event.Event{
 			"wrong-job":  snapshotEvent(t, "someone-else", 9),
 			"wrong-kind": incDelta(t, "wrong-kind", 9),
+			"not-object": {JobID: "not-object", Version: 9, Kind: event.Snapshot, State: []byte(`[1]`)},
 		},
 	}
 	r := &gapfill.Resolver{Snapshots: auth}
 	jobs := []gapfill.Job{
 		heldJob(t, "unknown", 1, 3), heldJob(t, "busy", 1, 3),
-		heldJob(t, "wrong-job", 1, 3), heldJob(t, "wrong-kind", 1, 3),
+		heldJob(t, "wrong-job", 1, 3), heldJob(t, "wrong-kind", 1, 3), heldJob(t, "not-object", 1, 3),
 	}
 
 	res := byID(r.Resolve(t.Context(), []gapfill.Step{gapfill.StepSnapshot}, jobs, rt0))
@@ -376,6 +377,7 @@ func TestResolverAuthorityErrors(t *testing.T) {
 	require.ErrorIs(t, res["busy"].Err, unavailable)
 	require.ErrorContains(t, res["wrong-job"].Err, `"someone-else"`)
 	require.ErrorContains(t, res["wrong-kind"].Err, "delta")
+	require.ErrorContains(t, res["not-object"].Err, "must be a JSON object")
 }
 
 func TestResolverStepsOrder(t *testing.T) {

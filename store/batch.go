@@ -89,7 +89,9 @@ func loadJobs(ctx context.Context, q querier, table, tombstones, projection stri
 	return out, nil
 }
 
-// Write is the new state of one job.
+// Write is the new state of one job. Its bytes (State, LastOps) must not
+// change while [Store.Apply] runs: they are passed to PostgreSQL without
+// being copied.
 type Write struct {
 	JobID   string
 	Version int64
@@ -439,20 +441,23 @@ func (s *Store) snapshotConflicts(ctx context.Context, tx pgx.Tx, b *Batch, res 
 	if len(missed) == 0 {
 		return nil
 	}
-	ids, vers, states, _, _ := columns(missed)
-	rows, err := tx.Query(ctx, `SELECT j.job_id FROM `+s.jobs+` j
-		JOIN unnest($1::text[], $2::bigint[], $3::text[]) AS i(job_id, version, state)
-		ON j.job_id = i.job_id AND j.version = i.version AND j.state <> i.state::jsonb`, ids, vers, states)
+	res.SnapshotConflicts = map[string]bool{}
+	err := inChunks(missed, func(missed []Write) error {
+		ids, vers, states, _, _ := columns(missed)
+		rows, err := tx.Query(ctx, `SELECT j.job_id FROM `+s.jobs+` j
+			JOIN unnest($1::text[], $2::bigint[], $3::text[]) AS i(job_id, version, state)
+			ON j.job_id = i.job_id AND j.version = i.version AND j.state <> i.state::jsonb`, ids, vers, states)
+		if err != nil {
+			return err
+		}
+		conflicts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		for _, id := range conflicts {
+			res.SnapshotConflicts[id] = true
+		}
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("store: apply %s/%d@%d: conflicts: %w", b.Topic, b.Partition, b.NextOffset, err)
-	}
-	conflicts, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return fmt.Errorf("store: apply %s/%d@%d: conflicts: %w", b.Topic, b.Partition, b.NextOffset, err)
-	}
-	res.SnapshotConflicts = make(map[string]bool, len(conflicts))
-	for _, id := range conflicts {
-		res.SnapshotConflicts[id] = true
 	}
 	return nil
 }
@@ -520,10 +525,9 @@ func (s *Store) applyUpdates(ctx context.Context, tx pgx.Tx, b *Batch) error {
 	if err != nil {
 		return fmt.Errorf("store: apply %s/%d@%d: inserts: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
-	if len(revive) > 0 {
-		if err := collect(s.revive(ctx, tx, b, revive)); err != nil {
-			return fmt.Errorf("store: apply %s/%d@%d: recreate deleted jobs: %w", b.Topic, b.Partition, b.NextOffset, err)
-		}
+	err = inChunks(revive, func(revive []Write) error { return collect(s.revive(ctx, tx, b, revive)) })
+	if err != nil {
+		return fmt.Errorf("store: apply %s/%d@%d: recreate deleted jobs: %w", b.Topic, b.Partition, b.NextOffset, err)
 	}
 	for _, kind := range []struct {
 		writes []Write
@@ -560,7 +564,10 @@ const (
 // over (the columns, pgx's arrays, the message), before any is sent: one
 // statement for a batch of 5,000 writes held several megabytes of each for
 // every batch being written. The parts are statements of one transaction,
-// so the batch is as atomic as before, and each job is in one part only.
+// so the batch is as atomic as before. A batch has one write per job of a
+// kind (see [Batch]), so no job is in two parts: a second write of a job
+// in another part would not meet PostgreSQL's "cannot affect row a second
+// time" as it would in one statement.
 func inChunks(ws []Write, write func([]Write) error) error {
 	for len(ws) > 0 {
 		n, size := 0, 0
