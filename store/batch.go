@@ -555,13 +555,14 @@ func (s *Store) applyUpdates(ctx context.Context, tx pgx.Tx, b *Batch) error {
 // The bounds of one statement's writes ([inChunks]).
 const (
 	chunkRows  = 1000
-	chunkBytes = 1 << 20
+	chunkBytes = 256 << 10
 )
 
 // inChunks calls write with consecutive parts of ws, in order, each of at
 // most chunkRows writes and, past its first, chunkBytes of job ids, states
 // and ops. A statement's parameters are encoded whole, about three times
-// over (the columns, pgx's arrays, the message), before any is sent: one
+// over (the columns, pgx's arrays, the message), before any is sent, and
+// each connection keeps its largest encoding buffers for the next: one
 // statement for a batch of 5,000 writes held several megabytes of each for
 // every batch being written. The parts are statements of one transaction,
 // so the batch is as atomic as before. A batch has one write per job of a

@@ -46,7 +46,7 @@ func TestBenchJSON(t *testing.T) {
 	require.Equal(t, 2.0, got["batches_in_flight"], "the report names the bound asked for")
 	require.Contains(t, got["projector"], "child process", "the projector's memory is measured in a process of its own")
 	for _, k := range []string{"events", "projector_events_per_second", "projector_ratio_to_copy", "projector_ratio_to_naive",
-		"projector_ratio_to_keyed", "peak_heap_bytes", "peak_rss_bytes", "distinct_jobs_per_batch", "growth_ratio", "empty_table_events_per_second", "rebuild_seconds",
+		"projector_ratio_to_keyed", "peak_heap_bytes", "peak_live_heap_bytes", "peak_rss_bytes", "distinct_jobs_per_batch", "growth_ratio", "empty_table_events_per_second", "rebuild_seconds",
 		"rebuild_ratio_to_copy", "latency_p50_ms", "latency_p99_ms", "latency_max_ms"} {
 		v, ok := got[k].(float64)
 		require.True(t, ok, "%s is a number: %s", k, r.stdout)

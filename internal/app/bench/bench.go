@@ -147,8 +147,11 @@ type Report struct {
 	ProjectorRatioToNaive    float64 `json:"projector_ratio_to_naive"`
 	// ProjectorRatioToKeyed is the projector's rate over the keyed
 	// ceiling's ([keyedUpserts]): how near it comes to writing only rows.
-	ProjectorRatioToKeyed     float64  `json:"projector_ratio_to_keyed"`
-	PeakHeapBytes             int64    `json:"peak_heap_bytes"`
+	ProjectorRatioToKeyed float64 `json:"projector_ratio_to_keyed"`
+	PeakHeapBytes         int64   `json:"peak_heap_bytes"`
+	// PeakLiveHeapBytes is the largest live heap a collection marked:
+	// what --cache-bytes and the batches in flight bound.
+	PeakLiveHeapBytes         int64    `json:"peak_live_heap_bytes"`
 	PeakRSSBytes              int64    `json:"peak_rss_bytes"`
 	HeapBeforeBytes           int64    `json:"heap_before_bytes"`
 	Projector                 string   `json:"projector"`
@@ -705,13 +708,13 @@ func (r *run) projector(ctx context.Context, topic string, hwm map[int]int64, tr
 		var res childResult
 		res, err = runProjectorChild(ctx, r.cfg.Executable, r.cfg.ChildArgs, spec)
 		elapsed = time.Duration(res.Seconds * float64(time.Second))
-		r.rep.PeakHeapBytes, r.rep.PeakRSSBytes, r.rep.HeapBeforeBytes = res.PeakHeapBytes, res.PeakRSSBytes, res.HeapBeforeBytes
+		r.rep.PeakHeapBytes, r.rep.PeakLiveHeapBytes, r.rep.PeakRSSBytes, r.rep.HeapBeforeBytes = res.PeakHeapBytes, res.PeakLiveHeapBytes, res.PeakRSSBytes, res.HeapBeforeBytes
 	case measureMemory:
 		spec.CPUProfile, spec.AllocProfile = r.cfg.CPUProfile, r.cfg.AllocProfile
 		var res childResult
 		res, err = projectorRun(ctx, r.pool, spec, r.cfg.Logger)
 		elapsed = time.Duration(res.Seconds * float64(time.Second))
-		r.rep.PeakHeapBytes, r.rep.PeakRSSBytes, r.rep.HeapBeforeBytes = res.PeakHeapBytes, res.PeakRSSBytes, res.HeapBeforeBytes
+		r.rep.PeakHeapBytes, r.rep.PeakLiveHeapBytes, r.rep.PeakRSSBytes, r.rep.HeapBeforeBytes = res.PeakHeapBytes, res.PeakLiveHeapBytes, res.PeakRSSBytes, res.HeapBeforeBytes
 	default:
 		var p *projection.Projector
 		if p, err = r.engine(st, topic, spec.Group); err == nil {
@@ -968,8 +971,8 @@ func Print(out io.Writer, rep *Report) {
 		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.0f\t%.2f\t%s\n", w.Name, w.Events, w.Seconds, w.EventsPerSecond, w.RatioToCopy, note)
 	}
 	tw.Flush()
-	fmt.Fprintf(out, "\nprojector: %.2fx raw COPY, %.2fx the keyed ceiling, %.1fx the naive consumer; peak heap %s, peak RSS %s (projector: %s; broker: %s)\n",
-		rep.ProjectorRatioToCopy, rep.ProjectorRatioToKeyed, rep.ProjectorRatioToNaive, mib(rep.PeakHeapBytes), mib(rep.PeakRSSBytes), rep.Projector, rep.Broker)
+	fmt.Fprintf(out, "\nprojector: %.2fx raw COPY, %.2fx the keyed ceiling, %.1fx the naive consumer; peak heap %s (live %s), peak RSS %s (projector: %s; broker: %s)\n",
+		rep.ProjectorRatioToCopy, rep.ProjectorRatioToKeyed, rep.ProjectorRatioToNaive, mib(rep.PeakHeapBytes), mib(rep.PeakLiveHeapBytes), mib(rep.PeakRSSBytes), rep.Projector, rep.Broker)
 	fmt.Fprintf(out, "stream: shape %s, %d jobs, %.1f distinct jobs a batch of %d; the bench process's peak RSS %s (the stream is made as it is produced, never whole)\n",
 		rep.Shape, rep.Jobs, rep.DistinctJobsPerBatch, rep.BatchSize, mib(rep.BenchPeakRSSBytes))
 	if rep.Preload > 0 {

@@ -55,6 +55,8 @@ func TestRunChecksExact(t *testing.T) {
 			require.Positive(t, rep.ProjectorEventsPerSecond)
 			require.Positive(t, rep.ProjectorRatioToNaive)
 			require.Positive(t, rep.PeakHeapBytes)
+			require.Positive(t, rep.PeakLiveHeapBytes)
+			require.LessOrEqual(t, rep.PeakLiveHeapBytes, rep.PeakHeapBytes, "the live heap is part of the heap")
 			require.Positive(t, rep.BenchPeakRSSBytes, "the bench process's own peak is reported")
 			require.Contains(t, rep.Broker, "in this process", "without an executable the broker shares the process, and says so")
 			require.Contains(t, rep.Projector, "in this process", "and so does the projector")

@@ -45,11 +45,12 @@ type childSpec struct {
 
 // childResult is what the run measured, or the error that ended it.
 type childResult struct {
-	Seconds         float64 `json:"seconds"`
-	PeakHeapBytes   int64   `json:"peak_heap_bytes"`
-	PeakRSSBytes    int64   `json:"peak_rss_bytes"`
-	HeapBeforeBytes int64   `json:"heap_before_bytes"`
-	Error           string  `json:"error,omitempty"`
+	Seconds           float64 `json:"seconds"`
+	PeakHeapBytes     int64   `json:"peak_heap_bytes"`
+	PeakLiveHeapBytes int64   `json:"peak_live_heap_bytes"`
+	PeakRSSBytes      int64   `json:"peak_rss_bytes"`
+	HeapBeforeBytes   int64   `json:"heap_before_bytes"`
+	Error             string  `json:"error,omitempty"`
 }
 
 // ServeProjector runs one measured projector run for a parent bench
@@ -157,7 +158,7 @@ func projectorRun(ctx context.Context, pool *pgxpool.Pool, s childSpec, logger *
 	if cpu != nil {
 		pprof.StopCPUProfile()
 	}
-	res.PeakHeapBytes, res.PeakRSSBytes, res.HeapBeforeBytes = mem.finish()
+	res.PeakHeapBytes, res.PeakLiveHeapBytes, res.PeakRSSBytes, res.HeapBeforeBytes = mem.finish()
 	res.Seconds = elapsed.Seconds()
 	return res, err
 }

@@ -12,8 +12,11 @@ import (
 	"time"
 )
 
-// memSampler records this process's peak heap and resident set while the
-// projector runs. Heap is sampled (runtime/metrics, every 10 ms); the RSS
+// memSampler records this process's peak heap, peak live heap and resident
+// set while the projector runs. Heap is sampled (runtime/metrics, every 10
+// ms): the heap's objects, swept or not, and the live heap the last
+// collection marked (what the configuration bounds; the heap reaches about
+// twice it at GOGC 100); the RSS
 // peak is the kernel's high-water mark, reset at the start when the kernel
 // allows it, and the sampled maximum otherwise.
 type memSampler struct {
@@ -21,12 +24,16 @@ type memSampler struct {
 	wg       sync.WaitGroup
 	mu       sync.Mutex
 	heap     int64
+	live     int64
 	rss      int64
 	baseHeap int64
 	hwmReset bool
 }
 
-const heapMetric = "/memory/classes/heap/objects:bytes"
+const (
+	heapMetric = "/memory/classes/heap/objects:bytes"
+	liveMetric = "/gc/heap/live:bytes"
+)
 
 func startMemSampler() *memSampler {
 	// What came before (the generated stream, the baselines) is garbage by
@@ -62,15 +69,17 @@ func heapBytes() int64 {
 }
 
 func (m *memSampler) sample() {
-	h := heapBytes()
+	s := []metrics.Sample{{Name: heapMetric}, {Name: liveMetric}}
+	metrics.Read(s)
+	h, l := int64(s[0].Value.Uint64()), int64(s[1].Value.Uint64())
 	r := procStatusBytes("/proc/self/status", "VmRSS:")
 	m.mu.Lock()
-	m.heap, m.rss = max(m.heap, h), max(m.rss, r)
+	m.heap, m.live, m.rss = max(m.heap, h), max(m.live, l), max(m.rss, r)
 	m.mu.Unlock()
 }
 
 // finish stops sampling and returns the peaks.
-func (m *memSampler) finish() (heap, rss, baseHeap int64) {
+func (m *memSampler) finish() (heap, live, rss, baseHeap int64) {
 	close(m.stop)
 	m.wg.Wait()
 	m.sample()
@@ -78,7 +87,7 @@ func (m *memSampler) finish() (heap, rss, baseHeap int64) {
 	if m.hwmReset {
 		rss = max(rss, procStatusBytes("/proc/self/status", "VmHWM:"))
 	}
-	return m.heap, rss, m.baseHeap
+	return m.heap, m.live, rss, m.baseHeap
 }
 
 // procStatusBytes reads a "Name:   N kB" line of a /proc status file.
