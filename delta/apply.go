@@ -53,7 +53,7 @@ func EncodeState(state map[string]any) (json.RawMessage, error) {
 		return json.RawMessage("{}"), nil
 	}
 	if out, ok := appendValue(make([]byte, 0, 256), state); ok {
-		if cap(out)-len(out) > 64 {
+		if cap(out) > 256 && cap(out)-len(out) > 64 {
 			// Grown by doubling: a state kept while its batch is
 			// written should not hold twice its size.
 			out = append(make([]byte, 0, len(out)), out...)

@@ -413,8 +413,9 @@ func (c Config) gapPolicy() gapfill.Policy {
 // another commits, at least 8, so that a PostgreSQL with more cores than
 // the instance is kept busy and a few partitions held up by row locks do
 // not hold up the rest, and at most 32. An instance of many partitions
-// then does not hold a batch for each: a batch in hand holds several KB a
-// record (about 25 MB at 5,000 records of 200-byte states, measured), so
-// the default bounds that part at 8 to 32 batches; where memory is
-// tighter, set a lower bound (docs/performance.md).
+// then does not hold a batch for each: a batch being planned and written
+// holds a few KB a record (11 to 18 MiB at 5,000 records of 200-byte
+// states, a job each, from the difference between measured runs), so the
+// default bounds that part at 8 to 32 batches; where memory is tighter,
+// set a lower bound (docs/performance.md, docs/deploy.md).
 func DefaultBatchesInFlight() int { return min(32, max(8, 2*runtime.GOMAXPROCS(0))) }

@@ -105,16 +105,19 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 	// Each job gets an index in order at its first record; a record then
 	// costs one map lookup (four did: the count, its increment, the delta
 	// flag and the grouping, each hashing the job id).
-	// The maps keyed by job are sized for a batch of distinct jobs: grown
-	// by doubling they were a tenth of planning's CPU where jobs are many.
-	slot := make(map[string]int, len(msgs))
+	// The maps keyed by job start at the size the last batch needed:
+	// grown by doubling they were a tenth of planning's CPU where a batch
+	// meets thousands of jobs, and sized for a job a record they would
+	// allocate and clear hundreds of KB for a batch that meets a few.
+	hint := min(w.jobsSeen, len(msgs))
+	slot := make(map[string]int, hint)
 	var (
 		order     []string
 		counts    []int
 		deltaSeen []bool
 	)
 	jobOf := w.jobOf[:0]
-	hasDelta := make(map[string]bool, len(msgs))
+	hasDelta := make(map[string]bool, hint)
 	for _, m := range msgs {
 		ev, err := event.Decode(m.Key, m.Value)
 		if err != nil {
@@ -151,6 +154,7 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 	for k, in := range decoded {
 		groups[jobOf[k]] = append(groups[jobOf[k]], in)
 	}
+	w.jobsSeen = len(order)
 	inputs := make(map[string][]gapfill.Input, len(order))
 	for i, id := range order {
 		inputs[id] = groups[i]

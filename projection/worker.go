@@ -78,6 +78,9 @@ type worker struct {
 	// jobOf is [worker.plan]'s index of each decoded record's job, reused
 	// like decoded.
 	jobOf []int
+	// jobsSeen is how many jobs the last batch planned had: the size the
+	// next batch's maps keyed by job start at.
+	jobsSeen int
 }
 
 // workerDeps is what a partition worker uses besides its own state: the
