@@ -22,16 +22,24 @@ type Row struct {
 	Deleted bool
 }
 
-// Job is the row as a job with the given held deltas.
+// Job is the row as a job with the given held deltas, once its state is
+// checked to be JSON.
 func (r Row) Job(id string, held map[int64]Held) (Job, error) {
-	if r.Deleted {
-		return Job{ID: id, Version: r.Version, EventID: r.EventID, Deleted: true, Held: held}, nil
-	}
-	// The state is decoded only when a delta needs it (see Job.State).
-	if !json.Valid(r.State) {
+	if !r.Deleted && !json.Valid(r.State) {
 		return Job{}, fmt.Errorf("job %q: the stored state is not JSON", id)
 	}
-	return Job{ID: id, Version: r.Version, Raw: r.State, EventID: r.EventID, LastOps: r.LastOps, Held: held}, nil
+	return r.TrustedJob(id, held), nil
+}
+
+// TrustedJob is [Row.Job] for a row whose state is known to be JSON, such
+// as PostgreSQL's text of a jsonb value: not checked again. The state is
+// decoded only when a delta needs it (see Job.State), and that decoding
+// checks it.
+func (r Row) TrustedJob(id string, held map[int64]Held) Job {
+	if r.Deleted {
+		return Job{ID: id, Version: r.Version, EventID: r.EventID, Deleted: true, Held: held}
+	}
+	return Job{ID: id, Version: r.Version, Raw: r.State, EventID: r.EventID, LastOps: r.LastOps, Held: held}
 }
 
 // StoreReader reads rows again: another writer, a snapshot or a previous

@@ -110,10 +110,7 @@ func (w *worker) holdStored(held []store.Held, rows map[string]store.Job) error 
 	for _, h := range held {
 		j, ok := w.cache.get(h.JobID)
 		if !ok {
-			var err error
-			if j, err = storedJob(h.JobID, rows, nil); err != nil {
-				return err
-			}
+			j = storedJob(h.JobID, rows, nil)
 		}
 		if !copied[h.JobID] {
 			// The cache keeps what put is given, or a copy of it: after
@@ -201,11 +198,7 @@ func (w *worker) resync(ctx context.Context, ids []string) (map[string]gapfill.J
 	}
 	out := make(map[string]gapfill.Job, len(ids))
 	for _, id := range ids {
-		j, err := storedJob(id, rows, nil)
-		if err != nil {
-			return nil, err
-		}
-		out[id] = j
+		out[id] = storedJob(id, rows, nil)
 	}
 	since := map[string]time.Time{}
 	for _, h := range stored {

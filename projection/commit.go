@@ -314,11 +314,7 @@ func (w *worker) forgetRow(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	fresh, err := storedJob(id, rows, j.Held)
-	if err != nil {
-		return err
-	}
-	w.cache.put(fresh)
+	w.cache.put(storedJob(id, rows, j.Held))
 	return nil
 }
 

@@ -157,9 +157,7 @@ func (w *worker) applyApart(ctx context.Context, msgs []Record, res []gapfill.Re
 		if err != nil {
 			return err
 		}
-		if j, err = storedJob(id, rows, nil); err != nil {
-			return err
-		}
+		j = storedJob(id, rows, nil)
 	}
 	var aside []store.HeldKey
 	for v := range j.Held {

@@ -204,11 +204,7 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 	// entries as it fills; the cache learns them once the batch commits.
 	known := make(map[string]gapfill.Job, len(need))
 	for _, id := range need {
-		j, err := storedJob(id, loaded, nil)
-		if err != nil {
-			return nil, err
-		}
-		known[id] = j
+		known[id] = storedJob(id, loaded, nil)
 	}
 	if err := w.unspill(ctx, order, known); err != nil {
 		return nil, err

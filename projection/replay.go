@@ -101,10 +101,7 @@ func replayOne(ctx context.Context, st *store.Store, q store.QuarantineRecord, r
 		if err != nil {
 			return err
 		}
-		job, err := storedJob(ev.JobID, rows, nil)
-		if err != nil {
-			return fmt.Errorf("projection: replay %d: %w", q.ID, err)
-		}
+		job := storedJob(ev.JobID, rows, nil)
 		next, out := gapfill.Advance(job, []gapfill.Input{{Event: ev, Partition: q.Partition, Offset: q.Offset, Source: gapfill.FromLog, At: time.Now()}})
 		switch {
 		case len(out.Rejected) > 0:
