@@ -27,7 +27,7 @@ func TestBenchTable(t *testing.T) {
 	} {
 		require.Regexp(t, `(?m)^`+row, r.stdout, "%s", r)
 	}
-	require.Regexp(t, `(?m)^projector: [\d.]+x raw COPY, [\d.]+x the keyed ceiling, [\d.]+x the naive consumer; peak heap [\d.]+ MiB, peak RSS [\d.]+ MiB \(projector: child process.*; broker: child process`, r.stdout, "%s", r)
+	require.Regexp(t, `(?m)^projector: [\d.]+x raw COPY, [\d.]+x the keyed ceiling, [\d.]+x the naive consumer; peak heap [\d.]+ MiB \(live [\d.]+ MiB\), peak RSS [\d.]+ MiB \(projector: child process.*; broker: child process`, r.stdout, "%s", r)
 }
 
 // TestBenchJSON runs every part of the benchmark once, small, and checks
