@@ -165,8 +165,8 @@ func (d *Detector) Hold(job string, since time.Time) { d.HoldUntil(job, since, -
 // and within the bounds of [Detector.gateBound]. On a log read behind its
 // end, a version that is missing is most likely among the records not
 // read yet (a late delivery further on), which reading finds at no cost;
-// a re-read or a request to the authority would not. A zero Wait (waiting off) takes it
-// as Hold does.
+// a re-read or a request to the authority would not. A zero Wait
+// (waiting off) takes it as Hold does.
 func (d *Detector) HoldUntil(job string, since time.Time, end int64) {
 	d.version++
 	if e, ok := d.gaps[job]; ok {

@@ -175,14 +175,15 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 		hasDelta[r.JobID] = true
 	}
 
-	// Jobs that only received snapshots and hold nothing take the fast
-	// path: one conditional upsert, no row read. The rest need their row.
 	// Most jobs of a batch write once: room for them at once, not grown
 	// by doubling (a write is about 150 bytes).
 	p.batch.Updates = make([]store.Write, 0, len(hasDelta))
 	p.batch.Snapshots = make([]store.Write, 0, len(order)-len(hasDelta))
 	p.jobs = make(map[string]gapfill.Job, len(hasDelta))
 	p.folds = make(map[string]snapshot.Folded, len(order)-len(hasDelta))
+
+	// Jobs that only received snapshots and hold nothing take the fast
+	// path: one conditional upsert, no row read. The rest need their row.
 	var need []string
 	for _, id := range order {
 		j, cached := w.cache.get(id)
