@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"time"
 
@@ -193,9 +195,6 @@ func (c Config) WithDefaults() Config {
 	if c.BatchSize == 0 {
 		c.BatchSize = 5000
 	}
-	if c.BatchesInFlight == 0 {
-		c.BatchesInFlight = DefaultBatchesInFlight()
-	}
 	if c.MaxWait == 0 {
 		c.MaxWait = time.Second
 	}
@@ -205,6 +204,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.CacheBytes == 0 {
 		c.CacheBytes = DefaultCacheBytes
+	}
+	if c.BatchesInFlight == 0 {
+		c.BatchesInFlight = BatchesInFlightWithin(debug.SetMemoryLimit(-1), c.CacheBytes, c.BatchSize)
 	}
 	if c.GapWait == 0 && !c.GapWaitOff {
 		c.GapWait = 10 * time.Second
@@ -408,14 +410,53 @@ func (c Config) gapPolicy() gapfill.Policy {
 	}
 }
 
-// DefaultBatchesInFlight is the default of [Config.BatchesInFlight]: two
-// batches for each CPU the process may use (GOMAXPROCS), one planned while
-// another commits, at least 8, so that a PostgreSQL with more cores than
-// the instance is kept busy and a few partitions held up by row locks do
-// not hold up the rest, and at most 32. An instance of many partitions
-// then does not hold a batch for each: a batch being planned and written
-// holds a few KB a record (11 to 18 MiB at 5,000 records of 200-byte
-// states, a job each, from the difference between measured runs), so the
-// default bounds that part at 8 to 32 batches; where memory is tighter,
-// set a lower bound (docs/performance.md, docs/deploy.md).
+// DefaultBatchesInFlight is the default of [Config.BatchesInFlight] in a
+// process with no soft memory limit: two batches for each CPU the process
+// may use (GOMAXPROCS), one planned while another commits, at least 8, so
+// that a PostgreSQL with more cores than the instance is kept busy and a
+// few partitions held up by row locks do not hold up the rest, and at most
+// 32. An instance of many partitions then does not hold a batch for each:
+// a batch being planned and written holds a few KB a record (11 to 18 MiB
+// at 5,000 records of 200-byte states, a job each, from the difference
+// between measured runs). Under a memory limit the default is
+// [BatchesInFlightWithin] (docs/performance.md, docs/deploy.md).
 func DefaultBatchesInFlight() int { return min(32, max(8, 2*runtime.GOMAXPROCS(0))) }
+
+// BatchMemoryPerRecord is what a batch in flight is allowed of a soft
+// memory limit, per record of the batch: about 3.3 KB a record is live
+// while a batch is planned and written (spread jobs, 200-byte states), and
+// the rest leaves the collector room to work without running all the time.
+const BatchMemoryPerRecord = 9 << 10
+
+// BatchesInFlightWithin is the default of [Config.BatchesInFlight] in a
+// process whose soft memory limit (debug.SetMemoryLimit, GOMEMLIMIT or
+// `--memory-limit`) is limit: as many batches of batchSize records as fit
+// in what the limit leaves beyond the cache, BatchMemoryPerRecord a record,
+// at least 2 (one planned while another commits) and at most
+// [DefaultBatchesInFlight]. So a limit of 208 MiB (the default outside a
+// container, [DefaultMemoryLimit]) with the 64 MiB cache and batches of
+// 5,000 takes 3, a pod of 512 MiB (a limit of 435 MiB) 8. A limit of
+// math.MaxInt64 or below 1 is none.
+func BatchesInFlightWithin(limit, cacheBytes int64, batchSize int) int {
+	n := DefaultBatchesInFlight()
+	if limit <= 0 || limit == math.MaxInt64 || batchSize <= 0 {
+		return n
+	}
+	fit := (limit - cacheBytes) / (int64(batchSize) * BatchMemoryPerRecord)
+	return int(max(2, min(int64(n), fit)))
+}
+
+// WorkingMemory is what the default soft memory limit allows beyond the
+// cache's budget: the records fetched for each partition (about 7 MiB a
+// partition), the batches in flight, the connections' buffers and the
+// rest of the process (about 15 MiB).
+const WorkingMemory = 144 << 20
+
+// DefaultMemoryLimit is the soft memory limit a projector process sets
+// where no container limits it and none is given (`--memory-limit auto`):
+// the cache's budget and [WorkingMemory], 208 MiB at the default cache, so
+// that a process left at its defaults stays near 230 MiB resident however
+// many jobs it sees. The limit is soft: a live heap above it is not
+// refused, only collected more often; an instance of many partitions
+// (more than about 12) or large states should be given a larger one.
+func DefaultMemoryLimit(cacheBytes int64) int64 { return cacheBytes + WorkingMemory }

@@ -109,12 +109,14 @@ func (p *Projector) databaseFailed(err error, next time.Duration) {
 	p.dbOutage.Failed(err, next)
 }
 
-// logProgress logs catch-up progress while the lag is large, and the
-// count of quarantine lines held back, whichever the source.
+// logProgress logs catch-up progress while the lag is large, the count of
+// quarantine lines held back, whichever the source, and a live heap near
+// the memory limit.
 func (p *Projector) logProgress(ctx context.Context) {
 	t := time.NewTicker(progressCheckEvery)
 	defer t.Stop()
 	progress := progressLog{at: time.Now(), consumed: p.counters.consumed.Load()}
+	memory := newMemoryWatch()
 	for {
 		select {
 		case <-ctx.Done():
@@ -128,6 +130,7 @@ func (p *Projector) logProgress(ctx context.Context) {
 			if n := p.quarantineLog.Flush(now); n > 0 {
 				p.cfg.Logger.Warn("quarantined records not logged (rate limit); projector status lists them", "not_shown", n)
 			}
+			memory.check(p.cfg.Logger, now)
 		}
 	}
 }

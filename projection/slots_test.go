@@ -2,7 +2,9 @@ package projection
 
 import (
 	"context"
+	"math"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -140,4 +142,37 @@ func TestBatchesInFlightDefaultsToTwoACPUAtLeastEight(t *testing.T) {
 	require.Nil(t, newBatchSlots(-1), "-1 bounds nothing")
 	require.Equal(t, want, cap(newBatchSlots(Config{}.WithDefaults().BatchesInFlight).ch))
 	require.ErrorContains(t, Config{BatchesInFlight: -2}.Validate(), "batches-in-flight: -2")
+}
+
+// TestBatchesInFlightFitTheMemoryLimit: under a soft memory limit the
+// default bound is the batches that fit in what the limit leaves beyond
+// the cache, 9 KiB a record, from 2 up to the default without a limit;
+// WithDefaults reads the process's limit.
+func TestBatchesInFlightFitTheMemoryLimit(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4)) // default without a limit: 8
+	const MiB = 1 << 20
+	for _, tc := range []struct {
+		limit, cache int64
+		batch, want  int
+	}{
+		{208 * MiB, 64 * MiB, 5000, 3},     // the default outside a container
+		{435 * MiB, 64 * MiB, 5000, 8},     // 85% of a 512 MiB pod: the default's 8
+		{300 * MiB, 64 * MiB, 5000, 5},     // 236 MiB / 43.9 MiB
+		{208 * MiB, 64 * MiB, 10000, 2},    // rebuild's batches: at least 2
+		{64 * MiB, 256 * MiB, 5000, 2},     // a cache above the limit: still 2
+		{math.MaxInt64, 64 * MiB, 5000, 8}, // no limit
+		{0, 64 * MiB, 5000, 8},             // none given
+		{64 << 30, 64 * MiB, 5000, 8},      // a large limit: no more than without
+		{DefaultMemoryLimit(64 * MiB), 64 * MiB, 5000, 3},
+	} {
+		require.Equal(t, tc.want, BatchesInFlightWithin(tc.limit, tc.cache, tc.batch), "limit %d MiB, cache %d MiB, batch %d", tc.limit/MiB, tc.cache/MiB, tc.batch)
+	}
+	require.Equal(t, int64(208*MiB), DefaultMemoryLimit(DefaultCacheBytes))
+
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(208 * MiB))
+	require.Equal(t, 3, Config{}.WithDefaults().BatchesInFlight, "the process's limit sizes the default")
+	require.Equal(t, 2, Config{BatchSize: 10000}.WithDefaults().BatchesInFlight)
+	require.Equal(t, 4, Config{CacheBytes: 16 * MiB}.WithDefaults().BatchesInFlight, "a smaller cache leaves more to batches: 192 MiB / 43.9 MiB")
+	require.Equal(t, 6, Config{BatchesInFlight: 6}.WithDefaults().BatchesInFlight, "a bound given is kept")
+	require.Equal(t, -1, Config{BatchesInFlight: -1}.WithDefaults().BatchesInFlight)
 }

@@ -142,7 +142,7 @@ Examples:
 			// The measured run's process takes the limit `projector run`
 			// would; the broker's and the bench's own processes set none
 			// (GOMEMLIMIT in the environment reaches every process).
-			o.memory.apply(logger)
+			o.memory.apply(logger, projection.DefaultCacheBytes)
 			return bench.ServeProjector(ctx, spec, env.stdout, logger)
 		}
 		url := o.databaseURL

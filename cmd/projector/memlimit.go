@@ -11,13 +11,18 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+
+	"github.com/projector/projector/projection"
 )
 
 // memoryLimit is --memory-limit: the Go runtime's soft memory limit
 // (debug.SetMemoryLimit). "auto" (the default) takes memoryShare of the
 // container's memory limit when there is one (cgroup v2 memory.max, or v1
-// memory.limit_in_bytes), and sets none otherwise; "off" sets none; a size
-// sets that. Near the limit the garbage collector runs more often instead of
+// memory.limit_in_bytes), and otherwise the cache's budget and a working
+// part (projection.DefaultMemoryLimit, 208 MiB at the default cache); "off"
+// sets none; a size sets that. The engine's default of batches in flight
+// is sized to the limit set (projection.BatchesInFlightWithin), so apply
+// runs before the engine is built. Near the limit the garbage collector runs more often instead of
 // letting the heap reach twice its live data, which is what keeps a pod
 // under its limit; it is soft, so a live heap above it is not refused, only
 // collected harder.
@@ -77,11 +82,13 @@ func (m *memoryLimit) Get() any { return m.String() }
 // register adds --memory-limit to fs.
 func (m *memoryLimit) register(fs *flag.FlagSet) {
 	*m = memoryLimit{auto: true}
-	fs.Var(m, "memory-limit", "the Go runtime's soft memory limit: a `size` (400MiB), off, or auto: 85% of\nthe container's memory limit (cgroup memory.max), none outside a container.\nNear it the garbage collector works harder rather than let the heap reach\ntwice its live data; GOMEMLIMIT in the environment wins over auto")
+	fs.Var(m, "memory-limit", "the Go runtime's soft memory limit: a `size` (400MiB), off, or auto: 85% of\nthe container's memory limit (cgroup memory.max), outside a container\n--cache-bytes + 144MiB (208MiB at the defaults). Near it the garbage\ncollector works harder rather than let the heap reach twice its live data,\nand the default of --batches-in-flight fits in it; GOMEMLIMIT in the\nenvironment wins over auto")
 }
 
-// apply sets the limit, and logs it with where it came from.
-func (m *memoryLimit) apply(log *slog.Logger) {
+// apply sets the limit, and logs it with where it came from; cacheBytes
+// is the cache's budget (--cache-bytes), which auto's limit outside a
+// container leaves room for.
+func (m *memoryLimit) apply(log *slog.Logger, cacheBytes int64) {
 	switch {
 	case m.off:
 		debug.SetMemoryLimit(math.MaxInt64)
@@ -98,16 +105,27 @@ func (m *memoryLimit) apply(log *slog.Logger) {
 			log.Info("memory limit", "limit", v, "from", "GOMEMLIMIT")
 			return
 		}
-		limit, path, ok := containerMemoryLimit("/proc/self/cgroup", "/sys/fs/cgroup")
-		if !ok {
-			log.Info("memory limit none: no container limit found (set --memory-limit to bound the heap)")
+		b, from, container := autoMemoryLimit(cacheBytes, "/proc/self/cgroup", "/sys/fs/cgroup")
+		debug.SetMemoryLimit(b)
+		lb, cb := byteSize(b), byteSize(container)
+		if container == 0 {
+			log.Info("memory limit", "limit", lb.String(), "from", from)
 			return
 		}
-		b := byteSize(float64(limit) * memoryShare)
-		debug.SetMemoryLimit(int64(b))
-		c := byteSize(limit)
-		log.Info("memory limit", "limit", b.String(), "from", path, "container_limit", c.String())
+		log.Info("memory limit", "limit", lb.String(), "from", from, "container_limit", cb.String())
 	}
+}
+
+// autoMemoryLimit is --memory-limit auto's limit: memoryShare of the
+// container's limit (container, read from the cgroup files under
+// procCgroup and root), or, with none found, the cache's budget and a
+// working part (container 0). from says which, for the log.
+func autoMemoryLimit(cacheBytes int64, procCgroup, root string) (limit int64, from string, container int64) {
+	c, path, ok := containerMemoryLimit(procCgroup, root)
+	if !ok {
+		return projection.DefaultMemoryLimit(cacheBytes), "--cache-bytes + 144MiB (no container limit found; --memory-limit sets another)", 0
+	}
+	return int64(float64(c) * memoryShare), path, c
 }
 
 // containerMemoryLimit reads the memory limit of the cgroup this process

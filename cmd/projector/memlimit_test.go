@@ -60,3 +60,29 @@ func TestMemoryLimitFlag(t *testing.T) {
 	err := m.Set("lots")
 	require.ErrorContains(t, err, "want auto, off or a size")
 }
+
+// TestAutoMemoryLimitLeavesTheCacheItsRoom: auto takes 85% of a
+// container's limit; with none, the cache's budget and 144 MiB, so that
+// a larger --cache-bytes raises the limit with it.
+func TestAutoMemoryLimitLeavesTheCacheItsRoom(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cgroup := filepath.Join(dir, "cgroup")
+	require.NoError(t, os.WriteFile(cgroup, []byte("0::/pod/c1\n"), 0o644))
+	fs := filepath.Join(dir, "fs")
+
+	got, from, container := autoMemoryLimit(64<<20, cgroup, fs)
+	require.Equal(t, int64(208<<20), got, "no container: the default cache and 144 MiB")
+	require.Zero(t, container)
+	require.Contains(t, from, "--cache-bytes + 144MiB")
+	got, _, _ = autoMemoryLimit(1<<30, cgroup, fs)
+	require.Equal(t, int64(1<<30+144<<20), got, "the limit follows --cache-bytes")
+
+	require.NoError(t, os.MkdirAll(filepath.Join(fs, "pod", "c1"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(fs, "pod", "c1", "memory.max"), []byte("536870912\n"), 0o644))
+	got, from, container = autoMemoryLimit(64<<20, cgroup, fs)
+	require.Equal(t, int64(536870912), container)
+	pod := int64(536870912)
+	require.Equal(t, int64(float64(pod)*0.85), got, "in a container: 85% of its limit, whatever the cache")
+	require.Contains(t, from, "memory.max")
+}

@@ -127,7 +127,7 @@ Example:
 			return err
 		}
 		defer live.Close()
-		o.memory.apply(logger)
+		o.memory.apply(logger, int64(o.cacheBytes))
 		rb := &projection.Rebuild{
 			Live: live, Config: o.config(nil, logger),
 			KeepOld: o.keepOld, Restart: o.restart, DryRun: o.dryRun, HeldWait: o.heldWait, Timeout: o.timeout,

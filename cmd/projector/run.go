@@ -269,12 +269,12 @@ Example:
 			return err
 		}
 		defer st.Close()
+		// The limit first: the default of batches in flight fits in it.
+		o.memory.apply(logger, int64(o.cacheBytes))
 		p, err := projection.New(o.config(st, logger))
 		if err != nil {
 			return &usageError{err.Error()}
 		}
-		// Set once everything the command was given checked out.
-		o.memory.apply(logger)
 		stop, err := o.serve(ctx, p, logger)
 		if err != nil {
 			return err
@@ -316,7 +316,7 @@ func (o *runOpts) register(fs *flag.FlagSet, group, httpAddr string) {
 	fs.StringVar(&o.group, "group", group, "Kafka consumer group; instances with the same group share the partitions\n(default: the group the projection recorded when it first ran, else\nprojector-<schema>.<table>; one given here is recorded as the projection's;\na group another projection works is refused with exit 2)")
 	fs.IntVar(&o.batchSize, "batch-size", d.BatchSize, "most records per batch transaction")
 	fs.DurationVar(&o.batchLinger, "batch-linger", d.BatchLinger, "how long a batch waits for more records after its first; 0 waits for none:\na batch takes what has arrived, and records that come while one commits make\nthe next, so batches grow with the load and a quiet stream is not delayed")
-	fs.IntVar(&o.batchesInFlight, "batches-in-flight", 0, "most batches the instance plans and writes at once, whatever its partitions;\n0 (the default) picks 2 for each CPU the process may use, from 8 to 32; -1\nbounds nothing. A batch being planned and written holds its records decoded, the rows\nit read and its statement (several KB a record), so the bound keeps that memory\nfrom growing with the partitions; with a bound below the partitions, a partition\nwaits for another's transaction at times")
+	fs.IntVar(&o.batchesInFlight, "batches-in-flight", 0, "most batches the instance plans and writes at once, whatever its partitions;\n0 (the default) picks 2 for each CPU the process may use, from 8 to 32, or,\nunder a memory limit (--memory-limit), as many as fit in it beyond\n--cache-bytes at 9KiB a record of --batch-size, at least 2 (3 at the\ndefaults outside a container); -1 bounds nothing. A batch being planned and\nwritten holds its records decoded, the rows it read and its statement\n(several KB a record), so the bound keeps that memory from growing with the\npartitions; with a bound below the partitions, a partition waits for\nanother's transaction at times")
 	usage := "address for /healthz, /readyz, /status and /metrics; \"off\" disables it"
 	if httpAddr == "" {
 		usage += "\n(default :8080; if :8080 is taken, for example by a second instance on the\nsame host, the server is skipped with a warning: set it to make that an error)"
@@ -366,7 +366,7 @@ func (o *runOpts) validate() error {
 		return usagef("--batch-size %d: must be from 1 to 1000000", o.batchSize)
 	}
 	if o.batchesInFlight < -1 {
-		return usagef("--batches-in-flight %d: want -1 (no bound), 0 (the default: 2 a CPU, from 8 to 32) or a bound", o.batchesInFlight)
+		return usagef("--batches-in-flight %d: want -1 (no bound), 0 (the default: 2 a CPU, from 8 to 32, fewer under a memory limit) or a bound", o.batchesInFlight)
 	}
 	if o.batchLinger < 0 {
 		return usagef("--batch-linger %s: must be zero (take what has arrived) or a positive duration such as 5ms", o.batchLinger)

@@ -134,8 +134,12 @@ type Report struct {
 	Jobs      int    `json:"jobs"`
 	BatchSize int    `json:"batch_size"`
 	// BatchesInFlight is the projector's bound on batches planned and
-	// written at once (its default when not given; -1: none).
-	BatchesInFlight          int     `json:"batches_in_flight"`
+	// written at once (its default when not given, as the measured run
+	// took it; -1: none).
+	BatchesInFlight int `json:"batches_in_flight"`
+	// MemoryLimitBytes is the soft memory limit of the measured run's
+	// process (0: none).
+	MemoryLimitBytes         int64   `json:"memory_limit_bytes"`
 	DistinctJobsPerBatch     float64 `json:"distinct_jobs_per_batch"`
 	DistinctJobsPerBatchHow  string  `json:"distinct_jobs_per_batch_how"`
 	Partitions               int     `json:"partitions"`
@@ -709,12 +713,14 @@ func (r *run) projector(ctx context.Context, topic string, hwm map[int]int64, tr
 		res, err = runProjectorChild(ctx, r.cfg.Executable, r.cfg.ChildArgs, spec)
 		elapsed = time.Duration(res.Seconds * float64(time.Second))
 		r.rep.PeakHeapBytes, r.rep.PeakLiveHeapBytes, r.rep.PeakRSSBytes, r.rep.HeapBeforeBytes = res.PeakHeapBytes, res.PeakLiveHeapBytes, res.PeakRSSBytes, res.HeapBeforeBytes
+		r.rep.BatchesInFlight, r.rep.MemoryLimitBytes = res.BatchesInFlight, res.MemoryLimitBytes
 	case measureMemory:
 		spec.CPUProfile, spec.AllocProfile = r.cfg.CPUProfile, r.cfg.AllocProfile
 		var res childResult
 		res, err = projectorRun(ctx, r.pool, spec, r.cfg.Logger)
 		elapsed = time.Duration(res.Seconds * float64(time.Second))
 		r.rep.PeakHeapBytes, r.rep.PeakLiveHeapBytes, r.rep.PeakRSSBytes, r.rep.HeapBeforeBytes = res.PeakHeapBytes, res.PeakLiveHeapBytes, res.PeakRSSBytes, res.HeapBeforeBytes
+		r.rep.BatchesInFlight, r.rep.MemoryLimitBytes = res.BatchesInFlight, res.MemoryLimitBytes
 	default:
 		var p *projection.Projector
 		if p, err = r.engine(st, topic, spec.Group); err == nil {

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"strings"
 
@@ -50,7 +52,12 @@ type childResult struct {
 	PeakLiveHeapBytes int64   `json:"peak_live_heap_bytes"`
 	PeakRSSBytes      int64   `json:"peak_rss_bytes"`
 	HeapBeforeBytes   int64   `json:"heap_before_bytes"`
-	Error             string  `json:"error,omitempty"`
+	// BatchesInFlight is the engine's bound as it took it (its default is
+	// sized to the memory limit), MemoryLimitBytes the soft memory limit
+	// the run had (0: none).
+	BatchesInFlight  int    `json:"batches_in_flight"`
+	MemoryLimitBytes int64  `json:"memory_limit_bytes"`
+	Error            string `json:"error,omitempty"`
 }
 
 // ServeProjector runs one measured projector run for a parent bench
@@ -112,6 +119,10 @@ func runProjectorChild(ctx context.Context, executable string, args []string, sp
 // process's heap and resident set meanwhile.
 func projectorRun(ctx context.Context, pool *pgxpool.Pool, s childSpec, logger *slog.Logger) (childResult, error) {
 	var res childResult
+	res.BatchesInFlight = projection.Config{BatchSize: s.BatchSize, BatchesInFlight: s.BatchesInFlight}.WithDefaults().BatchesInFlight
+	if limit := debug.SetMemoryLimit(-1); limit != math.MaxInt64 {
+		res.MemoryLimitBytes = limit
+	}
 	st, err := store.New(pool, store.Config{Schema: s.Schema, Table: s.Table})
 	if err != nil {
 		return res, err
