@@ -1,0 +1,4 @@
+package store
+
+// QueryEncoded is queryEncoded, for the external tests.
+var QueryEncoded = queryEncoded
