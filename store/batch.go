@@ -45,17 +45,29 @@ type Job struct {
 // LoadJobs reads the rows of ids that exist, and the tombstones of those
 // deleted; a job with neither is at version 0.
 func (s *Store) LoadJobs(ctx context.Context, ids []string) (map[string]Job, error) {
-	return loadJobs(ctx, s.pool, s.jobs, s.tombstones, s.projection, ids)
+	out := make(map[string]Job, len(ids))
+	err := s.EachJob(ctx, ids, func(j Job) { out[j.ID] = j })
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// EachJob is [Store.LoadJobs] handing each row or tombstone found to fn as
+// it is read, with no map of them: a batch's planner keeps its own. ids
+// should hold each job once; one with neither row nor tombstone is not
+// handed over.
+func (s *Store) EachJob(ctx context.Context, ids []string, fn func(Job)) error {
+	return loadJobs(ctx, s.pool, s.jobs, s.tombstones, s.projection, ids, fn)
 }
 
 type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-func loadJobs(ctx context.Context, q querier, table, tombstones, projection string, ids []string) (map[string]Job, error) {
-	out := make(map[string]Job, len(ids))
+func loadJobs(ctx context.Context, q querier, table, tombstones, projection string, ids []string, fn func(Job)) error {
 	if len(ids) == 0 {
-		return out, nil
+		return nil
 	}
 	// Planned for its arguments every time, as the batch's statements are
 	// (see fence): a generic plan of a table that started empty scans it.
@@ -66,7 +78,7 @@ func loadJobs(ctx context.Context, q querier, table, tombstones, projection stri
 		FROM `+tombstones+` t WHERE t.projection = $2 AND t.job_id = ANY($1::text[])
 			AND NOT EXISTS (SELECT 1 FROM `+table+` j WHERE j.job_id = t.job_id)`, pgx.QueryExecModeCacheDescribe, ids, projection)
 	if err != nil {
-		return nil, fmt.Errorf("store: load %d jobs: %w", len(ids), err)
+		return fmt.Errorf("store: load %d jobs: %w", len(ids), err)
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -75,7 +87,7 @@ func loadJobs(ctx context.Context, q querier, table, tombstones, projection stri
 		// and then to bytes was twice).
 		var state, lastOps []byte
 		if err := rows.Scan(&j.ID, &j.Version, &state, &j.EventID, &lastOps, &j.Deleted); err != nil {
-			return nil, fmt.Errorf("store: load jobs: %w", err)
+			return fmt.Errorf("store: load jobs: %w", err)
 		}
 		if !j.Deleted {
 			j.State = json.RawMessage(state)
@@ -83,12 +95,12 @@ func loadJobs(ctx context.Context, q querier, table, tombstones, projection stri
 		if len(lastOps) > 0 {
 			j.LastOps = json.RawMessage(lastOps)
 		}
-		out[j.ID] = j
+		fn(j)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: load jobs: %w", err)
+		return fmt.Errorf("store: load jobs: %w", err)
 	}
-	return out, nil
+	return nil
 }
 
 // writeKind says which of [Store.applyUpdates]'s statements makes a write.
