@@ -59,8 +59,9 @@ type Config struct {
 	// one, and batches grow with the load without delaying a quiet stream.
 	BatchLinger time.Duration
 	// BatchesInFlight bounds the batches the instance plans and writes at
-	// once, whatever its number of partitions (zero:
-	// [DefaultBatchesInFlight]; -1: no bound). Each holds, while it is
+	// once, whatever its number of partitions (zero: [DefaultBatchesInFlight]
+	// or, under a soft memory limit, [BatchesInFlightWithin] it; -1: no
+	// bound). Each holds, while it is
 	// planned and written, its records decoded, the rows it read and its
 	// encoded statement; the records fetched stay with each partition all
 	// the same. A bound below the partitions makes a partition wait for

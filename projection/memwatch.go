@@ -10,7 +10,7 @@ import (
 // nearLimitShare is the share of the soft memory limit a live heap may
 // reach before it is reported: past it the collector has little room to
 // work in and runs nearly without pause, and the rate falls.
-const nearLimitShare = 0.85
+const nearLimitShare = 0.8
 
 // nearLimitEvery is how often a live heap that stays near the limit is
 // reported again.

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestALiveHeapNearTheMemoryLimitIsLogged: with the live heap past 85% of
+// TestALiveHeapNearTheMemoryLimitIsLogged: with the live heap past 80% of
 // the soft limit the watch warns, says both sizes and what to change, and
 // says it again only after nearLimitEvery; far from the limit, or with
 // none, it says nothing.
@@ -33,7 +33,7 @@ func TestALiveHeapNearTheMemoryLimitIsLogged(t *testing.T) {
 	w.check(log, now)
 	require.Empty(t, out.String(), "a live heap far below the limit: nothing to say")
 
-	debug.SetMemoryLimit(70 << 20) // 64 MiB of 70: past 85%
+	debug.SetMemoryLimit(70 << 20) // 64 MiB of 70: past 80%
 	runtime.GC()
 	w.check(log, now)
 	require.Contains(t, out.String(), "live heap near the soft memory limit")

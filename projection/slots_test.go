@@ -130,6 +130,9 @@ func TestASlotWaitIsBoundedOnlyWhileItsHoldersAre(t *testing.T) {
 // most 32; -1 is no bound; below that is refused.
 func TestBatchesInFlightDefaultsToTwoACPUAtLeastEight(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	// No memory limit, whatever GOMEMLIMIT says: under one the default
+	// is sized to it (TestBatchesInFlightFitTheMemoryLimit).
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
 	for procs, want := range map[int]int{1: 8, 4: 8, 6: 12, 16: 32, 64: 32} {
 		runtime.GOMAXPROCS(procs)
 		require.Equal(t, want, DefaultBatchesInFlight(), "GOMAXPROCS %d", procs)

@@ -610,11 +610,10 @@ const (
 
 // inChunks calls write with consecutive parts of ws, in order, each of at
 // most chunkRows writes and, past its first, chunkBytes of job ids, states
-// and ops. A statement's parameters are encoded whole, about three times
-// over (the columns, pgx's arrays, the message), before any is sent, and
-// each connection keeps its largest encoding buffers for the next: one
-// statement for a batch of 5,000 writes held several megabytes of each for
-// every batch being written. The parts are statements of one transaction,
+// and ops. A statement's parameters are encoded whole, twice over (the
+// encoded arrays, kept for the next statement, and the protocol message),
+// before any is sent: one statement for a batch of 5,000 writes held
+// several megabytes of each for every batch being written. The parts are statements of one transaction,
 // so the batch is as atomic as before. A batch has one write per job of a
 // kind (see [Batch]), so no job is in two parts: a second write of a job
 // in another part would not meet PostgreSQL's "cannot affect row a second

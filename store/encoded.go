@@ -2,9 +2,12 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // A batch's statements carry its rows as arrays: a few hundred KB of
@@ -16,8 +19,9 @@ import (
 // queryEncoded encodes them with the connection's own type map (the same
 // encoders, the same binary format) into a buffer kept from one statement
 // to the next, and runs the statement prepared under pgx's own name for
-// its text (Conn.Prepare with the SQL as its name), as pgx's statement
-// cache would.
+// its text (Conn.Prepare with the SQL as its name), prepared once a
+// connection as pgx's statement cache would (encodedRows drops it again
+// where pgx's cache would).
 
 // paramBufs keeps the parameter buffers between statements: a channel, not
 // a sync.Pool, whose contents every other collection drops, and the
@@ -58,9 +62,14 @@ func putParams(p *encodedParams) {
 }
 
 // queryEncoded is tx.Query(ctx, sql, args...) with the parameters encoded
-// into a kept buffer (see above). The rows are read as tx.Query's are.
+// into a kept buffer (see above). The rows are read as tx.Query's are. A
+// connection with a query tracer, or whose statements are not prepared
+// and cached (default_query_exec_mode), goes through tx.Query as before.
 func queryEncoded(ctx context.Context, tx pgx.Tx, sql string, args ...any) (pgx.Rows, error) {
 	conn := tx.Conn()
+	if cfg := conn.Config(); cfg.Tracer != nil || cfg.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
+		return tx.Query(ctx, sql, args...)
+	}
 	sd, err := conn.Prepare(ctx, sql, sql)
 	if err != nil {
 		return nil, err
@@ -71,6 +80,11 @@ func queryEncoded(ctx context.Context, tx pgx.Tx, sql string, args ...any) (pgx.
 	m := conn.TypeMap()
 	p := getParams()
 	defer putParams(p)
+	if p.buf == nil {
+		// Never nil once encoding starts: the encoders tell NULL by a nil
+		// result, and an empty value appended to a nil buffer is nil.
+		p.buf = make([]byte, 0, 4096)
+	}
 	ends := make([]int, len(args))
 	for i, a := range args {
 		format := m.FormatCodeForOID(sd.ParamOIDs[i])
@@ -101,5 +115,40 @@ func queryEncoded(ctx context.Context, tx pgx.Tx, sql string, args ...any) (pgx.
 	// The parameters are sent once ExecStatement returns: the buffer may
 	// serve the next statement.
 	rr := conn.PgConn().ExecStatement(ctx, sd, p.values, p.formats, p.results)
-	return pgx.RowsFromResultReader(m, rr), nil
+	return &encodedRows{Rows: pgx.RowsFromResultReader(m, rr), conn: conn, sql: sql}, nil
+}
+
+// encodedRows are a statement's rows that, when the statement failed
+// because the server no longer has it as prepared (or its plan changed
+// its result's type), drop it from the connection, so that the batch's
+// next attempt prepares it again; pgx's statement cache does the same for
+// tx.Query. Any other failure keeps it.
+type encodedRows struct {
+	pgx.Rows
+	conn    *pgx.Conn
+	sql     string
+	dropped bool
+}
+
+func (r *encodedRows) Close() {
+	r.Rows.Close()
+	if r.dropped || !staleStatement(r.Rows.Err()) {
+		return
+	}
+	r.dropped = true
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// Deallocate forgets the statement on the client even if the server
+	// cannot be told (it then closes the connection, whose statements go
+	// with it).
+	_ = r.conn.Deallocate(ctx, r.sql)
+}
+
+// staleStatement reports an error that a prepared statement fails with
+// every time until it is prepared again: 26000 (it does not exist, as
+// after DISCARD ALL or a pooler's reconnection) or 0A000 (cached plan must
+// not change result type).
+func staleStatement(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "26000" || pgErr.Code == "0A000")
 }

@@ -68,3 +68,62 @@ func TestEncodedParametersArriveAsTxQuerySendsThem(t *testing.T) {
 	_, err = store.QueryEncoded(ctx, tx, `SELECT $1::text`, "a", "b")
 	require.ErrorContains(t, err, "of 1 parameters given 2")
 }
+
+// An empty value first in a new buffer is an empty value, not NULL (the
+// encoders tell NULL by a nil result).
+func TestAnEmptyFirstParameterIsNotNull(t *testing.T) {
+	ctx := context.Background()
+	tx, err := pgtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	store.DrainParamBufs()
+	var isNull bool
+	var n int
+	_, err = pgx.ForEachRow(must(store.QueryEncoded(ctx, tx, `SELECT $1::text IS NULL, cardinality($2::text[])`, "", []string{})), []any{&isNull, &n}, func() error { return nil })
+	require.NoError(t, err)
+	require.False(t, isNull, "an empty string arrived as NULL")
+	require.Zero(t, n)
+}
+
+// A statement the server no longer has prepared (DISCARD ALL, a pooler's
+// new server connection) fails once and is prepared again on the next
+// attempt, as pgx's own statement cache recovers.
+func TestAStatementTheServerForgotIsPreparedAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn, err := pgtest.Pool(t).Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	const q = `SELECT count(*) FROM unnest($1::text[])`
+	count := func() (int64, error) {
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		rows, err := store.QueryEncoded(ctx, tx, q, []string{"a", "b"})
+		if err != nil {
+			return 0, err
+		}
+		n, err := pgx.CollectOneRow(rows, pgx.RowTo[int64])
+		if err != nil {
+			return 0, err
+		}
+		return n, tx.Commit(ctx)
+	}
+	n, err := count()
+	require.NoError(t, err)
+	require.Equal(t, int64(2), n)
+	_, err = conn.Exec(ctx, `DEALLOCATE ALL`) // the server forgets; pgx does not know
+	require.NoError(t, err)
+	_, err = count()
+	require.ErrorContains(t, err, "26000", "the forgotten statement fails once")
+	n, err = count()
+	require.NoError(t, err, "and is prepared again on the next attempt")
+	require.Equal(t, int64(2), n)
+}
+
+func must(rows pgx.Rows, err error) pgx.Rows {
+	if err != nil {
+		panic(err)
+	}
+	return rows
+}

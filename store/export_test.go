@@ -2,3 +2,15 @@ package store
 
 // QueryEncoded is queryEncoded, for the external tests.
 var QueryEncoded = queryEncoded
+
+// DrainParamBufs empties the kept parameter buffers, so that the next
+// statement starts a new one.
+func DrainParamBufs() {
+	for {
+		select {
+		case <-paramBufs:
+		default:
+			return
+		}
+	}
+}

@@ -18,8 +18,9 @@ import (
 // memoryLimit is --memory-limit: the Go runtime's soft memory limit
 // (debug.SetMemoryLimit). "auto" (the default) takes memoryShare of the
 // container's memory limit when there is one (cgroup v2 memory.max, or v1
-// memory.limit_in_bytes), and otherwise the cache's budget and a working
-// part (projection.DefaultMemoryLimit, 208 MiB at the default cache); "off"
+// memory.limit_in_bytes), and where none is found the cache's budget and a
+// working part (projection.DefaultMemoryLimit, 208 MiB at the default
+// cache; none for projector rebuild, see noDefault); "off"
 // sets none; a size sets that. The engine's default of batches in flight
 // is sized to the limit set (projection.BatchesInFlightWithin), so apply
 // runs before the engine is built. Near the limit the garbage collector runs more often instead of
@@ -29,6 +30,9 @@ import (
 type memoryLimit struct {
 	auto, off bool
 	bytes     byteSize
+	// noDefault: auto sets no limit where no container limit is found
+	// (projector rebuild: a throughput job whose batches are twice run's).
+	noDefault bool
 }
 
 // memoryShare is the part of a container's limit the Go heap may use:
@@ -52,10 +56,10 @@ func (m *memoryLimit) String() string {
 func (m *memoryLimit) Set(s string) error {
 	switch strings.TrimSpace(s) {
 	case "auto", "":
-		*m = memoryLimit{auto: true}
+		*m = memoryLimit{auto: true, noDefault: m.noDefault}
 		return nil
 	case "off", "0":
-		*m = memoryLimit{off: true}
+		*m = memoryLimit{off: true, noDefault: m.noDefault}
 		return nil
 	}
 	var b byteSize
@@ -66,13 +70,13 @@ func (m *memoryLimit) Set(s string) error {
 		// A limit this small would keep the collector running without
 		// pause: a zero size means off, anything else is refused.
 		if b == 0 {
-			*m = memoryLimit{off: true}
+			*m = memoryLimit{off: true, noDefault: m.noDefault}
 			return nil
 		}
 		floor := byteSize(minMemoryLimit)
 		return fmt.Errorf("%s is below %s: the collector would never rest; want auto, off or a size such as 400MiB", b.String(), floor.String())
 	}
-	*m = memoryLimit{bytes: b}
+	*m = memoryLimit{bytes: b, noDefault: m.noDefault}
 	return nil
 }
 
@@ -82,7 +86,7 @@ func (m *memoryLimit) Get() any { return m.String() }
 // register adds --memory-limit to fs.
 func (m *memoryLimit) register(fs *flag.FlagSet) {
 	*m = memoryLimit{auto: true}
-	fs.Var(m, "memory-limit", "the Go runtime's soft memory limit: a `size` (400MiB), off, or auto: 85% of\nthe container's memory limit (cgroup memory.max), outside a container\n--cache-bytes + 144MiB (208MiB at the defaults). Near it the garbage\ncollector works harder rather than let the heap reach twice its live data,\nand the default of --batches-in-flight fits in it; GOMEMLIMIT in the\nenvironment wins over auto")
+	fs.Var(m, "memory-limit", "the Go runtime's soft memory limit: a `size` (400MiB), off, or auto: 85% of\nthe container's memory limit (cgroup memory.max), where no container limit\nis found --cache-bytes + 144MiB (208MiB at the defaults). Near it the garbage\ncollector works harder rather than let the heap reach twice its live data,\nand the default of --batches-in-flight fits in it; GOMEMLIMIT in the\nenvironment wins over auto")
 }
 
 // apply sets the limit, and logs it with where it came from; cacheBytes
@@ -106,6 +110,10 @@ func (m *memoryLimit) apply(log *slog.Logger, cacheBytes int64) {
 			return
 		}
 		b, from, container := autoMemoryLimit(cacheBytes, "/proc/self/cgroup", "/sys/fs/cgroup")
+		if container == 0 && m.noDefault {
+			log.Info("memory limit none: no container limit found (set --memory-limit to bound the heap)")
+			return
+		}
 		debug.SetMemoryLimit(b)
 		lb, cb := byteSize(b), byteSize(container)
 		if container == 0 {
@@ -123,7 +131,8 @@ func (m *memoryLimit) apply(log *slog.Logger, cacheBytes int64) {
 func autoMemoryLimit(cacheBytes int64, procCgroup, root string) (limit int64, from string, container int64) {
 	c, path, ok := containerMemoryLimit(procCgroup, root)
 	if !ok {
-		return projection.DefaultMemoryLimit(cacheBytes), "--cache-bytes + 144MiB (no container limit found; --memory-limit sets another)", 0
+		working := byteSize(projection.WorkingMemory)
+		return projection.DefaultMemoryLimit(cacheBytes), "--cache-bytes + " + working.String() + " (no container limit found; --memory-limit sets another)", 0
 	}
 	return int64(float64(c) * memoryShare), path, c
 }

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/projector/projector/projection"
 	"github.com/stretchr/testify/require"
 )
 
@@ -85,4 +88,37 @@ func TestAutoMemoryLimitLeavesTheCacheItsRoom(t *testing.T) {
 	pod := int64(536870912)
 	require.Equal(t, int64(float64(pod)*0.85), got, "in a container: 85% of its limit, whatever the cache")
 	require.Contains(t, from, "memory.max")
+}
+
+// projector run sets its memory limit before it builds the engine, so the
+// default of batches in flight fits in it, and says the bound it took.
+func TestRunSizesItsBatchesInFlightToItsMemoryLimit(t *testing.T) {
+	t.Parallel()
+	s := newStory(t, 2)
+	for _, c := range []struct {
+		limit string
+		want  int
+	}{
+		{"300MiB", 5}, // (300 - 64) MiB / (5,000 records x 9 KiB)
+		{"off", projection.DefaultBatchesInFlight()},
+	} {
+		p := startBin(t, "run", dbEnv(), s.runArgs("g-inflight-"+c.limit, "inst-"+c.limit, "--memory-limit", c.limit)...)
+		eventually(t, 15*time.Second, "the bound is logged", func() (bool, string) {
+			p.requireAlive()
+			return p.logged("batches in flight", map[string]string{"bound": fmt.Sprint(c.want)}), p.logs.String()
+		})
+		p.stop(15 * time.Second)
+	}
+}
+
+// projector rebuild's --memory-limit keeps its "no default where no
+// container limit is found" through whatever the flag is set to.
+func TestRebuildMemoryLimitKeepsNoDefault(t *testing.T) {
+	t.Parallel()
+	m := memoryLimit{auto: true, noDefault: true}
+	for _, v := range []string{"off", "400MiB", "0", "auto"} {
+		require.NoError(t, m.Set(v))
+		require.True(t, m.noDefault, "after %q", v)
+	}
+	require.Equal(t, "auto", m.String())
 }

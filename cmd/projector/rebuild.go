@@ -69,8 +69,10 @@ over). --dry-run builds the shadow and reports how the live model differs
 from it (missing, behind, ahead, differs, extra) without swapping.
 
 Its batches are larger than run's (--batch-size 10000); --batches-in-flight
-and --memory-limit work as in run. Where memory is tight, lower --batch-size
-or --batches-in-flight.
+works as in run, and --memory-limit as well except that auto sets no limit
+where no container limit is found. Where memory is tight, set --memory-limit
+(the batches in flight then fit in it), or lower --batch-size or
+--batches-in-flight.
 
 Example:
   DATABASE_URL=postgres://app@db:5432/app projector rebuild --brokers kafka-1:9092 --snapshot-url http://authority:8080`,
@@ -85,6 +87,9 @@ Example:
 		batch.DefValue = fmt.Sprint(rebuildBatchSize)
 		_ = batch.Value.Set(batch.DefValue)
 		batch.Usage = "most records per batch transaction (twice the default of 'projector run': a replay\nfolds more of each job's events into one write)"
+		o.memory.noDefault = true
+		fs.Lookup("memory-limit").Usage = "the Go runtime's soft memory limit: a `size` (400MiB), off, or auto: 85% of\nthe container's memory limit (cgroup memory.max), none where no container\nlimit is found (a rebuild is a job of bounded length, whose batches are\ntwice run's: give it a size to bound it). GOMEMLIMIT in the environment wins\nover auto"
+		fs.Lookup("batches-in-flight").Usage = "most batches the rebuild plans and writes at once, whatever its partitions;\n0 (the default) picks 2 for each CPU the process may use, from 8 to 32, or,\nunder a memory limit, as many as fit in it beyond --cache-bytes at 9KiB a\nrecord of --batch-size, at least 2; -1 bounds nothing"
 		fs.BoolVar(&o.keepOld, "keep-old", false, "keep a copy of the previous read model as projector_old_<table>_<n>")
 		fs.BoolVar(&o.restart, "restart", false, "discard what an earlier, unfinished rebuild stored and start over from the start of the log")
 		fs.BoolVar(&o.dryRun, "dry-run", false, "build the shadow and report how the live model differs from it, without swapping")

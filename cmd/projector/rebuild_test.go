@@ -38,8 +38,8 @@ func (s *story) tablesLike(pattern string) []string {
 }
 
 // TestRebuildHelpSaysWhatDiffersFromRun: what the rebuild sets unlike
-// 'projector run' is in its --help: its batch size, with what to do where
-// memory is tight.
+// 'projector run' is in its --help: its batch size and its memory limit,
+// with what to do where memory is tight.
 func TestRebuildHelpSaysWhatDiffersFromRun(t *testing.T) {
 	t.Parallel()
 	r := runBin(t, 10*time.Second, baseEnv(), "rebuild", "--help")
@@ -47,7 +47,8 @@ func TestRebuildHelpSaysWhatDiffersFromRun(t *testing.T) {
 	help := strings.Join(strings.Fields(r.stdout), " ")
 	require.Regexp(t, `--batch-size int \[PROJECTOR_BATCH_SIZE\] [^\[]*\(default 10000\)`, help)
 	require.NotContains(t, help, "GOGC", "the rebuild leaves the collector's target as the environment sets it")
-	require.Contains(t, help, "Where memory is tight, lower --batch-size or --batches-in-flight")
+	require.Contains(t, help, "Where memory is tight, set --memory-limit (the batches in flight then fit in it), or lower --batch-size or --batches-in-flight")
+	require.Contains(t, help, "auto sets no limit where no container limit is found", "its memory default differs from run's")
 }
 
 // TestRebuild: after a run built the model and stopped, rows damaged by

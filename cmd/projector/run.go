@@ -275,6 +275,7 @@ Example:
 		if err != nil {
 			return &usageError{err.Error()}
 		}
+		logger.Info("batches in flight", "bound", p.Config().BatchesInFlight)
 		stop, err := o.serve(ctx, p, logger)
 		if err != nil {
 			return err
