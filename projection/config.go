@@ -458,6 +458,7 @@ const WorkingMemory = 144 << 20
 // the cache's budget and [WorkingMemory], 208 MiB at the default cache, so
 // that a process left at its defaults stays near 230 MiB resident however
 // many jobs it sees. The limit is soft: a live heap above it is not
-// refused, only collected more often; an instance of many partitions
-// (more than about 12) or large states should be given a larger one.
+// refused, only collected more often: from about 8 partitions an instance
+// nears it and from about 12 it is collected without pause, so one of many
+// partitions or large states should be given a larger one.
 func DefaultMemoryLimit(cacheBytes int64) int64 { return cacheBytes + WorkingMemory }

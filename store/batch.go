@@ -315,7 +315,7 @@ func (s *Store) snapshotChunk(ctx context.Context, tx pgx.Tx, b *Batch, ws []Wri
 	// job. A tombstone at or above a snapshot keeps the job deleted;
 	// one below it is removed as the snapshot creates the job again.
 	// lockJobs makes the tombstone check and the write atomic.
-	rows, err := queryEncoded(ctx, tx, `WITH old AS (
+	rows, err := s.query(ctx, tx, `WITH old AS (
 			SELECT job_id, version FROM `+s.jobs+` WHERE job_id = ANY($1::text[])
 		), tomb AS (
 			SELECT job_id, version FROM `+s.tombstones+` WHERE projection = $8 AND job_id = ANY($1::text[])
@@ -548,7 +548,7 @@ func (s *Store) applyUpdates(ctx context.Context, tx pgx.Tx, b *Batch) error {
 		for i, w := range upd {
 			expect[i], expectEv[i] = w.Expect, w.ExpectEventID
 		}
-		return collect(queryEncoded(ctx, tx, `UPDATE `+s.jobs+` AS t SET
+		return collect(s.query(ctx, tx, `UPDATE `+s.jobs+` AS t SET
 				version = i.version, state = i.state::jsonb, updated_at = now(),
 				source_topic = $8, source_partition = $9, source_offset = i.off, event_id = NULLIF(i.event_id, ''),
 				last_ops = NULLIF(i.last_ops, '')::jsonb
@@ -564,7 +564,7 @@ func (s *Store) applyUpdates(ctx context.Context, tx pgx.Tx, b *Batch) error {
 		ids, vers, states, offs, evs := columns(ins)
 		// A job never seen has no tombstone either: one that appeared
 		// meanwhile means the job was deleted, and the batch is stale.
-		return collect(queryEncoded(ctx, tx, `INSERT INTO `+s.jobs+`
+		return collect(s.query(ctx, tx, `INSERT INTO `+s.jobs+`
 			(job_id, version, state, updated_at, source_topic, source_partition, source_offset, event_id, last_ops)
 			SELECT i.job_id, i.version, i.state::jsonb, now(), $7, $8, i.off, NULLIF(i.event_id, ''), NULLIF(i.last_ops, '')::jsonb
 			FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::text[]) AS i(job_id, version, state, off, event_id, last_ops)

@@ -61,15 +61,20 @@ func putParams(p *encodedParams) {
 	}
 }
 
-// queryEncoded is tx.Query(ctx, sql, args...) with the parameters encoded
-// into a kept buffer (see above). The rows are read as tx.Query's are. A
-// connection with a query tracer, or whose statements are not prepared
-// and cached (default_query_exec_mode), goes through tx.Query as before.
-func queryEncoded(ctx context.Context, tx pgx.Tx, sql string, args ...any) (pgx.Rows, error) {
-	conn := tx.Conn()
-	if cfg := conn.Config(); cfg.Tracer != nil || cfg.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
+// query runs one of a batch's statements: through [queryEncoded], or
+// tx.Query where the pool's connections trace their queries or do not
+// prepare and cache statements (default_query_exec_mode).
+func (s *Store) query(ctx context.Context, tx pgx.Tx, sql string, args ...any) (pgx.Rows, error) {
+	if s.directQuery {
 		return tx.Query(ctx, sql, args...)
 	}
+	return queryEncoded(ctx, tx, sql, args...)
+}
+
+// queryEncoded is tx.Query(ctx, sql, args...) with the parameters encoded
+// into a kept buffer (see above). The rows are read as tx.Query's are.
+func queryEncoded(ctx context.Context, tx pgx.Tx, sql string, args ...any) (pgx.Rows, error) {
+	conn := tx.Conn()
 	sd, err := conn.Prepare(ctx, sql, sql)
 	if err != nil {
 		return nil, err
@@ -118,11 +123,15 @@ func queryEncoded(ctx context.Context, tx pgx.Tx, sql string, args ...any) (pgx.
 	return &encodedRows{Rows: pgx.RowsFromResultReader(m, rr), conn: conn, sql: sql}, nil
 }
 
-// encodedRows are a statement's rows that, when the statement failed
-// because the server no longer has it as prepared (or its plan changed
-// its result's type), drop it from the connection, so that the batch's
-// next attempt prepares it again; pgx's statement cache does the same for
-// tx.Query. Any other failure keeps it.
+// encodedRows are a statement's rows that recover, as pgx's statement
+// cache does for tx.Query, from the errors a prepared statement fails with
+// every time until it is prepared again. 26000 (it does not exist): the
+// server lost the session's statements (DISCARD ALL, a pooler's other
+// server connection), pgx's own cached ones too, so the connection is
+// closed and the pool opens another. 0A000 (cached plan must not change
+// result type): this statement is dropped and the next attempt prepares
+// it again. Any other failure keeps it. The caller must close the rows,
+// as pgx's helpers (CollectRows, ForEachRow, CollectOneRow) do.
 type encodedRows struct {
 	pgx.Rows
 	conn    *pgx.Conn
@@ -132,23 +141,25 @@ type encodedRows struct {
 
 func (r *encodedRows) Close() {
 	r.Rows.Close()
-	if r.dropped || !staleStatement(r.Rows.Err()) {
+	if r.dropped {
 		return
 	}
-	r.dropped = true
+	var pgErr *pgconn.PgError
+	if !errors.As(r.Rows.Err(), &pgErr) {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	// Deallocate forgets the statement on the client even if the server
-	// cannot be told (it then closes the connection, whose statements go
-	// with it).
-	_ = r.conn.Deallocate(ctx, r.sql)
-}
-
-// staleStatement reports an error that a prepared statement fails with
-// every time until it is prepared again: 26000 (it does not exist, as
-// after DISCARD ALL or a pooler's reconnection) or 0A000 (cached plan must
-// not change result type).
-func staleStatement(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "26000" || pgErr.Code == "0A000")
+	switch pgErr.Code {
+	case "26000":
+		r.dropped = true
+		_ = r.conn.Close(ctx)
+	case "0A000":
+		r.dropped = true
+		if r.conn.Deallocate(ctx, r.sql) != nil {
+			// pgx keeps it as prepared when the server was not told:
+			// closed, the connection takes it along.
+			_ = r.conn.Close(ctx)
+		}
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/projector/projector/internal/testkit/pgtest"
@@ -86,16 +87,15 @@ func TestAnEmptyFirstParameterIsNotNull(t *testing.T) {
 }
 
 // A statement the server no longer has prepared (DISCARD ALL, a pooler's
-// new server connection) fails once and is prepared again on the next
-// attempt, as pgx's own statement cache recovers.
-func TestAStatementTheServerForgotIsPreparedAgain(t *testing.T) {
+// new server connection) fails once, and its connection, whose other
+// prepared statements are gone too, is closed so the pool opens another;
+// the next attempt goes through.
+func TestAStatementTheServerForgotClosesItsConnection(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	conn, err := pgtest.Pool(t).Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
+	pool := pgtest.Pool(t)
 	const q = `SELECT count(*) FROM unnest($1::text[])`
-	count := func() (int64, error) {
+	count := func(conn *pgxpool.Conn) (int64, error) {
 		tx, err := conn.Begin(ctx)
 		require.NoError(t, err)
 		defer tx.Rollback(ctx)
@@ -103,22 +103,61 @@ func TestAStatementTheServerForgotIsPreparedAgain(t *testing.T) {
 		if err != nil {
 			return 0, err
 		}
-		n, err := pgx.CollectOneRow(rows, pgx.RowTo[int64])
-		if err != nil {
-			return 0, err
-		}
-		return n, tx.Commit(ctx)
+		return pgx.CollectOneRow(rows, pgx.RowTo[int64])
 	}
-	n, err := count()
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	n, err := count(conn)
 	require.NoError(t, err)
 	require.Equal(t, int64(2), n)
 	_, err = conn.Exec(ctx, `DEALLOCATE ALL`) // the server forgets; pgx does not know
 	require.NoError(t, err)
-	_, err = count()
+	_, err = count(conn)
 	require.ErrorContains(t, err, "26000", "the forgotten statement fails once")
-	n, err = count()
-	require.NoError(t, err, "and is prepared again on the next attempt")
+	require.True(t, conn.Conn().IsClosed(), "and its connection is closed")
+	conn.Conn().Close(ctx) // whatever the assertion said: never handed to another test
+	conn.Release()
+
+	conn, err = pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	n, err = count(conn)
+	require.NoError(t, err, "the next attempt goes through")
 	require.Equal(t, int64(2), n)
+}
+
+// A statement whose result changed type (a column added to the table it
+// selects from) fails once with 0A000 and is prepared again on the next
+// attempt, on the same connection.
+func TestAStatementWhoseResultChangedIsPreparedAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	pool := pgtest.Pool(t)
+	table := pgx.Identifier{schema, "t"}.Sanitize()
+	_, err := pool.Exec(ctx, `CREATE TABLE `+table+` (id int)`)
+	require.NoError(t, err)
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	q := `SELECT * FROM ` + table + ` WHERE id = ANY($1::int[])`
+	read := func() error {
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx)
+		rows, err := store.QueryEncoded(ctx, tx, q, []int32{1})
+		if err != nil {
+			return err
+		}
+		_, err = pgx.CollectRows(rows, pgx.RowToMap)
+		return err
+	}
+	require.NoError(t, read())
+	_, err = pool.Exec(ctx, `ALTER TABLE `+table+` ADD COLUMN more text`)
+	require.NoError(t, err)
+	require.ErrorContains(t, read(), "0A000", "the cached plan's result changed type")
+	require.False(t, conn.Conn().IsClosed())
+	require.NoError(t, read(), "prepared again on the next attempt")
 }
 
 func must(rows pgx.Rows, err error) pgx.Rows {

@@ -131,10 +131,14 @@ func checkName(what, name string, maxBytes int) error {
 
 // Store is the projection's PostgreSQL side.
 type Store struct {
-	pool       *pgxpool.Pool
-	ownPool    bool
-	schema     string
-	projection string
+	pool    *pgxpool.Pool
+	ownPool bool
+	// directQuery: the pool's connections trace their queries or do not
+	// prepare and cache statements, so a batch's statements go through
+	// tx.Query rather than [queryEncoded].
+	directQuery bool
+	schema      string
+	projection  string
 	// quoted, qualified table names
 	jobs, partitions, quarantine, held, tombstones, gapLog, identity string
 	// lockClass keys the projection's job lock stripes (see lockJobs).
@@ -255,7 +259,13 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 func newStore(pool *pgxpool.Pool, cfg Config) *Store {
 	cfg = cfg.WithDefaults()
 	q := func(name string) string { return pgx.Identifier{cfg.Schema, name}.Sanitize() }
+	direct := false
+	if pool != nil { // nil: a store only described, never run (the references)
+		cc := pool.Config().ConnConfig
+		direct = cc.Tracer != nil || cc.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement
+	}
 	return &Store{
+		directQuery:      direct,
 		claimLockTimeout: cfg.ClaimLockTimeout,
 		idleTimeout:      cfg.IdleInTransactionTimeout,
 		statementTimeout: cfg.StatementTimeout,
