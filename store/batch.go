@@ -613,8 +613,8 @@ const (
 // and ops. A statement's parameters are encoded whole, twice over (the
 // encoded arrays, kept for the next statement, and the protocol message),
 // before any is sent: one statement for a batch of 5,000 writes held
-// several megabytes of each for every batch being written. The parts are statements of one transaction,
-// so the batch is as atomic as before. A batch has one write per job of a
+// several megabytes of each for every batch being written. The parts are
+// statements of one transaction, so the batch is as atomic as before. A batch has one write per job of a
 // kind (see [Batch]), so no job is in two parts: a second write of a job
 // in another part would not meet PostgreSQL's "cannot affect row a second
 // time" as it would in one statement.

@@ -20,11 +20,11 @@ import (
 // container's memory limit when there is one (cgroup v2 memory.max, or v1
 // memory.limit_in_bytes), and where none is found the cache's budget and a
 // working part (projection.DefaultMemoryLimit, 208 MiB at the default
-// cache; none for projector rebuild, see noDefault); "off"
-// sets none; a size sets that. The engine's default of batches in flight
-// is sized to the limit set (projection.BatchesInFlightWithin), so apply
-// runs before the engine is built. Near the limit the garbage collector runs more often instead of
-// letting the heap reach twice its live data, which is what keeps a pod
+// cache; none for projector rebuild, see noDefault); "off" sets none; a
+// size sets that. The engine's default of batches in flight is sized to
+// the limit set (projection.BatchesInFlightWithin), so apply runs before
+// the engine is built. Near the limit the garbage collector runs more
+// often instead of letting the heap reach twice its live data, which is what keeps a pod
 // under its limit; it is soft, so a live heap above it is not refused, only
 // collected harder.
 type memoryLimit struct {
@@ -54,12 +54,14 @@ func (m *memoryLimit) String() string {
 }
 
 func (m *memoryLimit) Set(s string) error {
+	// What is set is the value; which command's flag it is stays.
+	defer func(noDefault bool) { m.noDefault = noDefault }(m.noDefault)
 	switch strings.TrimSpace(s) {
 	case "auto", "":
-		*m = memoryLimit{auto: true, noDefault: m.noDefault}
+		*m = memoryLimit{auto: true}
 		return nil
 	case "off", "0":
-		*m = memoryLimit{off: true, noDefault: m.noDefault}
+		*m = memoryLimit{off: true}
 		return nil
 	}
 	var b byteSize
@@ -70,13 +72,13 @@ func (m *memoryLimit) Set(s string) error {
 		// A limit this small would keep the collector running without
 		// pause: a zero size means off, anything else is refused.
 		if b == 0 {
-			*m = memoryLimit{off: true, noDefault: m.noDefault}
+			*m = memoryLimit{off: true}
 			return nil
 		}
 		floor := byteSize(minMemoryLimit)
 		return fmt.Errorf("%s is below %s: the collector would never rest; want auto, off or a size such as 400MiB", b.String(), floor.String())
 	}
-	*m = memoryLimit{bytes: b, noDefault: m.noDefault}
+	*m = memoryLimit{bytes: b}
 	return nil
 }
 

@@ -119,7 +119,6 @@ func runProjectorChild(ctx context.Context, executable string, args []string, sp
 // process's heap and resident set meanwhile.
 func projectorRun(ctx context.Context, pool *pgxpool.Pool, s childSpec, logger *slog.Logger) (childResult, error) {
 	var res childResult
-	res.BatchesInFlight = projection.Config{BatchSize: s.BatchSize, BatchesInFlight: s.BatchesInFlight}.WithDefaults().BatchesInFlight
 	if limit := debug.SetMemoryLimit(-1); limit != math.MaxInt64 {
 		res.MemoryLimitBytes = limit
 	}
@@ -131,6 +130,7 @@ func projectorRun(ctx context.Context, pool *pgxpool.Pool, s childSpec, logger *
 	if err != nil {
 		return res, err
 	}
+	res.BatchesInFlight = p.Config().BatchesInFlight
 	var cpu, alloc *os.File
 	for _, f := range []struct {
 		path string
