@@ -132,18 +132,17 @@ func (r *Reader) Run(ctx context.Context) {
 	}
 }
 
-// releaseGrace is how long a receive open when the receiver stops is
-// given to hand back the messages the stop released.
-const releaseGrace = 2 * time.Second
-
 // receive is one receive that outlives ctx just long enough not to hide
 // what the stop releases. A long poll cut short on the client stays open
 // on the server, and would take the messages released at the stop and
-// hide them for their visibility timeout. So when ctx ends with messages
-// in flight, they are released while the receive is still ours: the
-// server hands them to it, it returns them (Run keeps them in flight, and
-// [Reader.Release] releases them again), and only then, or after
-// releaseGrace, is the receive cut.
+// hide them for their visibility timeout; so would a cut that lands while
+// the server's answer is on its way. So when ctx ends with messages in
+// flight, they are released while the receive is still ours and the
+// receive is left to finish: the server answers within the long poll
+// (the receive's own bound is the long poll and [ReceiveSlack]), with the
+// released messages if it hands them to it, and Run keeps what it returns
+// in flight for [Reader.Release] to release again. With nothing in flight
+// the receive is cut at once.
 func (r *Reader) receive(ctx context.Context) ([]Message, error) {
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
@@ -156,12 +155,8 @@ func (r *Reader) receive(ctx context.Context) ([]Message, error) {
 		case <-ctx.Done():
 		}
 		if r.releaseInFlight() > 0 {
-			t := time.NewTimer(releaseGrace)
-			defer t.Stop()
-			select {
-			case <-answered:
-			case <-t.C:
-			}
+			<-answered
+			return
 		}
 		cancel()
 	}()
