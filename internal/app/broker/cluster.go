@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -21,6 +22,15 @@ const DefaultPartitions = 6
 // group.min.session.timeout.ms); a JoinGroup below it fails with
 // INVALID_SESSION_TIMEOUT. Lowered so tests may pick short sessions.
 const minSessionTimeout = 100 * time.Millisecond
+
+// segmentBytes is the size at which the broker rolls a partition's log
+// segment. kfake keeps a segment in memory as one byte slice that doubles
+// as it fills, copying all of it, in the goroutine that serves every
+// request: at its default of 100 MiB a partition's growth from 64 MiB
+// stopped produce and fetch alike for 100-400 ms, every partition about
+// at once. Kafka appends to a file; 8 MiB segments keep each copy to a few
+// milliseconds.
+const segmentBytes = 8 << 20
 
 // pollInterval is how often the helpers re-check a condition the broker
 // should already satisfy (kfake applies admin requests before answering).
@@ -102,6 +112,7 @@ func Start(opts ...Option) (*Cluster, error) {
 		kfake.DefaultNumPartitions(cfg.partitions),
 		kfake.GroupMinSessionTimeout(minSessionTimeout),
 		kfake.ClusterID("kafkatest"),
+		kfake.BrokerConfigs(map[string]string{"log.segment.bytes": strconv.Itoa(segmentBytes)}),
 	}
 	kopts = append(kopts, cfg.kfakeOpts...)
 	kf, err := kfake.NewCluster(kopts...)
