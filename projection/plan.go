@@ -147,7 +147,11 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 		jobOf = append(jobOf, i)
 	}
 	groups := make([][]gapfill.Input, len(order))
-	all := make([]gapfill.Input, len(decoded))
+	if cap(w.grouped) < len(decoded) {
+		w.grouped = make([]gapfill.Input, len(decoded))
+	}
+	all := w.grouped[:len(decoded)]
+	defer clear(all) // keeps nothing of this batch alive once planned
 	for i, n := range counts {
 		groups[i], all = all[:0:n], all[n:]
 	}

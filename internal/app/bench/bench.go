@@ -940,7 +940,7 @@ func (r *run) rebuild(ctx context.Context, topic string, st *store.Store, truth 
 	cmd := exec.CommandContext(ctx, r.cfg.Executable, "rebuild",
 		"--database-url", r.cfg.DatabaseURL, "--brokers", r.broker.addrs[0], "--topic", topic,
 		"--schema", r.schema, "--table", "jobs",
-		"--group-heartbeat-interval", g(broker.GroupHeartbeatInterval), "--group-session-timeout", g(broker.GroupSessionTimeout),
+		"--group-heartbeat-interval", g(broker.GroupHeartbeatInterval), "--group-session-timeout", g(sessionTimeout),
 		"--group-rebalance-timeout", g(broker.GroupRebalanceTimeout), "--group-join-backoff", g(broker.GroupJoinBackoff),
 		"--batches-in-flight", strconv.Itoa(r.cfg.BatchesInFlight), "--log-level", "warn")
 	cmd.Stderr = os.Stderr

@@ -14,6 +14,7 @@ import (
 	"runtime/debug"
 	"runtime/pprof"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -174,6 +175,15 @@ func projectorRun(ctx context.Context, pool *pgxpool.Pool, s childSpec, logger *
 	return res, err
 }
 
+// sessionTimeout is the consumer-group session of the projector's runs
+// and the rebuild's. The broker's test timings ([broker.GroupSessionTimeout],
+// 2 s) let a test see a vanished member quickly; a bench has one member
+// per group and nothing to detect, and a broker holding gigabytes that
+// answers a heartbeat late then evicted the run's only member mid-run
+// (a rebalance, its batches read again) and counted that in its rate.
+// Kafka's own default is 45 s.
+const sessionTimeout = 20 * time.Second
+
 // newEngine is the projector `projector run` would be, with the batch
 // linger, fetch wait and gap wait of its defaults.
 func newEngine(s childSpec, st *store.Store, logger *slog.Logger) (*projection.Projector, error) {
@@ -181,7 +191,7 @@ func newEngine(s childSpec, st *store.Store, logger *slog.Logger) (*projection.P
 		Brokers: s.Brokers, Topic: s.Topic, Group: s.Group, Store: st, Logger: logger,
 		BatchSize:         s.BatchSize,
 		BatchesInFlight:   s.BatchesInFlight,
-		HeartbeatInterval: broker.GroupHeartbeatInterval, SessionTimeout: broker.GroupSessionTimeout,
+		HeartbeatInterval: broker.GroupHeartbeatInterval, SessionTimeout: sessionTimeout,
 		RebalanceTimeout: broker.GroupRebalanceTimeout, JoinGroupBackoff: broker.GroupJoinBackoff,
 		PartitionWatchInterval: broker.GroupPartitionWatchInterval,
 	})
