@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/projector/projector/delta"
@@ -76,6 +77,31 @@ func coordinatesOf(recs []Record) map[int64]store.Coordinate {
 	return out
 }
 
+// inputArrays holds the arrays [worker.plan] decodes a batch's records in
+// and groups them by job in, as *[]gapfill.Input, empty. New ones per
+// batch were a fifth and a seventh of what a replay allocated; kept by
+// each partition's worker they would hold about 1 MiB a partition for the
+// worker's life (224 bytes a record of the batch size), where the pool
+// holds about as many as plans run at once, and the collector may drop them.
+var inputArrays sync.Pool
+
+// getInputs is an empty array from the pool with room for n records.
+func getInputs(n int) *[]gapfill.Input {
+	if a, ok := inputArrays.Get().(*[]gapfill.Input); ok && cap(*a) >= n {
+		return a
+	}
+	a := make([]gapfill.Input, 0, n)
+	return &a
+}
+
+// putInputs clears used, the part of a's array a plan filled, so the pool
+// keeps nothing of the batch alive, and returns a to the pool.
+func putInputs(a *[]gapfill.Input, used []gapfill.Input) {
+	clear(used)
+	*a = (*a)[:0]
+	inputArrays.Put(a)
+}
+
 // plan turns fetched records and finished gap resolutions into the writes
 // of one transaction. It reads rows it does not know, but changes nothing
 // the worker keeps until [worker.settle] runs after the commit.
@@ -96,12 +122,9 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 	// Each job's records are counted first and then placed in one array
 	// cut to size: growing a slice per job was a tenth of a batch's CPU.
 	// The decoded records are copied into their jobs' groups below, so
-	// their array is the worker's, kept for the next batch: a new one per
-	// batch was a fifth of what a replay allocated.
-	if cap(w.decoded) < len(msgs) {
-		w.decoded = make([]gapfill.Input, 0, len(msgs))
-	}
-	decoded := w.decoded[:0]
+	// their array goes back to the pool ([inputArrays]) once grouped.
+	decodedArray := getInputs(len(msgs))
+	decoded := (*decodedArray)[:0]
 	// Each job gets an index in order at its first record; a record then
 	// costs one map lookup (four did: the count, its increment, the delta
 	// flag and the grouping, each hashing the job id).
@@ -147,11 +170,11 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 		jobOf = append(jobOf, i)
 	}
 	groups := make([][]gapfill.Input, len(order))
-	if cap(w.grouped) < len(decoded) {
-		w.grouped = make([]gapfill.Input, len(decoded))
-	}
-	all := w.grouped[:len(decoded)]
-	defer clear(all) // keeps nothing of this batch alive once planned
+	// Nothing the plan returns points into this array (the version rules
+	// copy what they keep): it goes back to the pool once the plan is made.
+	groupedArray := getInputs(len(decoded))
+	all := (*groupedArray)[:len(decoded)]
+	defer putInputs(groupedArray, all)
 	for i, n := range counts {
 		groups[i], all = all[:0:n], all[n:]
 	}
@@ -164,8 +187,7 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 		inputs[id] = groups[i]
 	}
 	w.jobOf = jobOf[:0]
-	clear(decoded) // keeps nothing of this batch alive
-	w.decoded = decoded[:0]
+	putInputs(decodedArray, decoded)
 	// Gap resolutions go first: they are older news than this batch.
 	rows := map[string]*gapfill.Row{}
 	for _, r := range res {

@@ -72,17 +72,8 @@ type worker struct {
 	// swapLogged is when the worker last said it waits for a swap.
 	swapLogged time.Time
 
-	// decoded is [worker.plan]'s array of decoded records, reused from
-	// batch to batch; empty between them.
-	decoded []gapfill.Input
-	// grouped is [worker.plan]'s array of the decoded records grouped by
-	// job, reused like decoded: nothing the plan returns points into it
-	// (the version rules copy what they keep), and it is cleared when the
-	// plan is made. A new one per batch was a seventh of what a rebuild
-	// allocated.
-	grouped []gapfill.Input
 	// jobOf is [worker.plan]'s index of each decoded record's job, reused
-	// like decoded.
+	// from batch to batch; empty between them.
 	jobOf []int
 	// jobsSeen is how many jobs the last batch planned had: the size the
 	// next batch's maps keyed by job start at.

@@ -132,20 +132,26 @@ func (r *Reader) Run(ctx context.Context) {
 	}
 }
 
+// releaseMargin is how long past the end of its long poll a receive open
+// at the stop is waited for once it was handed what the stop released.
+const releaseMargin = 2 * time.Second
+
 // receive is one receive that outlives ctx just long enough not to hide
 // what the stop releases. A long poll cut short on the client stays open
 // on the server, and would take the messages released at the stop and
 // hide them for their visibility timeout; so would a cut that lands while
 // the server's answer is on its way. So when ctx ends with messages in
 // flight, they are released while the receive is still ours and the
-// receive is left to finish: the server answers within the long poll
-// (the receive's own bound is the long poll and [ReceiveSlack]), with the
-// released messages if it hands them to it, and Run keeps what it returns
-// in flight for [Reader.Release] to release again. With nothing in flight
-// the receive is cut at once.
+// receive is left to finish: the server answers by the end of its long
+// poll, with the released messages if it hands them to it, and Run keeps
+// what it returns in flight for [Reader.Release] to release again. It is
+// cut releaseMargin after its long poll should have ended (a server that
+// does not answer), and at once when nothing was released (nothing was in
+// flight, or the release failed: nothing became visible to lose).
 func (r *Reader) receive(ctx context.Context) ([]Message, error) {
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
+	started := time.Now()
 	answered, watched := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(watched)
@@ -155,8 +161,12 @@ func (r *Reader) receive(ctx context.Context) ([]Message, error) {
 		case <-ctx.Done():
 		}
 		if r.releaseInFlight() > 0 {
-			<-answered
-			return
+			t := time.NewTimer(time.Until(started.Add(r.c.pollWait() + releaseMargin)))
+			defer t.Stop()
+			select {
+			case <-answered:
+			case <-t.C:
+			}
 		}
 		cancel()
 	}()
@@ -314,7 +324,8 @@ func (r *Reader) Release() {
 }
 
 // releaseInFlight makes the messages in flight visible again and returns
-// how many there were.
+// how many it did (0 when the release failed: they come back after their
+// visibility timeout).
 func (r *Reader) releaseInFlight() int {
 	r.mu.Lock()
 	msgs := make([]Message, 0, len(r.inFlight))
@@ -328,10 +339,15 @@ func (r *Reader) releaseInFlight() int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := r.c.changeVisibility(ctx, msgs, 0); err != nil {
+	failed, err := r.c.changeVisibility(ctx, msgs, 0)
+	if err != nil {
 		r.log.Debug("releasing messages in flight failed; they come back after their visibility timeout", "messages", len(msgs), "err", err)
+		return 0
 	}
-	return len(msgs)
+	if len(failed) > 0 {
+		r.log.Debug("some messages in flight were not released; they come back after their visibility timeout", "messages", len(failed), "first", firstFailure(failed))
+	}
+	return len(msgs) - len(failed)
 }
 
 // keepInvisible extends, every keep, the visibility of every message in

@@ -134,10 +134,7 @@ const (
 // consumers for the visibility timeout. It gives up ReceiveSlack after the
 // long poll.
 func (c *Client) receive(ctx context.Context) ([]Message, error) {
-	wait := int32(c.cfg.Wait / time.Second)
-	if c.cfg.ShortPoll {
-		wait = 0
-	}
+	wait := int32(c.pollWait() / time.Second)
 	bound := time.Duration(wait)*time.Second + ReceiveSlack
 	rctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
@@ -254,6 +251,14 @@ func (c *Client) changeVisibility(ctx context.Context, msgs []Message, visibilit
 		}
 	}
 	return failed, nil
+}
+
+// pollWait is the long poll of one receive: none with ShortPoll.
+func (c *Client) pollWait() time.Duration {
+	if c.cfg.ShortPoll {
+		return 0
+	}
+	return c.cfg.Wait
 }
 
 // counts asks the queue for its approximate counts.
