@@ -92,12 +92,18 @@ func NewReader(c *Client, log *slog.Logger, ahead int) *Reader {
 func (r *Reader) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	kept := make(chan struct{})
 	if r.Keep > 0 {
-		wg.Go(func() { r.keepInvisible(ctx) })
+		wg.Go(func() {
+			defer close(kept)
+			r.keepInvisible(ctx)
+		})
+	} else {
+		close(kept)
 	}
 	bo := source.Backoff(10 * time.Second)
 	for ctx.Err() == nil {
-		msgs, err := r.receive(ctx)
+		msgs, err := r.receive(ctx, kept)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -148,7 +154,11 @@ const releaseMargin = 2 * time.Second
 // cut releaseMargin after its long poll should have ended (a server that
 // does not answer), and at once when nothing was released (nothing was in
 // flight, or the release failed: nothing became visible to lose).
-func (r *Reader) receive(ctx context.Context) ([]Message, error) {
+//
+// kept closes when the keeper of the messages in flight has stopped: the
+// release waits for it, so that an extension sent at the stop cannot land
+// after the release and hide the messages again.
+func (r *Reader) receive(ctx context.Context, kept <-chan struct{}) ([]Message, error) {
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	started := time.Now()
@@ -160,7 +170,10 @@ func (r *Reader) receive(ctx context.Context) ([]Message, error) {
 			return
 		case <-ctx.Done():
 		}
-		if r.releaseInFlight() > 0 {
+		<-kept
+		if r.releaseInFlight() {
+			// Already past (the release itself took that long): the
+			// receive is cut at once, as its long poll should be over.
 			t := time.NewTimer(time.Until(started.Add(r.c.pollWait() + releaseMargin)))
 			defer t.Stop()
 			select {
@@ -323,10 +336,13 @@ func (r *Reader) Release() {
 	r.releaseInFlight()
 }
 
-// releaseInFlight makes the messages in flight visible again and returns
-// how many it did (0 when the release failed: they come back after their
-// visibility timeout).
-func (r *Reader) releaseInFlight() int {
+// releaseInFlight makes the messages in flight visible again, and says
+// whether some may now be visible: it did release some, or a request
+// failed that SQS may have applied all the same; false when there were
+// none or SQS refused every one. What was not known to be released stays
+// in flight, for [Reader.Release] to try again; what is not released at
+// all comes back after its visibility timeout.
+func (r *Reader) releaseInFlight() bool {
 	r.mu.Lock()
 	msgs := make([]Message, 0, len(r.inFlight))
 	for _, m := range r.inFlight {
@@ -335,19 +351,23 @@ func (r *Reader) releaseInFlight() int {
 	clear(r.inFlight)
 	r.mu.Unlock()
 	if len(msgs) == 0 {
-		return 0
+		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	failed, err := r.c.changeVisibility(ctx, msgs, 0)
-	if err != nil {
-		r.log.Debug("releasing messages in flight failed; they come back after their visibility timeout", "messages", len(msgs), "err", err)
-		return 0
-	}
 	if len(failed) > 0 {
-		r.log.Debug("some messages in flight were not released; they come back after their visibility timeout", "messages", len(failed), "first", firstFailure(failed))
+		r.log.Debug("releasing messages in flight failed for some; they are tried again at the close, else come back after their visibility timeout",
+			"failed", len(failed), "of", len(msgs), "first", firstFailure(failed), "err", err)
+		r.mu.Lock()
+		for _, m := range msgs {
+			if _, ok := failed[m.ID]; ok {
+				r.inFlight[m.ID] = m
+			}
+		}
+		r.mu.Unlock()
 	}
-	return len(msgs) - len(failed)
+	return err != nil || len(failed) < len(msgs)
 }
 
 // keepInvisible extends, every keep, the visibility of every message in
@@ -373,9 +393,12 @@ func (r *Reader) keepInvisible(ctx context.Context) {
 		ectx, cancel := context.WithTimeout(ctx, r.Keep)
 		failed, err := r.c.changeVisibility(ectx, msgs, r.c.cfg.Visibility)
 		cancel()
-		if err != nil && !errors.Is(err, context.Canceled) {
-			r.log.Warn("extending the visibility of messages in flight failed; they may be delivered again (safe: duplicates are dropped)", "messages", len(msgs), "err", err)
-			r.stats.extendFailed.Add(int64(len(msgs)))
+		if errors.Is(err, context.Canceled) {
+			continue // the receiver stops: the release follows
+		}
+		if err != nil {
+			r.log.Warn("extending the visibility of messages in flight failed; they may be delivered again (safe: duplicates are dropped)", "messages", len(failed), "of", len(msgs), "err", err)
+			r.stats.extendFailed.Add(int64(len(failed)))
 			continue
 		}
 		if len(failed) > 0 {

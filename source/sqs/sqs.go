@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"regexp"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -227,31 +228,58 @@ func (c *Client) deleteMessages(ctx context.Context, msgs []Message) (failed bat
 }
 
 // changeVisibility hides msgs for visibility from now (0 makes them
-// visible at once), ten per request.
+// visible at once), ten per request and up to visibilityCalls requests at
+// once (thousands of messages can be in flight at a stop). failed holds
+// every message not known to be changed: those SQS refused, and those of a
+// request that failed (which SQS may have applied all the same); err is
+// the first request's failure.
 func (c *Client) changeVisibility(ctx context.Context, msgs []Message, visibility time.Duration) (failed batchFailure, err error) {
 	failed = batchFailure{}
 	secs := int32(visibility / time.Second)
+	var (
+		mu    sync.Mutex
+		first error
+		wg    sync.WaitGroup
+	)
+	sem := make(chan struct{}, visibilityCalls)
 	for i := 0; i < len(msgs); i += 10 {
 		chunk := msgs[i:min(i+10, len(msgs))]
-		entries := make([]types.ChangeMessageVisibilityBatchRequestEntry, len(chunk))
-		for j, m := range chunk {
-			entries[j] = types.ChangeMessageVisibilityBatchRequestEntry{Id: aws.String(strconv.Itoa(i + j)), ReceiptHandle: aws.String(m.Receipt), VisibilityTimeout: secs}
-		}
-		cctx, cancel := context.WithTimeout(ctx, sqsCallTimeout)
-		out, err := c.client.ChangeMessageVisibilityBatch(cctx, &awssqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(c.cfg.QueueURL), Entries: entries})
-		cancel()
-		if err != nil {
-			return failed, fmt.Errorf("extend visibility in %s: %w", c.cfg.QueueURL, err)
-		}
-		for _, f := range out.Failed {
-			k, _ := strconv.Atoi(aws.ToString(f.Id))
-			if k >= 0 && k < len(msgs) {
-				failed[msgs[k].ID] = aws.ToString(f.Code) + ": " + aws.ToString(f.Message)
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			entries := make([]types.ChangeMessageVisibilityBatchRequestEntry, len(chunk))
+			for j, m := range chunk {
+				entries[j] = types.ChangeMessageVisibilityBatchRequestEntry{Id: aws.String(strconv.Itoa(j)), ReceiptHandle: aws.String(m.Receipt), VisibilityTimeout: secs}
 			}
-		}
+			cctx, cancel := context.WithTimeout(ctx, sqsCallTimeout)
+			out, err := c.client.ChangeMessageVisibilityBatch(cctx, &awssqs.ChangeMessageVisibilityBatchInput{QueueUrl: aws.String(c.cfg.QueueURL), Entries: entries})
+			cancel()
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				for _, m := range chunk {
+					failed[m.ID] = err.Error()
+				}
+				if first == nil {
+					first = fmt.Errorf("change the visibility of messages in %s: %w", c.cfg.QueueURL, err)
+				}
+				return
+			}
+			for _, f := range out.Failed {
+				k, _ := strconv.Atoi(aws.ToString(f.Id))
+				if k >= 0 && k < len(chunk) {
+					failed[chunk[k].ID] = aws.ToString(f.Code) + ": " + aws.ToString(f.Message)
+				}
+			}
+		})
 	}
-	return failed, nil
+	wg.Wait()
+	return failed, first
 }
+
+// visibilityCalls bounds the visibility requests [Client.changeVisibility]
+// has in flight at once.
+const visibilityCalls = 10
 
 // pollWait is the long poll of one receive: none with ShortPoll.
 func (c *Client) pollWait() time.Duration {
