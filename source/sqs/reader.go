@@ -152,8 +152,8 @@ const releaseMargin = 2 * time.Second
 // poll, with the released messages if it hands them to it, and Run keeps
 // what it returns in flight for [Reader.Release] to release again. It is
 // cut releaseMargin after its long poll should have ended (a server that
-// does not answer), and at once when nothing was released (nothing was in
-// flight, or the release failed: nothing became visible to lose).
+// does not answer), and at once when nothing can have become visible to
+// lose (nothing was in flight, or SQS refused every release).
 //
 // kept closes when the keeper of the messages in flight has stopped: the
 // release waits for it, so that an extension sent at the stop cannot land
@@ -171,7 +171,7 @@ func (r *Reader) receive(ctx context.Context, kept <-chan struct{}) ([]Message, 
 		case <-ctx.Done():
 		}
 		<-kept
-		if r.releaseInFlight() {
+		if visible, _ := r.releaseInFlight(); visible {
 			// Already past (the release itself took that long): the
 			// receive is cut at once, as its long poll should be over.
 			t := time.NewTimer(time.Until(started.Add(r.c.pollWait() + releaseMargin)))
@@ -333,16 +333,19 @@ func (r *Reader) Release() {
 			drained = true
 		}
 	}
-	r.releaseInFlight()
+	if _, left := r.releaseInFlight(); left > 0 {
+		r.log.Warn("messages in flight at the stop could not be made visible again; they come back after their visibility timeout",
+			"messages", left, "visibility", r.c.cfg.Visibility)
+	}
 }
 
-// releaseInFlight makes the messages in flight visible again, and says
-// whether some may now be visible: it did release some, or a request
-// failed that SQS may have applied all the same; false when there were
-// none or SQS refused every one. What was not known to be released stays
-// in flight, for [Reader.Release] to try again; what is not released at
-// all comes back after its visibility timeout.
-func (r *Reader) releaseInFlight() bool {
+// releaseInFlight makes the messages in flight visible again. visible
+// says some may now be: it released some, or a request failed that SQS
+// may have applied all the same; false when there were none or SQS
+// refused every one. left is how many were not known to be released:
+// they stay in flight, for [Reader.Release] to try again; what is not
+// released at all comes back after its visibility timeout.
+func (r *Reader) releaseInFlight() (visible bool, left int) {
 	r.mu.Lock()
 	msgs := make([]Message, 0, len(r.inFlight))
 	for _, m := range r.inFlight {
@@ -351,7 +354,7 @@ func (r *Reader) releaseInFlight() bool {
 	clear(r.inFlight)
 	r.mu.Unlock()
 	if len(msgs) == 0 {
-		return false
+		return false, 0
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -367,7 +370,7 @@ func (r *Reader) releaseInFlight() bool {
 		}
 		r.mu.Unlock()
 	}
-	return err != nil || len(failed) < len(msgs)
+	return err != nil || len(failed) < len(msgs), len(failed)
 }
 
 // keepInvisible extends, every keep, the visibility of every message in

@@ -28,8 +28,8 @@ const minSessionTimeout = 100 * time.Millisecond
 // as it fills, copying all of it, in the goroutine that serves every
 // request: at its default of 100 MiB a partition's growth from 64 MiB
 // stopped produce and fetch alike for 100-400 ms, every partition about
-// at once. Kafka appends to a file; 8 MiB segments keep each copy to a few
-// milliseconds.
+// at once. Kafka appends to a file; with 8 MiB segments the largest copy
+// is of 4 MiB.
 const segmentBytes = 8 << 20
 
 // pollInterval is how often the helpers re-check a condition the broker
