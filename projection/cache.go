@@ -1,12 +1,14 @@
 package projection
 
 import (
-	"bytes"
-	"container/list"
+	"cmp"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/projector/projector/delta"
+	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
 )
 
@@ -27,7 +29,12 @@ type cacheBudget struct {
 	mu     sync.Mutex
 	used   int64
 	pinned int64
-	lru    list.List // of *cacheEntry, most recently used first
+	// head and tail are the ends of the least-recently-used list of the
+	// jobs that hold nothing, most recently used at head. The list runs
+	// through the entries themselves, so it costs the collector no object
+	// of its own per job.
+	head, tail *cacheEntry
+	lruLen     int
 	// spilled counts cached held jobs whose held deltas' ops were left in
 	// PostgreSQL.
 	spilled int
@@ -39,25 +46,62 @@ func newCacheBudget(limit int64) *cacheBudget {
 	return &cacheBudget{limit: limit}
 }
 
-// cacheEntry is one cached job; elem is nil while the job is pinned.
+// cacheEntry is one cached job. Its strings and bytes (the id, the row's
+// state, the event id, the last ops and the event ids of spilled held
+// deltas) share one allocation, and spilled held deltas are a slice rather
+// than a map: at a million jobs the garbage collector's marking is most of
+// the projector's CPU, and its cost follows the objects and pointers it
+// meets, so a cached job is three objects (the entry, its bytes, its map
+// slot) where it was seven or more.
 type cacheEntry struct {
 	owner *jobCache
-	job   gapfill.Job
-	size  int64
-	elem  *list.Element
+	// job is the row; its Held is nil when the held deltas are in
+	// spilledHeld.
+	job gapfill.Job
+	// spilledHeld are the held deltas, by version, when every one of them
+	// has its ops in PostgreSQL only; their job and event ids point into
+	// the entry's bytes.
+	spilledHeld []gapfill.Held
+	size        int64
+	// prev and next link the entry into the budget's list while linked
+	// (the job holds nothing); a pinned entry is not linked.
+	prev, next *cacheEntry
+	linked     bool
 	// spilled is set when some of its held deltas' ops are in PostgreSQL
 	// only.
 	spilled bool
+}
+
+// held returns the entry's held deltas as the map a [gapfill.Job] carries.
+func (e *cacheEntry) held() map[int64]gapfill.Held {
+	if e.spilledHeld == nil {
+		return e.job.Held
+	}
+	out := make(map[int64]gapfill.Held, len(e.spilledHeld))
+	for _, h := range e.spilledHeld {
+		out[h.Event.Version] = h
+	}
+	return out
+}
+
+// view is the cached job as callers see it.
+func (e *cacheEntry) view() gapfill.Job {
+	j := e.job
+	if e.spilledHeld != nil {
+		j.Held = e.held()
+	}
+	return j
 }
 
 // jobCache is a partition worker's view of its jobs' rows, drawn from the
 // instance's budget. Jobs with held deltas are always in it; the rest is
 // an optimisation only, because every write still carries its version
 // condition. It keeps states as raw JSON: [gapfill.Advance] decodes one
-// when a delta needs it.
+// when a delta needs it. The jobs it returns share its bytes: callers
+// must not write to them (nothing does: every change makes new ones).
 type jobCache struct {
 	b    *cacheBudget
-	jobs map[string]*cacheEntry // guarded by b.mu
+	jobs map[string]*cacheEntry // guarded by b.mu; keys point into the entries' bytes
 }
 
 func newJobCache(b *cacheBudget) *jobCache {
@@ -72,10 +116,11 @@ func (c *jobCache) get(id string) (gapfill.Job, bool) {
 	if !ok {
 		return gapfill.Job{}, false
 	}
-	if e.elem != nil {
-		c.b.lru.MoveToFront(e.elem)
+	if e.linked {
+		c.b.unlink(e)
+		c.b.pushFront(e)
 	}
-	return e.job, true
+	return e.view(), true
 }
 
 // peek is get without marking the job used.
@@ -86,7 +131,7 @@ func (c *jobCache) peek(id string) (gapfill.Job, bool) {
 	if !ok {
 		return gapfill.Job{}, false
 	}
-	return e.job, true
+	return e.view(), true
 }
 
 // put stores j as the job's row and held set, then evicts the least
@@ -105,12 +150,12 @@ func (c *jobCache) put(j gapfill.Job) {
 	if j.Deleted && len(j.Held) == 0 {
 		return
 	}
-	j = compact(j, old, had)
 	if len(j.Held) > 0 && b.pinned > b.limit/2 {
 		j.Held = spill(j.Held)
 	}
-	e := &cacheEntry{owner: c, job: j, size: jobBytes(j), spilled: spilled(j)}
-	c.jobs[j.ID] = e
+	e := &cacheEntry{owner: c, size: jobBytes(j), spilled: spilled(j)}
+	compact(e, j, old)
+	c.jobs[e.job.ID] = e
 	if e.spilled {
 		b.spilled++
 	}
@@ -118,14 +163,10 @@ func (c *jobCache) put(j gapfill.Job) {
 	if len(j.Held) > 0 {
 		b.pinned += e.size
 	} else {
-		e.elem = b.lru.PushFront(e)
+		b.pushFront(e)
 	}
-	for b.used > b.limit {
-		last := b.lru.Back()
-		if last == nil {
-			break
-		}
-		victim := last.Value.(*cacheEntry)
+	for b.used > b.limit && b.tail != nil {
+		victim := b.tail
 		victim.owner.remove(victim)
 		b.evictions.Add(1)
 	}
@@ -139,12 +180,39 @@ func (c *jobCache) remove(e *cacheEntry) {
 	if e.spilled {
 		b.spilled--
 	}
-	if e.elem != nil {
-		b.lru.Remove(e.elem)
-		e.elem = nil
+	if e.linked {
+		b.unlink(e)
 	} else {
 		b.pinned -= e.size
 	}
+}
+
+// pushFront links e as the most recently used; b.mu is held.
+func (b *cacheBudget) pushFront(e *cacheEntry) {
+	e.prev, e.next, e.linked = nil, b.head, true
+	if b.head != nil {
+		b.head.prev = e
+	} else {
+		b.tail = e
+	}
+	b.head = e
+	b.lruLen++
+}
+
+// unlink takes e out of the list; b.mu is held.
+func (b *cacheBudget) unlink(e *cacheEntry) {
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		b.head = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else {
+		b.tail = e.prev
+	}
+	e.prev, e.next, e.linked = nil, nil, false
+	b.lruLen--
 }
 
 // keepsOps reports whether a held job put now keeps its held deltas' ops
@@ -159,7 +227,7 @@ func (c *jobCache) keepsOps() bool {
 func (c *jobCache) forget(id string) {
 	c.b.mu.Lock()
 	defer c.b.mu.Unlock()
-	if e, ok := c.jobs[id]; ok && len(e.job.Held) == 0 {
+	if e, ok := c.jobs[id]; ok && len(e.job.Held) == 0 && e.spilledHeld == nil {
 		c.remove(e)
 	}
 }
@@ -180,11 +248,14 @@ func (c *jobCache) len() int {
 	return len(c.jobs)
 }
 
-// compact drops the decoded state (the raw bytes are what is kept and
-// counted) and gives the raw bytes their own allocation, so a cached job
-// never keeps a whole record or response alive. Bytes already cached for
-// the same row are shared, not copied again.
-func compact(j gapfill.Job, old *cacheEntry, had bool) gapfill.Job {
+// compact fills e from j: the decoded state is dropped (the raw bytes are
+// what is kept and counted), and the id, the raw bytes, the event id and
+// the last ops are copied into one allocation of the entry's own, so a
+// cached job never keeps a whole record or response alive. A job put back
+// as it was read (the same id, row bytes, event id and ops as old's)
+// shares old's bytes instead. Held deltas whose ops are all in PostgreSQL
+// become a slice whose ids point into those bytes.
+func compact(e *cacheEntry, j gapfill.Job, old *cacheEntry) {
 	if j.Raw == nil && j.State != nil {
 		// Only a decoded state is known: keep it as the row's encoding.
 		if raw, err := delta.EncodeState(j.State); err == nil {
@@ -192,23 +263,79 @@ func compact(j gapfill.Job, old *cacheEntry, had bool) gapfill.Job {
 		}
 	}
 	j.State = nil
-	switch {
-	case had && sameBytes(old.job.Raw, j.Raw):
-		j.Raw = old.job.Raw
-	case j.Raw != nil:
-		j.Raw = bytes.Clone(j.Raw)
+	held := j.Held
+	j.Held = nil
+	var hs []gapfill.Held
+	if len(held) > 0 && allSpilled(held) {
+		hs = make([]gapfill.Held, 0, len(held))
+		for _, h := range held {
+			hs = append(hs, h)
+		}
+		slices.SortFunc(hs, func(a, b gapfill.Held) int { return cmp.Compare(a.Event.Version, b.Event.Version) })
+	} else {
+		j.Held = held
 	}
-	switch {
-	case had && sameBytes(old.job.LastOps, j.LastOps):
-		j.LastOps = old.job.LastOps
-	case j.LastOps != nil:
-		j.LastOps = bytes.Clone(j.LastOps)
+	if old == nil || !sameJobBytes(old.job, j) || hs != nil {
+		n := len(j.ID) + len(j.Raw) + len(j.EventID) + len(j.LastOps)
+		for _, h := range hs {
+			n += len(h.Event.EventID)
+		}
+		a := arena{buf: make([]byte, 0, max(n, 1))}
+		j.ID = a.str(j.ID)
+		j.Raw = a.bytes(j.Raw)
+		j.EventID = a.str(j.EventID)
+		j.LastOps = a.bytes(j.LastOps)
+		for i := range hs {
+			hs[i].Event.JobID = j.ID
+			hs[i].Event.EventID = a.str(hs[i].Event.EventID)
+			if hs[i].Event.Kind == event.Delta {
+				hs[i].Event.Kind = event.Delta // the constant, not a decoded string
+			}
+		}
 	}
-	return j
+	e.job, e.spilledHeld = j, hs
+}
+
+// sameJobBytes reports whether j's id, row bytes, event id and last ops are
+// those of the cached job c (the same memory), as when a job read from the
+// cache is put back.
+func sameJobBytes(c, j gapfill.Job) bool {
+	return sameString(c.ID, j.ID) && sameBytes(c.Raw, j.Raw) && sameString(c.EventID, j.EventID) && sameBytes(c.LastOps, j.LastOps) &&
+		(c.Raw == nil) == (j.Raw == nil) && (c.LastOps == nil) == (j.LastOps == nil)
 }
 
 func sameBytes(a, b []byte) bool {
 	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
+func sameString(a, b string) bool {
+	return len(a) == len(b) && (len(a) == 0 || unsafe.StringData(a) == unsafe.StringData(b))
+}
+
+// arena copies strings and bytes into one buffer, allocated once with
+// their total length. Each slice it returns is capped at its end, so an
+// append to one never writes over the next.
+type arena struct {
+	buf []byte
+}
+
+func (a *arena) str(s string) string {
+	if s == "" {
+		return ""
+	}
+	off := len(a.buf)
+	a.buf = append(a.buf, s...)
+	return unsafe.String(&a.buf[off], len(s))
+}
+
+// bytes keeps nil as nil and empty as empty.
+func (a *arena) bytes(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	off := len(a.buf)
+	a.buf = append(a.buf, b...)
+	return a.buf[off:len(a.buf):len(a.buf)]
 }
 
 // spill returns held with the ops of every delta left out: they stay in
@@ -233,6 +360,17 @@ func spilled(j gapfill.Job) bool {
 		}
 	}
 	return false
+}
+
+// allSpilled reports whether every held delta has its ops in PostgreSQL
+// only.
+func allSpilled(held map[int64]gapfill.Held) bool {
+	for _, h := range held {
+		if h.Event.RawOps != nil || h.Event.Ops != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // Estimated bytes of the Go structures around a cached job and a held

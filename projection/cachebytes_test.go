@@ -50,7 +50,7 @@ func TestTheCacheStaysWithinItsBytes(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	grown := int64(after.HeapAlloc) - int64(before.HeapAlloc)
 	b.mu.Lock()
-	used, n := b.used, b.lru.Len()
+	used, n := b.used, b.lruLen
 	b.mu.Unlock()
 	t.Logf("budget %d B: accounted %d B, %d jobs kept, %d evicted; heap grew by %d B", budget, used, n, b.evictions.Load(), grown)
 	require.LessOrEqual(t, used, int64(budget))
