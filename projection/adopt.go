@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/projector/projector/gapfill"
 	"github.com/projector/projector/source/sqs/sqscfg"
 	"github.com/projector/projector/store"
 )
@@ -47,14 +48,18 @@ func (w *worker) adoptHeld(ctx context.Context) error {
 	}
 	var fresh []store.Held
 	jobs := map[string]bool{}
+	peeked := map[string]gapfill.Job{}
 	for _, h := range held {
 		if reread[h.JobID] {
 			continue // read again whole below
 		}
-		if j, ok := w.cache.peek(h.JobID); ok {
-			if _, known := j.Held[h.Version]; known {
-				continue
-			}
+		j, ok := peeked[h.JobID]
+		if !ok {
+			j, _ = w.cache.peek(h.JobID)
+			peeked[h.JobID] = j
+		}
+		if _, known := j.Held[h.Version]; known {
+			continue
 		}
 		fresh = append(fresh, h)
 		jobs[h.JobID] = true

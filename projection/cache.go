@@ -51,8 +51,9 @@ func newCacheBudget(limit int64) *cacheBudget {
 // deltas) share one allocation, and spilled held deltas are a slice rather
 // than a map: at a million jobs the garbage collector's marking is most of
 // the projector's CPU, and its cost follows the objects and pointers it
-// meets, so a cached job is three objects (the entry, its bytes, its map
-// slot) where it was seven or more.
+// meets, so a cached row is two objects (the entry and its bytes, beside
+// its share of the map's groups) where it was six, and a job whose held
+// deltas are spilled three (and the slice) where it was seven or more.
 type cacheEntry struct {
 	owner *jobCache
 	// job is the row; its Held is nil when the held deltas are in
@@ -72,23 +73,22 @@ type cacheEntry struct {
 	spilled bool
 }
 
-// held returns the entry's held deltas as the map a [gapfill.Job] carries.
-func (e *cacheEntry) held() map[int64]gapfill.Held {
-	if e.spilledHeld == nil {
-		return e.job.Held
-	}
-	out := make(map[int64]gapfill.Held, len(e.spilledHeld))
-	for _, h := range e.spilledHeld {
-		out[h.Event.Version] = h
-	}
-	return out
+// cachedJob is what a get or a peek copies out of an entry under the
+// budget's lock; the held map of spilled deltas is built from it after
+// the lock is released (the slice is never written once built).
+type cachedJob struct {
+	job         gapfill.Job
+	spilledHeld []gapfill.Held
 }
 
 // view is the cached job as callers see it.
-func (e *cacheEntry) view() gapfill.Job {
-	j := e.job
-	if e.spilledHeld != nil {
-		j.Held = e.held()
+func (c cachedJob) view() gapfill.Job {
+	j := c.job
+	if c.spilledHeld != nil {
+		j.Held = make(map[int64]gapfill.Held, len(c.spilledHeld))
+		for _, h := range c.spilledHeld {
+			j.Held[h.Event.Version] = h
+		}
 	}
 	return j
 }
@@ -98,7 +98,9 @@ func (e *cacheEntry) view() gapfill.Job {
 // an optimisation only, because every write still carries its version
 // condition. It keeps states as raw JSON: [gapfill.Advance] decodes one
 // when a delta needs it. The jobs it returns share its bytes: callers
-// must not write to them (nothing does: every change makes new ones).
+// must not write to them (nothing does: every change makes new ones), and
+// a string kept from one (an id) keeps the whole allocation, row and all,
+// alive: copy it before keeping it for long.
 type jobCache struct {
 	b    *cacheBudget
 	jobs map[string]*cacheEntry // guarded by b.mu; keys point into the entries' bytes
@@ -110,28 +112,34 @@ func newJobCache(b *cacheBudget) *jobCache {
 
 // get returns a job and marks it used.
 func (c *jobCache) get(id string) (gapfill.Job, bool) {
-	c.b.mu.Lock()
-	defer c.b.mu.Unlock()
-	e, ok := c.jobs[id]
+	cj, ok := c.lookup(id, true)
 	if !ok {
 		return gapfill.Job{}, false
 	}
-	if e.linked {
-		c.b.unlink(e)
-		c.b.pushFront(e)
-	}
-	return e.view(), true
+	return cj.view(), true
 }
 
 // peek is get without marking the job used.
 func (c *jobCache) peek(id string) (gapfill.Job, bool) {
+	cj, ok := c.lookup(id, false)
+	if !ok {
+		return gapfill.Job{}, false
+	}
+	return cj.view(), true
+}
+
+func (c *jobCache) lookup(id string, use bool) (cachedJob, bool) {
 	c.b.mu.Lock()
 	defer c.b.mu.Unlock()
 	e, ok := c.jobs[id]
 	if !ok {
-		return gapfill.Job{}, false
+		return cachedJob{}, false
 	}
-	return e.view(), true
+	if use && e.linked {
+		c.b.unlink(e)
+		c.b.pushFront(e)
+	}
+	return cachedJob{job: e.job, spilledHeld: e.spilledHeld}, true
 }
 
 // put stores j as the job's row and held set, then evicts the least
@@ -153,6 +161,7 @@ func (c *jobCache) put(j gapfill.Job) {
 	if len(j.Held) > 0 && b.pinned > b.limit/2 {
 		j.Held = spill(j.Held)
 	}
+	j = encoded(j)
 	e := &cacheEntry{owner: c, size: jobBytes(j), spilled: spilled(j)}
 	compact(e, j, old)
 	c.jobs[e.job.ID] = e
@@ -248,21 +257,26 @@ func (c *jobCache) len() int {
 	return len(c.jobs)
 }
 
-// compact fills e from j: the decoded state is dropped (the raw bytes are
-// what is kept and counted), and the id, the raw bytes, the event id and
+// encoded returns j with its decoded state dropped: the raw bytes are what
+// is kept and counted. Where only a decoded state is known, its encoding
+// becomes the row's bytes.
+func encoded(j gapfill.Job) gapfill.Job {
+	if j.Raw == nil && j.State != nil {
+		if raw, err := delta.EncodeState(j.State); err == nil {
+			j.Raw = raw
+		}
+	}
+	j.State = nil
+	return j
+}
+
+// compact fills e from j (see [encoded]): the id, the raw bytes, the event id and
 // the last ops are copied into one allocation of the entry's own, so a
 // cached job never keeps a whole record or response alive. A job put back
 // as it was read (the same id, row bytes, event id and ops as old's)
 // shares old's bytes instead. Held deltas whose ops are all in PostgreSQL
 // become a slice whose ids point into those bytes.
 func compact(e *cacheEntry, j gapfill.Job, old *cacheEntry) {
-	if j.Raw == nil && j.State != nil {
-		// Only a decoded state is known: keep it as the row's encoding.
-		if raw, err := delta.EncodeState(j.State); err == nil {
-			j.Raw = raw
-		}
-	}
-	j.State = nil
 	held := j.Held
 	j.Held = nil
 	var hs []gapfill.Held
@@ -275,7 +289,12 @@ func compact(e *cacheEntry, j gapfill.Job, old *cacheEntry) {
 	} else {
 		j.Held = held
 	}
-	if old == nil || !sameJobBytes(old.job, j) || hs != nil {
+	switch {
+	case old != nil && hs == nil && sameJobBytes(old.job, j):
+		// The strings are equal by value: take old's, which are in its
+		// bytes, rather than the caller's (a batch's, or a response's).
+		j.ID, j.EventID = old.job.ID, old.job.EventID
+	default:
 		n := len(j.ID) + len(j.Raw) + len(j.EventID) + len(j.LastOps)
 		for _, h := range hs {
 			n += len(h.Event.EventID)
@@ -288,28 +307,26 @@ func compact(e *cacheEntry, j gapfill.Job, old *cacheEntry) {
 		for i := range hs {
 			hs[i].Event.JobID = j.ID
 			hs[i].Event.EventID = a.str(hs[i].Event.EventID)
+			// The constant's string rather than one a decoder may have
+			// allocated.
 			if hs[i].Event.Kind == event.Delta {
-				hs[i].Event.Kind = event.Delta // the constant, not a decoded string
+				hs[i].Event.Kind = event.Delta
 			}
 		}
 	}
 	e.job, e.spilledHeld = j, hs
 }
 
-// sameJobBytes reports whether j's id, row bytes, event id and last ops are
-// those of the cached job c (the same memory), as when a job read from the
-// cache is put back.
+// sameJobBytes reports whether j's row bytes and last ops are those of the
+// cached job c (the same memory) and its id and event id equal c's, as
+// when a job read from the cache is put back.
 func sameJobBytes(c, j gapfill.Job) bool {
-	return sameString(c.ID, j.ID) && sameBytes(c.Raw, j.Raw) && sameString(c.EventID, j.EventID) && sameBytes(c.LastOps, j.LastOps) &&
+	return c.ID == j.ID && sameBytes(c.Raw, j.Raw) && c.EventID == j.EventID && sameBytes(c.LastOps, j.LastOps) &&
 		(c.Raw == nil) == (j.Raw == nil) && (c.LastOps == nil) == (j.LastOps == nil)
 }
 
 func sameBytes(a, b []byte) bool {
 	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
-}
-
-func sameString(a, b string) bool {
-	return len(a) == len(b) && (len(a) == 0 || unsafe.StringData(a) == unsafe.StringData(b))
 }
 
 // arena copies strings and bytes into one buffer, allocated once with
@@ -363,10 +380,10 @@ func spilled(j gapfill.Job) bool {
 }
 
 // allSpilled reports whether every held delta has its ops in PostgreSQL
-// only.
+// only, each under its own version (as the slice form keys them again).
 func allSpilled(held map[int64]gapfill.Held) bool {
-	for _, h := range held {
-		if h.Event.RawOps != nil || h.Event.Ops != nil {
+	for v, h := range held {
+		if h.Event.RawOps != nil || h.Event.Ops != nil || h.Event.Version != v {
 			return false
 		}
 	}
@@ -375,7 +392,8 @@ func allSpilled(held map[int64]gapfill.Held) bool {
 
 // Estimated bytes of the Go structures around a cached job and a held
 // delta, beyond their variable-length fields: map slots, the entry, the
-// list element, the Job and Held structs and their strings' headers.
+// Job and Held structs and their strings' headers (with room to spare
+// since the entry took the list's links and one allocation its bytes).
 const (
 	jobOverhead  = 320
 	heldOverhead = 400

@@ -53,6 +53,15 @@ func TestACachedJobIsReadBackAsItWasPut(t *testing.T) {
 	require.Equal(t, "evt-job-2-5", got.Held[5].Event.EventID)
 	require.Equal(t, int64(50), got.Held[5].Offset)
 
+	// A held delta filed under another version than its own is kept as
+	// given, not filed again under its own.
+	odd := gapfill.Job{ID: "job-3", Version: 1, Raw: []byte(`{}`), Held: spill(map[int64]gapfill.Held{
+		5: {Input: gapfill.Input{Event: heldEvent("job-3", 7)}, Since: since},
+	})}
+	c.put(odd)
+	got, _ = c.get("job-3")
+	require.Equal(t, odd, got)
+
 	c.forget("job-2")
 	_, ok = c.peek("job-2")
 	require.True(t, ok, "a held job is not forgotten")

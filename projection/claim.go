@@ -105,32 +105,38 @@ func (w *worker) restoreChunk(ctx context.Context, held []store.Held) error {
 // another goroutine (an SQS instance adopts held rows without a reset):
 // it is never written to, each job gets a copy to add to.
 func (w *worker) holdStored(held []store.Held, rows map[string]store.Job) error {
-	copied := map[string]bool{}
+	// Each job is read from the cache once and put back once, with all
+	// its rows added: a job holding thousands of deltas costs one copy of
+	// its held set, not one per row.
+	jobs := map[string]gapfill.Job{}
+	var order []string
 	since := map[string]time.Time{}
 	for _, h := range held {
-		j, ok := w.cache.get(h.JobID)
+		j, ok := jobs[h.JobID]
 		if !ok {
-			j = storedJob(h.JobID, rows, nil)
-		}
-		if !copied[h.JobID] {
+			if j, ok = w.cache.get(h.JobID); !ok {
+				j = storedJob(h.JobID, rows, nil)
+			}
 			// The cache keeps what put is given, or a copy of it: after
 			// this, the job's held set is this call's alone.
 			j.Held = maps.Clone(j.Held)
 			if j.Held == nil {
 				j.Held = map[int64]gapfill.Held{}
 			}
-			copied[h.JobID] = true
+			order = append(order, h.JobID)
 		}
-		held, err := heldOf(h)
+		hd, err := heldOf(h)
 		if err != nil {
 			return err
 		}
-		j.Held[h.Version] = held
-
-		w.cache.put(j)
+		j.Held[h.Version] = hd
+		jobs[h.JobID] = j
 		if s, ok := since[h.JobID]; !ok || h.Since.Before(s) {
 			since[h.JobID] = h.Since
 		}
+	}
+	for _, id := range order {
+		w.cache.put(jobs[id])
 	}
 	// On a log, a restored job whose next version is missing waits, as
 	// one held while running does, for the lane to read as far as its log

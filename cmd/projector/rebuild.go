@@ -42,7 +42,7 @@ const rebuildBatchSize = 10000
 // does: at 1,000,000 jobs the default of 'projector run' (64 MiB) held
 // about 45 MB of rows the replay did not meet again, and the rebuild's
 // peak RSS was 387 MiB at 0.51x raw COPY; at 8 MiB it was 247 MiB at
-// 0.53x (docs/performance.md).
+// 0.53x (docs/performance.md, "Memory at a million jobs").
 const rebuildCacheBytes = 8 << 20
 
 var rebuildCommand = &command{
@@ -97,9 +97,10 @@ Example:
 		batch.DefValue = fmt.Sprint(rebuildBatchSize)
 		_ = batch.Value.Set(batch.DefValue)
 		cache := fs.Lookup("cache-bytes")
-		cache.DefValue = "8MiB"
+		defCache := byteSize(rebuildCacheBytes)
+		cache.DefValue = defCache.String()
 		_ = cache.Value.Set(cache.DefValue)
-		cache.Usage = "memory budget of the cache of job rows and held deltas, a `size` (an eighth of\nthe 64MiB of 'projector run': a replay meets most jobs again within a batch,\nor not for most of the log); held jobs are kept and past half of it their\ndeltas stay in PostgreSQL"
+		cache.Usage = "memory budget of the cache of job rows and held deltas, one `size` for the whole\nprocess (8MiB, 64MiB, 1GiB or a number of bytes; smaller than run's 64MiB\nbecause a replay seldom meets a job again after its batch); least recently\nused rows are evicted, held jobs are kept and past half of it their deltas\nstay in PostgreSQL"
 		batch.Usage = "most records per batch transaction (twice the default of 'projector run': a replay\nfolds more of each job's events into one write)"
 		o.memory.noDefault = true
 		fs.Lookup("memory-limit").Usage = "the Go runtime's soft memory limit: a `size` (400MiB), off, or auto: 85% of\nthe container's memory limit (cgroup memory.max), none where no container\nlimit is found (a rebuild is a job of bounded length, whose batches are\ntwice run's: give it a size to bound it). GOMEMLIMIT in the environment wins\nover auto"
