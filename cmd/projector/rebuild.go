@@ -41,7 +41,7 @@ const rebuildBatchSize = 10000
 // other jobs (long jobs side by side), where no cache of a bounded size
 // does: at 1,000,000 jobs the default of 'projector run' (64 MiB) held
 // about 45 MB of rows the replay did not meet again, and the rebuild's
-// peak RSS was 387 MiB at 0.51x raw COPY; at 8 MiB it was 247 MiB at
+// peak RSS was 369 MiB at 0.51x raw COPY; at 8 MiB it was 235 MiB at
 // 0.53x (docs/performance.md, "Memory at a million jobs").
 const rebuildCacheBytes = 8 << 20
 
