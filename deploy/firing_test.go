@@ -336,14 +336,14 @@ func TestAlertsFireOnHeldGapAndLag(t *testing.T) {
 		"ProjectorLagGrowing": false, "ProjectorNoProgress": false, "ProjectorHeldGapTooOld": true,
 		"ProjectorQuarantineGrowing": true, "ProjectorAuthorityFailing": true, "ProjectorNotReady": false,
 		"ProjectorDatabaseErrors": false, "ProjectorStalled": false, "ProjectorOpenTransactionLong": false,
-		"ProjectorDown": false,
+		"ProjectorDown": false, "ProjectorMemoryNearLimit": false,
 	})
 	// At the last scrape, PostgreSQL cut for 12 intervals.
 	judge(t, query, at, map[string]bool{
 		"ProjectorLagGrowing": true, "ProjectorNoProgress": true, "ProjectorHeldGapTooOld": true,
 		"ProjectorQuarantineGrowing": true, "ProjectorAuthorityFailing": true, "ProjectorNotReady": true,
 		"ProjectorDatabaseErrors": true, "ProjectorStalled": false, "ProjectorOpenTransactionLong": false,
-		"ProjectorDown": false,
+		"ProjectorDown": false, "ProjectorMemoryNearLimit": false,
 	})
 }
 

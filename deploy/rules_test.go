@@ -30,6 +30,22 @@ func TestAlertRulesOverTime(t *testing.T) {
 		firing              []string
 	}{
 		{
+			name: "a live heap at 90% of the memory limit for 20 minutes", alert: "ProjectorMemoryNearLimit", minutes: 20,
+			series: `go_gc_heap_live_bytes{` + target + `} 180000000+0x20
+				go_gc_gomemlimit_bytes{` + target + `} 200000000+0x20`,
+			firing: []string{"i-1"},
+		},
+		{
+			name: "a live heap at 90% of the limit for 10 minutes, then 50%", alert: "ProjectorMemoryNearLimit", minutes: 30,
+			series: `go_gc_heap_live_bytes{` + target + `} 180000000+0x10 100000000+0x20
+				go_gc_gomemlimit_bytes{` + target + `} 200000000+0x30`,
+		},
+		{
+			name: "a large live heap and no memory limit", alert: "ProjectorMemoryNearLimit", minutes: 30,
+			series: `go_gc_heap_live_bytes{` + target + `} 9000000000+0x30
+				go_gc_gomemlimit_bytes{` + target + `} 9223372036854775807+0x30`,
+		},
+		{
 			name: "one database error pages no one", alert: "ProjectorDatabaseErrors", minutes: 40,
 			series: `projector_database_errors_total{` + target + `} 0 0 1+0x40`,
 		},

@@ -2,6 +2,7 @@ package observe
 
 import (
 	"net/http"
+	"regexp"
 	"strconv"
 	"time"
 
@@ -39,7 +40,15 @@ func NewMetrics(reg *prometheus.Registry, own prometheus.Collector, version, rev
 		}),
 	}
 	m.reg.MustRegister(
-		collectors.NewGoCollector(),
+		// The Go collector's defaults; the live heap the last collection
+		// marked (go_gc_heap_live_bytes), which beside
+		// go_gc_gomemlimit_bytes says how near the soft memory limit the
+		// instance runs (ProjectorMemoryNearLimit); and the CPU the
+		// collector took (go_cpu_classes_gc_total_cpu_seconds_total) of
+		// all the process's (go_cpu_classes_total_cpu_seconds_total).
+		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(collectors.GoRuntimeMetricsRule{
+			Matcher: regexp.MustCompile(`^(/gc/heap/live:bytes|/cpu/classes/gc/total:cpu-seconds|/cpu/classes/total:cpu-seconds)$`),
+		})),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.batchDuration, m.batchRecords,
 		own,
