@@ -30,20 +30,41 @@ func TestAlertRulesOverTime(t *testing.T) {
 		firing              []string
 	}{
 		{
-			name: "a live heap at 90% of the memory limit for 20 minutes", alert: "ProjectorMemoryNearLimit", minutes: 20,
-			series: `go_gc_heap_live_bytes{` + target + `} 180000000+0x20
-				go_gc_gomemlimit_bytes{` + target + `} 200000000+0x20`,
+			name: "a live heap at 85% of the memory limit for 17 minutes", alert: "ProjectorMemoryNearLimit", minutes: 17,
+			series: `go_gc_heap_live_bytes{` + target + `} 170000000+0x17
+				go_gc_gomemlimit_bytes{` + target + `} 200000000+0x17
+				` + info + ` 1+0x17`,
 			firing: []string{"i-1"},
 		},
 		{
-			name: "a live heap at 90% of the limit for 10 minutes, then 50%", alert: "ProjectorMemoryNearLimit", minutes: 30,
-			series: `go_gc_heap_live_bytes{` + target + `} 180000000+0x10 100000000+0x20
-				go_gc_gomemlimit_bytes{` + target + `} 200000000+0x30`,
+			name: "a live heap at 85% of the limit for 13 minutes, then 50%", alert: "ProjectorMemoryNearLimit", minutes: 30,
+			series: `go_gc_heap_live_bytes{` + target + `} 170000000+0x13 100000000+0x17
+				go_gc_gomemlimit_bytes{` + target + `} 200000000+0x30
+				` + info + ` 1+0x30`,
 		},
 		{
-			name: "a large live heap and no memory limit", alert: "ProjectorMemoryNearLimit", minutes: 30,
-			series: `go_gc_heap_live_bytes{` + target + `} 9000000000+0x30
-				go_gc_gomemlimit_bytes{` + target + `} 9223372036854775807+0x30`,
+			name: "a live heap at 75% of the limit for 30 minutes", alert: "ProjectorMemoryNearLimit", minutes: 30,
+			series: `go_gc_heap_live_bytes{` + target + `} 150000000+0x30
+				go_gc_gomemlimit_bytes{` + target + `} 200000000+0x30
+				` + info + ` 1+0x30`,
+		},
+		{
+			name: "a live heap of 2^63 bytes and no memory limit", alert: "ProjectorMemoryNearLimit", minutes: 30,
+			series: `go_gc_heap_live_bytes{` + target + `} 9223372036854775807+0x30
+				go_gc_gomemlimit_bytes{` + target + `} 9223372036854775807+0x30
+				` + info + ` 1+0x30`,
+		},
+		{
+			name: "a memory limit of 0", alert: "ProjectorMemoryNearLimit", minutes: 30,
+			series: `go_gc_heap_live_bytes{` + target + `} 150000000+0x30
+				go_gc_gomemlimit_bytes{` + target + `} 0+0x30
+				` + info + ` 1+0x30`,
+		},
+		{
+			name: "Prometheus itself near its own limit", alert: "ProjectorMemoryNearLimit", minutes: 30,
+			series: `go_gc_heap_live_bytes{instance="prometheus:9090", job="prometheus"} 180000000+0x30
+				go_gc_gomemlimit_bytes{instance="prometheus:9090", job="prometheus"} 200000000+0x30
+				` + info + ` 1+0x30`,
 		},
 		{
 			name: "one database error pages no one", alert: "ProjectorDatabaseErrors", minutes: 40,
