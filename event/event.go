@@ -235,9 +235,12 @@ func kind(raw json.RawMessage) (Kind, error) {
 	if err != nil {
 		return "", &FieldError{Field: "kind", Reason: `must be the string "snapshot", "delta" or "delete"`}
 	}
-	switch Kind(s) {
-	case Snapshot, Delta, Delete:
-		return Kind(s), nil
+	// An escaped spelling ("\u0064elta") decodes to a string of its own:
+	// the constant is returned instead, so no event keeps that string.
+	for _, k := range []Kind{Snapshot, Delta, Delete} {
+		if Kind(s) == k {
+			return k, nil
+		}
 	}
 	return "", &FieldError{Field: "kind", Reason: fmt.Sprintf(`unknown kind %q (want "snapshot", "delta" or "delete")`, clip(s))}
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -377,5 +378,18 @@ func TestDecodeRefusesRepeatedNames(t *testing.T) {
 	} {
 		_, err := event.Decode(nil, []byte(v))
 		require.NoError(t, err, v)
+	}
+}
+
+// TestAnEscapedKindIsTheConstant: a kind spelled with an escape decodes
+// to the constant itself, so an event (a held delta cached for long)
+// keeps no string of its own for it.
+func TestAnEscapedKindIsTheConstant(t *testing.T) {
+	ev, err := event.DecodeValue([]byte(`{"job_id":"j","version":2,"kind":"\u0064elta","ops":[{"op":"increment","path":"/n","by":1}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.Kind != event.Delta || unsafe.StringData(string(ev.Kind)) != unsafe.StringData(string(event.Delta)) {
+		t.Fatalf("kind %q is not the constant Delta's string", ev.Kind)
 	}
 }

@@ -1,14 +1,11 @@
 package projection
 
 import (
-	"cmp"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
 
 	"github.com/projector/projector/delta"
-	"github.com/projector/projector/event"
 	"github.com/projector/projector/gapfill"
 )
 
@@ -59,7 +56,7 @@ type cacheEntry struct {
 	// job is the row; its Held is nil when the held deltas are in
 	// spilledHeld.
 	job gapfill.Job
-	// spilledHeld are the held deltas, by version, when every one of them
+	// spilledHeld are the held deltas, in no order, when every one of them
 	// has its ops in PostgreSQL only; their job and event ids point into
 	// the entry's bytes.
 	spilledHeld []gapfill.Held
@@ -285,7 +282,6 @@ func compact(e *cacheEntry, j gapfill.Job, old *cacheEntry) {
 		for _, h := range held {
 			hs = append(hs, h)
 		}
-		slices.SortFunc(hs, func(a, b gapfill.Held) int { return cmp.Compare(a.Event.Version, b.Event.Version) })
 	} else {
 		j.Held = held
 	}
@@ -307,11 +303,6 @@ func compact(e *cacheEntry, j gapfill.Job, old *cacheEntry) {
 		for i := range hs {
 			hs[i].Event.JobID = j.ID
 			hs[i].Event.EventID = a.str(hs[i].Event.EventID)
-			// The constant's string rather than one a decoder may have
-			// allocated.
-			if hs[i].Event.Kind == event.Delta {
-				hs[i].Event.Kind = event.Delta
-			}
 		}
 	}
 	e.job, e.spilledHeld = j, hs

@@ -96,12 +96,12 @@ Example:
 		batch := fs.Lookup("batch-size")
 		batch.DefValue = fmt.Sprint(rebuildBatchSize)
 		_ = batch.Value.Set(batch.DefValue)
+		batch.Usage = "most records per batch transaction (twice the default of 'projector run': a replay\nfolds more of each job's events into one write)"
 		cache := fs.Lookup("cache-bytes")
 		defCache := byteSize(rebuildCacheBytes)
 		cache.DefValue = defCache.String()
 		_ = cache.Value.Set(cache.DefValue)
 		cache.Usage = "memory budget of the cache of job rows and held deltas, one `size` for the whole\nprocess (8MiB, 64MiB, 1GiB or a number of bytes; smaller than run's 64MiB\nbecause a replay seldom meets a job again after its batch); least recently\nused rows are evicted, held jobs are kept and past half of it their deltas\nstay in PostgreSQL"
-		batch.Usage = "most records per batch transaction (twice the default of 'projector run': a replay\nfolds more of each job's events into one write)"
 		o.memory.noDefault = true
 		fs.Lookup("memory-limit").Usage = "the Go runtime's soft memory limit: a `size` (400MiB), off, or auto: 85% of\nthe container's memory limit (cgroup memory.max), none where no container\nlimit is found (a rebuild is a job of bounded length, whose batches are\ntwice run's: give it a size to bound it). GOMEMLIMIT in the environment wins\nover auto"
 		fs.Lookup("batches-in-flight").Usage = "most batches the rebuild plans and writes at once, whatever its partitions;\n0 (the default) picks 2 for each CPU the process may use, from 8 to 32, or,\nunder a memory limit, as many as fit in it beyond --cache-bytes at 9KiB a\nrecord of --batch-size, at least 2; -1 bounds nothing"
