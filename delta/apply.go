@@ -45,6 +45,23 @@ func DecodeState(raw json.RawMessage) (map[string]any, error) {
 	return state, nil
 }
 
+// DecodeValidState is [DecodeState] for text already known to be valid
+// JSON, as the event decoder, [EncodeState] and PostgreSQL's jsonb output
+// make it: it skips the validation pass, which was a third of decoding a
+// state (and a thirtieth of a rebuild's CPU). Text that is not valid JSON
+// decodes to some value or an error, never a panic, and is not checked
+// further: it is the caller's promise.
+func DecodeValidState(raw json.RawMessage) (map[string]any, error) {
+	raw = TrimJSONSpace(raw)
+	if len(raw) == 0 {
+		return map[string]any{}, nil
+	}
+	if raw[0] != '{' {
+		return DecodeState(raw)
+	}
+	return decodeValid(raw).(map[string]any), nil
+}
+
 // EncodeState encodes a job state as compact JSON. HTML characters are not
 // escaped: the state is data for a jsonb column, not for a web page. A nil
 // state encodes as {}, never null, because a job's state is always an object.

@@ -13,8 +13,12 @@ import (
 // reflection.
 
 // skip returns the index just past the value that starts at b[i] (after
-// any whitespace).
+// any whitespace), at most len(b) even for text that is not valid JSON.
 func skip(b []byte, i int) int {
+	return min(skipValue(b, i), len(b))
+}
+
+func skipValue(b []byte, i int) int {
 	i = ws(b, i)
 	if i >= len(b) {
 		return i
@@ -88,6 +92,9 @@ func elements(b []byte, fn func(v []byte) bool) {
 			return
 		}
 		end := skip(b, i)
+		if end == i {
+			return // not valid JSON: no element here
+		}
 		if !fn(b[i:end]) {
 			return
 		}
@@ -109,6 +116,9 @@ func members(b []byte, fn func(key string, v []byte)) {
 		kend := skip(b, i)
 		key := unquote(b[i:kend])
 		i = ws(b, kend) + 1 // past ':'
+		if i > len(b) {
+			return // not valid JSON: no value follows
+		}
 		i = ws(b, i)
 		vend := skip(b, i)
 		fn(key, b[i:vend])
@@ -131,6 +141,9 @@ func rawMembers(b []byte, fn func(key, v []byte)) {
 		kend := skip(b, i)
 		key := b[i:kend]
 		i = ws(b, kend) + 1 // past ':'
+		if i > len(b) {
+			return // not valid JSON: no value follows
+		}
 		i = ws(b, i)
 		vend := skip(b, i)
 		fn(key, b[i:vend])

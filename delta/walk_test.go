@@ -3,21 +3,30 @@ package delta
 import (
 	"bytes"
 	"encoding/json"
+	"reflect"
 	"testing"
 )
 
 // FuzzWalkersAgreeWithEncodingJSON holds the one-pass walkers to
-// encoding/json on every valid JSON array of values and object.
+// encoding/json on every valid JSON array of values and object, and
+// [DecodeValidState] to [DecodeState]; on text that is not valid JSON,
+// DecodeValidState (which trusts its caller) must still not panic.
 func FuzzWalkersAgreeWithEncodingJSON(f *testing.F) {
 	for _, s := range []string{
 		`[]`, `[1, "a", {"b": [1, {"c": "]"}]}, null]`, ` [ {"op":"set","path":"/a\"b","value":"x\\"} ] `,
 		`{"op":"set","OP":"x","op":"remove"}`, `{"a\u0062":1,"\"":2}`, `{}`, `{"a":{"b":"}"},"c":[]}`,
+		`{"a":"\`, `{"a"`, `{"a":{"b":"\"}`, `{"a":[1,{"b`, `{"a":"x\"`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
+		got, gotErr := DecodeValidState(b)
 		if !json.Valid(b) {
 			return
+		}
+		want, wantErr := DecodeState(b)
+		if (gotErr == nil) != (wantErr == nil) || !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q: DecodeValidState %v, %v; DecodeState %v, %v", b, got, gotErr, want, wantErr)
 		}
 		switch t0 := bytes.TrimSpace(b); {
 		case len(t0) > 0 && t0[0] == '[':

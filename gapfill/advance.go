@@ -66,7 +66,9 @@ type Job struct {
 	// while Raw is set: Advance decodes Raw when a delta needs it, so a
 	// row no delta touches is never decoded. Both nil is {}.
 	State map[string]any
-	// Raw is State encoded, when known; Advance keeps it in step.
+	// Raw is State encoded, when known; Advance keeps it in step. It
+	// must be valid JSON (as the event decoder, delta.EncodeState and
+	// PostgreSQL's jsonb make it): Advance decodes it without checking.
 	Raw json.RawMessage
 	// EventID is the event id of the event that made the row's version.
 	EventID string
@@ -376,7 +378,7 @@ func apply(job *Job, in Input, out *Outcome, owned *bool) bool {
 	if job.State == nil {
 		state := map[string]any{}
 		if job.Raw != nil {
-			decoded, err := delta.DecodeState(job.Raw)
+			decoded, err := delta.DecodeValidState(job.Raw)
 			if err != nil {
 				out.Rejected = append(out.Rejected, Rejected{Input: in, Err: fmt.Errorf("the state it follows: %w", err)})
 				return false
