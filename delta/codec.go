@@ -25,7 +25,7 @@ func decodeValid(b []byte) any {
 	switch b[0] {
 	case '{':
 		m := map[string]any{}
-		members(b, func(key string, v []byte) { m[key] = decodeValid(v) })
+		rawMembers(b, func(key, v []byte) { m[nameOf(key)] = decodeValid(v) })
 		return m
 	case '[':
 		s := []any{}
@@ -40,7 +40,7 @@ func decodeValid(b []byte) any {
 	case 'n':
 		return nil
 	}
-	return json.Number(b)
+	return numberOf(b)
 }
 
 // appendValue appends the compact encoding of v to buf. ok is false when

@@ -1,6 +1,9 @@
 package delta
 
 import (
+	"bytes"
+	"encoding/json"
+	"hash/maphash"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -94,4 +97,66 @@ func amountOf(b []byte) string {
 		return smallAmounts[n]
 	}
 	return string(b)
+}
+
+// smallNumbers are the amounts 0 to 999 as a decoded state holds them,
+// already boxed: a state's counters and sizes are mostly small.
+var smallNumbers = func() (a [1000]any) {
+	for i := range a {
+		a[i] = json.Number(smallAmounts[i])
+	}
+	return a
+}()
+
+// numberOf returns a valid JSON number literal as a decoded state holds
+// it, without allocating for 0 to 999.
+func numberOf(b []byte) any {
+	if len(b) > 0 && len(b) <= 3 && (b[0] != '0' || len(b) == 1) {
+		n := 0
+		for _, c := range b {
+			if c < '0' || c > '9' {
+				return json.Number(b)
+			}
+			n = n*10 + int(c-'0')
+		}
+		return smallNumbers[n]
+	}
+	return json.Number(b)
+}
+
+// The member names of a stream's states are a few dozen, repeated in
+// every state: decoding one made a string for each name. nameSlots keeps
+// the last name seen at each hash: a name found there is shared, with no
+// allocation; a slot two names share keeps the later one. Names are
+// read-only strings, so sharing them is safe; a stream whose names are
+// all different (ids as names) only replaces slots as it goes.
+const (
+	nameSlotCount    = 4096
+	maxInternedNames = 64 // the longest name kept, in bytes
+)
+
+var (
+	nameSlots [nameSlotCount]atomic.Pointer[string]
+	nameSeed  = maphash.MakeSeed()
+)
+
+// nameOf returns the text of a member name's valid string literal.
+func nameOf(raw []byte) string {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return unquote(raw) // not valid JSON: see DecodeValidState
+	}
+	body := raw[1 : len(raw)-1]
+	if len(body) > maxInternedNames || bytes.IndexByte(body, '\\') >= 0 {
+		return unquote(raw)
+	}
+	slot := &nameSlots[maphash.Bytes(nameSeed, body)&(nameSlotCount-1)]
+	if p := slot.Load(); p != nil && *p == string(body) {
+		return *p
+	}
+	s, ok := plainString(raw)
+	if !ok {
+		return unquote(raw)
+	}
+	slot.Store(&s)
+	return s
 }
