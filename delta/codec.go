@@ -17,19 +17,34 @@ import (
 
 // decodeValid decodes a JSON value json.Valid has accepted. Members
 // repeated in an object keep the last value, as encoding/json does.
-func decodeValid(b []byte) any {
+func decodeValid(b []byte) any { return decodeValidAt(b, 0) }
+
+// walkDepth bounds how deep decodeValid walks: each level skips over the
+// whole of the value below it, so a walk costs the text's size times its
+// depth. Below it encoding/json decodes the rest, in one pass. States are
+// seldom more than a few levels deep (events at most 1,000).
+const walkDepth = 1000
+
+func decodeValidAt(b []byte, depth int) any {
 	b = bytes.TrimSpace(b)
 	if len(b) == 0 {
 		return nil
 	}
+	if depth > walkDepth && (b[0] == '{' || b[0] == '[') {
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.UseNumber()
+		var v any
+		_ = dec.Decode(&v) // valid text decodes; other text is the caller's promise broken
+		return v
+	}
 	switch b[0] {
 	case '{':
 		m := map[string]any{}
-		rawMembers(b, func(key, v []byte) { m[nameOf(key)] = decodeValid(v) })
+		rawMembers(b, func(key, v []byte) { m[nameOf(key)] = decodeValidAt(v, depth+1) })
 		return m
 	case '[':
 		s := []any{}
-		elements(b, func(v []byte) bool { s = append(s, decodeValid(v)); return true })
+		elements(b, func(v []byte) bool { s = append(s, decodeValidAt(v, depth+1)); return true })
 		return s
 	case '"':
 		return unquote(b)

@@ -126,10 +126,10 @@ func numberOf(b []byte) any {
 
 // The member names of a stream's states are a few dozen, repeated in
 // every state: decoding one made a string for each name. nameSlots keeps
-// the last name seen at each hash: a name found there is shared, with no
-// allocation; a slot two names share keeps the later one. Names are
-// read-only strings, so sharing them is safe; a stream whose names are
-// all different (ids as names) only replaces slots as it goes.
+// the first name seen at each hash: a name found there is shared, with no
+// allocation. Names are read-only strings, so sharing them is safe. A slot
+// is never replaced, so names that miss (ids as names, or two names that
+// share a slot) cost what they did without the table: one string each.
 const (
 	nameSlotCount    = 4096
 	maxInternedNames = 64 // the longest name kept, in bytes
@@ -153,10 +153,15 @@ func nameOf(raw []byte) string {
 	if p := slot.Load(); p != nil && *p == string(body) {
 		return *p
 	}
+	if p := slot.Load(); p != nil {
+		return unquote(raw) // the slot is another name's
+	}
 	s, ok := plainString(raw)
 	if !ok {
 		return unquote(raw)
 	}
-	slot.Store(&s)
+	p := new(string)
+	*p = s
+	slot.CompareAndSwap(nil, p)
 	return s
 }

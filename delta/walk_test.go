@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -61,4 +62,21 @@ func FuzzWalkersAgreeWithEncodingJSON(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestDecodeValidStateDeepText: past walkDepth levels encoding/json
+// decodes the rest, so deep valid text still decodes as DecodeState
+// decodes it, and deep text that is not JSON returns rather than panics.
+func TestDecodeValidStateDeepText(t *testing.T) {
+	t.Parallel()
+	deep := `{"a":` + strings.Repeat(`[{"b":`, 3*walkDepth) + `1` + strings.Repeat(`}]`, 3*walkDepth) + `}`
+	want, err := DecodeState([]byte(deep))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeValidState([]byte(deep))
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("DecodeValidState of %d levels: %v; DecodeState: no error", 6*walkDepth, err)
+	}
+	_, _ = DecodeValidState([]byte(`{"a":` + strings.Repeat(`[`, 100_000)))
 }

@@ -31,10 +31,9 @@ func (r Row) Job(id string, held map[int64]Held) (Job, error) {
 	return r.TrustedJob(id, held), nil
 }
 
-// TrustedJob is [Row.Job] for a row whose state is known to be JSON, such
-// as PostgreSQL's text of a jsonb value: not checked again. The state is
-// decoded only when a delta needs it (see Job.State), and that decoding
-// checks it.
+// TrustedJob is [Row.Job] for a row whose state is known to be valid
+// JSON, such as PostgreSQL's text of a jsonb value: not checked again, here
+// or when a delta needs it decoded (see Job.Raw).
 func (r Row) TrustedJob(id string, held map[int64]Held) Job {
 	if r.Deleted {
 		return Job{ID: id, Version: r.Version, EventID: r.EventID, Deleted: true, Held: held}
