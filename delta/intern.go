@@ -86,17 +86,26 @@ var smallAmounts = func() (a [1000]string) {
 // amountOf returns a number literal as a string, without allocating for
 // the small non-negative integers most increments add.
 func amountOf(b []byte) string {
-	if len(b) > 0 && len(b) <= 3 && (b[0] != '0' || len(b) == 1) {
-		n := 0
-		for _, c := range b {
-			if c < '0' || c > '9' {
-				return string(b)
-			}
-			n = n*10 + int(c-'0')
-		}
+	if n, ok := smallInt(b); ok {
 		return smallAmounts[n]
 	}
 	return string(b)
+}
+
+// smallInt reads a number literal of 0 to 999 written as JSON writes it
+// (no leading zero).
+func smallInt(b []byte) (int, bool) {
+	if len(b) == 0 || len(b) > 3 || (b[0] == '0' && len(b) > 1) {
+		return 0, false
+	}
+	n := 0
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, true
 }
 
 // smallNumbers are the amounts 0 to 999 as a decoded state holds them,
@@ -111,14 +120,7 @@ var smallNumbers = func() (a [1000]any) {
 // numberOf returns a valid JSON number literal as a decoded state holds
 // it, without allocating for 0 to 999.
 func numberOf(b []byte) any {
-	if len(b) > 0 && len(b) <= 3 && (b[0] != '0' || len(b) == 1) {
-		n := 0
-		for _, c := range b {
-			if c < '0' || c > '9' {
-				return json.Number(b)
-			}
-			n = n*10 + int(c-'0')
-		}
+	if n, ok := smallInt(b); ok {
 		return smallNumbers[n]
 	}
 	return json.Number(b)
