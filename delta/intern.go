@@ -152,18 +152,13 @@ func nameOf(raw []byte) string {
 		return unquote(raw)
 	}
 	slot := &nameSlots[maphash.Bytes(nameSeed, body)&(nameSlotCount-1)]
-	if p := slot.Load(); p != nil && *p == string(body) {
-		return *p
-	}
 	if p := slot.Load(); p != nil {
+		if *p == string(body) {
+			return *p
+		}
 		return unquote(raw) // the slot is another name's
 	}
-	s, ok := plainString(raw)
-	if !ok {
-		return unquote(raw)
-	}
-	p := new(string)
-	*p = s
-	slot.CompareAndSwap(nil, p)
+	s := unquote(raw)
+	slot.CompareAndSwap(nil, &s)
 	return s
 }

@@ -105,32 +105,8 @@ func elements(b []byte, fn func(v []byte) bool) {
 	}
 }
 
-// members calls fn with each member of a valid JSON object.
-func members(b []byte, fn func(key string, v []byte)) {
-	i := ws(b, 0) + 1 // past '{'
-	for {
-		i = ws(b, i)
-		if i >= len(b) || b[i] == '}' {
-			return
-		}
-		kend := skip(b, i)
-		key := unquote(b[i:kend])
-		i = ws(b, kend) + 1 // past ':'
-		if i > len(b) {
-			return // not valid JSON: no value follows
-		}
-		i = ws(b, i)
-		vend := skip(b, i)
-		fn(key, b[i:vend])
-		i = ws(b, vend)
-		if i < len(b) && b[i] == ',' {
-			i++
-		}
-	}
-}
-
-// rawMembers is [members] with each name as its string literal, quotes
-// and escapes included.
+// rawMembers calls fn with each member of a valid JSON object, its name
+// as its string literal, quotes and escapes included.
 func rawMembers(b []byte, fn func(key, v []byte)) {
 	i := ws(b, 0) + 1 // past '{'
 	for {
