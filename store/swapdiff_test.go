@@ -1,0 +1,128 @@
+package store_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/projector/projector/internal/testkit/pgtest"
+	"github.com/projector/projector/store"
+)
+
+// TestSwapWritesOnlyTheRowsThatDiffer: the swap compares every column but
+// updated_at, NULL against a value included, and writes only the rows
+// that differ: a row the rebuild found equal keeps its updated_at. It
+// holds whether PostgreSQL compares with parallel workers (the planner
+// told that even these small tables repay them) or in one process.
+func TestSwapWritesOnlyTheRowsThatDiffer(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		params map[string]string
+	}{
+		{"parallel workers", map[string]string{"min_parallel_table_scan_size": "0", "min_parallel_index_scan_size": "0"}},
+		{"one process", map[string]string{"max_parallel_workers_per_gather": "0"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			cfg, err := pgxpool.ParseConfig(pgtest.URL())
+			require.NoError(t, err)
+			for k, v := range tc.params {
+				cfg.ConnConfig.RuntimeParams[k] = v
+			}
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			live, err := store.New(pool, store.Config{Schema: pgtest.Schema(t)})
+			require.NoError(t, err)
+			require.NoError(t, live.Migrate(ctx))
+			shadow, err := live.Shadow()
+			require.NoError(t, err)
+			require.NoError(t, shadow.Reset(ctx))
+			require.NoError(t, shadow.Migrate(ctx))
+
+			const cols = `(job_id, version, state, updated_at, source_topic, source_partition, source_offset, event_id, last_ops)`
+			// The live rows were written long ago, the shadow's now: a
+			// row the swap writes takes the shadow's updated_at.
+			old := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+			row := func(id string, version int64, state string, partition any, eventID any, lastOps any) []any {
+				return []any{id, version, state, "t", partition, int64(7), eventID, lastOps}
+			}
+			insert := func(table string, at time.Time, rows ...[]any) {
+				t.Helper()
+				for _, r := range rows {
+					r = append([]any{at}, r...)
+					_, err := pool.Exec(ctx, `INSERT INTO `+table+` `+cols+` VALUES ($2, $3, $4, $1, $5, $6, $7, $8, $9)`, r...)
+					require.NoError(t, err)
+				}
+			}
+			insert(live.JobsTable(), old,
+				row("equal", 3, `{"a":1}`, 0, "e1", `[{"op":"add"}]`),
+				row("equal-nulls", 3, `{"a":1}`, nil, nil, nil),
+				row("state", 3, `{"a":1}`, 0, "e1", nil),
+				row("version", 3, `{"a":1}`, 0, "e1", nil),
+				row("null-now-set", 3, `{"a":1}`, nil, "e1", nil),
+				row("set-now-null", 3, `{"a":1}`, 0, "e1", `[]`),
+				row("gone", 3, `{"a":1}`, 0, "e1", nil),
+			)
+			insert(shadow.JobsTable(), time.Now(),
+				row("equal", 3, `{"a": 1}`, 0, "e1", `[{"op": "add"}]`),
+				row("equal-nulls", 3, `{"a":1}`, nil, nil, nil),
+				row("state", 3, `{"a":2}`, 0, "e1", nil),
+				row("version", 4, `{"a":1}`, 0, "e1", nil),
+				row("null-now-set", 3, `{"a":1}`, 1, "e1", nil),
+				row("set-now-null", 3, `{"a":1}`, 0, "e1", nil),
+				row("added", 1, `{"b":1}`, 0, "e2", nil),
+			)
+
+			res, err := live.Swap(ctx, shadow, false)
+			require.NoError(t, err)
+			require.Equal(t, int64(4), res.Updated, "state, version, null-now-set, set-now-null")
+			require.Equal(t, int64(1), res.Inserted, "added")
+			require.Equal(t, int64(1), res.Deleted, "gone")
+
+			rows, err := pool.Query(ctx, `SELECT job_id, version, state::text, updated_at = $1, source_partition, last_ops::text FROM `+live.JobsTable()+` ORDER BY job_id`, old)
+			require.NoError(t, err)
+			type got struct {
+				version   int64
+				state     string
+				untouched bool
+				partition *int32
+				lastOps   *string
+			}
+			byID, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct {
+				id string
+				g  got
+			}, error) {
+				var out struct {
+					id string
+					g  got
+				}
+				return out, r.Scan(&out.id, &out.g.version, &out.g.state, &out.g.untouched, &out.g.partition, &out.g.lastOps)
+			})
+			require.NoError(t, err)
+			m := map[string]got{}
+			for _, r := range byID {
+				m[r.id] = r.g
+			}
+			require.Len(t, m, 7)
+			require.NotContains(t, m, "gone")
+			require.True(t, m["equal"].untouched, "an equal row keeps its updated_at")
+			require.True(t, m["equal-nulls"].untouched, "NULL equals NULL for the swap")
+			for _, id := range []string{"state", "version", "null-now-set", "set-now-null"} {
+				require.False(t, m[id].untouched, "%s was written", id)
+			}
+			require.Equal(t, `{"a": 2}`, m["state"].state)
+			require.Equal(t, int64(4), m["version"].version)
+			require.NotNil(t, m["null-now-set"].partition)
+			require.EqualValues(t, 1, *m["null-now-set"].partition)
+			require.Nil(t, m["set-now-null"].lastOps)
+			require.Equal(t, `{"b": 1}`, m["added"].state)
+		})
+	}
+}
