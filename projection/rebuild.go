@@ -244,9 +244,22 @@ func (r *Rebuild) Run(ctx context.Context) (RebuildResult, error) {
 		}
 		return starts, err
 	}
+	// The planner's statistics of the shadow, for the swap's comparison,
+	// before the swap takes the locks live writers wait for.
+	if err := shadow.AnalyzeForSwap(ctx); err != nil {
+		if cfg.Logger != nil {
+			cfg.Logger.Warn("rebuild: the shadow's statistics were not gathered; the swap compares the tables on the planner's guesses, which may be slower", "err", err)
+		}
+	} else {
+		phase("shadow analyzed")
+	}
 	swap, err := live.SwapCaughtUp(ctx, shadow, r.KeepOld, catchUp, logStarts)
 	if err == nil {
 		phase("swapped")
+		if swap.ComparedInOneProcess != "" && cfg.Logger != nil {
+			cfg.Logger.Warn("rebuild: the swap compared the tables in one process: the server could not give parallel workers their shared memory (raise the database container's /dev/shm, or lower max_parallel_workers_per_gather to 0 to skip the attempt)",
+				"postgres_error", swap.ComparedInOneProcess)
+		}
 	}
 	if serr := stopShadow(); err == nil && serr != nil {
 		err = serr

@@ -296,14 +296,19 @@ func (s *Store) projectorColumns(ctx context.Context) ([]column, error) {
 	return tableColumns(ctx, tx, pgx.Identifier{tmp, "jobs"}.Sanitize())
 }
 
-// swapWorkMem is the swap transaction's work_mem. Hashing the shadow's
-// rows to compare them with the live ones takes about 450 MB a million rows;
-// PostgreSQL allows a hash hash_mem_multiplier (2) times work_mem, shared
-// by the workers and the leader of a parallel join, so with two workers a
-// million rows stay in memory (768 MB allowed), and more spill to
-// temporary files in batches rather than take more of the server's
-// memory.
-const swapWorkMem = "128MB"
+// swapDiff is the statement that finds the rows of live that differ from
+// shadow's, in the columns liveCols and shadowCols name in the same order
+// (each prefixed l. and s.): projector_swap_diff, one row per job id, gone
+// where the shadow lacks the job, added where the live table does.
+func swapDiff(live, shadow, liveCols, shadowCols string) string {
+	return `CREATE TEMPORARY TABLE projector_swap_diff ON COMMIT DROP AS
+			SELECT l.job_id, s.job_id IS NULL AS gone, false AS added
+			FROM ` + live + ` AS l LEFT JOIN ` + shadow + ` AS s ON s.job_id = l.job_id
+			WHERE s.job_id IS NULL OR (` + liveCols + `) IS DISTINCT FROM (` + shadowCols + `)
+			UNION ALL
+			SELECT s.job_id, false, true FROM ` + shadow + ` AS s
+			WHERE NOT EXISTS (SELECT FROM ` + live + ` AS l WHERE l.job_id = s.job_id)`
+}
 
 // keptPrefix names the tables --keep-old keeps: projector_old_<table>_<n>.
 const keptPrefix = "projector_old_"
@@ -322,6 +327,10 @@ type SwapResult struct {
 	// Reread is how many records live instances had projected past the
 	// rebuilt positions: they read them again after the swap.
 	Reread int64
+	// ComparedInOneProcess, when not empty, says why the comparison of
+	// the live rows with the shadow's ran in one process: the server could
+	// not give parallel workers their shared memory (PostgreSQL's error).
+	ComparedInOneProcess string
 }
 
 // Swap makes the shadow's contents the live projection's in one
@@ -383,7 +392,6 @@ const swapIdleBound = "90s"
 // was resolved again by the next claim (under --start latest, to the
 // log's end, skipping every record of the partition).
 func (s *Store) SwapCaughtUp(ctx context.Context, shadow *Store, keepOld bool, catchUp CatchUp, logStarts LogStarts) (SwapResult, error) {
-	s.statsForSwap(ctx, shadow)
 	for attempt := 1; ; attempt++ {
 		res, err := s.swap(ctx, shadow, keepOld, catchUp, logStarts)
 		var pgErr *pgconn.PgError
@@ -397,27 +405,100 @@ func (s *Store) SwapCaughtUp(ctx context.Context, shadow *Store, keepOld bool, c
 	}
 }
 
-// statsForSwap gathers the planner's statistics of the shadow, which
+// AnalyzeForSwap gathers the planner's statistics of the shadow s, which
 // nothing analyzed since the rebuild wrote it (autovacuum may not have got
 // to it, or may be off): without them PostgreSQL takes a table of a
 // million rows for several and plans the swap's comparison, which hashes
 // the shadow's rows, in batches spilled to temporary files. The plan needs
 // the rows' number rather than their distributions, and the statistics go
 // with the shadow, so the sample is a tenth of the default (3,000 rows).
-// It runs before the swap takes any lock, so live writers do not wait for
-// it. A failure leaves the estimates as they were, which only makes the
-// comparison slower: what the swap writes does not depend on them.
-func (s *Store) statsForSwap(ctx context.Context, shadow *Store) {
-	_ = pgx.BeginTxFunc(ctx, s.pool, readCommitted, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SET LOCAL default_statistics_target = 10`); err != nil {
-			return err
+// Call it before [Store.SwapCaughtUp], which takes the locks live writers
+// wait for: it holds none of those. It waits at most 5 s for its own lock
+// on the shadow (longer than the deadlock_timeout after which an
+// autovacuum of the table gives way). A failure only leaves the estimates
+// as they were: what the swap writes does not depend on them.
+func (s *Store) AnalyzeForSwap(ctx context.Context) error {
+	return pgx.BeginTxFunc(ctx, s.pool, readCommitted, func(tx pgx.Tx) error {
+		for _, st := range []string{`SET LOCAL default_statistics_target = 10`, `SET LOCAL lock_timeout = '5s'`, `ANALYZE ` + s.jobs} {
+			if _, err := tx.Exec(ctx, st); err != nil {
+				return fmt.Errorf("store: analyze %s: %w", s.jobs, err)
+			}
 		}
-		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '1s'`); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `ANALYZE `+shadow.jobs)
-		return err
+		return nil
 	})
+}
+
+// swapHashBudget bounds the memory, in kB, each hash of the swap's
+// comparison may take on the server, across its processes: 768 MB, as
+// work_mem 128MB gives with two workers and the default hash_mem_multiplier
+// of 2. A million rows of the bench's shape took 535 MB; in 512 MB the
+// planner split that hash in 4 batches and the comparison took 11.2 s
+// rather than 3.6 (docs/performance.md). Larger tables spill to temporary
+// files in batches rather than take more of the server's memory.
+const swapHashBudget = 768 << 10
+
+// swapWorkers is the most parallel workers the comparison plans, whatever
+// max_parallel_workers_per_gather allows: a parallel hash may take
+// work_mem x hash_mem_multiplier for each of its processes, and work_mem
+// is set from swapHashBudget for that many.
+const swapWorkers = 2
+
+// swapMemory sets, for the rest of the swap's transaction, at most
+// workers parallel workers (fewer where the server allows fewer) and a
+// work_mem that keeps each hash of the comparison within swapHashBudget
+// across them: budget / (hash_mem_multiplier x (workers + 1)).
+func swapMemory(ctx context.Context, tx pgx.Tx, workers int) error {
+	_, err := tx.Exec(ctx, `SELECT set_config('max_parallel_workers_per_gather', w::text, true),
+			set_config('work_mem', greatest(64, ($2::float8 / (m * (w + 1)))::int)::text || 'kB', true)
+		FROM (SELECT least(current_setting('max_parallel_workers_per_gather')::int, $1::int) AS w,
+			coalesce(current_setting('hash_mem_multiplier', true)::float8, 1) AS m) AS s`, workers, swapHashBudget)
+	return err
+}
+
+// workersLackedMemory reports an error of PostgreSQL's dynamic shared
+// memory, which parallel workers share their hash tables through: a
+// container's /dev/shm too small for them. It is a variable for a test,
+// which cannot make the server run out of it.
+var workersLackedMemory = func(e *pgconn.PgError) bool {
+	if !strings.HasPrefix(e.Code, "53") {
+		return false
+	}
+	switch e.File {
+	case "dsm_impl.c", "dsm.c", "dsa.c", "shm_toc.c":
+		return true
+	}
+	return false
+}
+
+// compareForSwap runs diff, the statement that creates the swap's table of
+// rows that differ, with parallel workers where the server allows, and
+// again in one process, with the whole budget, where the workers could not
+// get their shared memory; then it returns PostgreSQL's message for that.
+func compareForSwap(ctx context.Context, tx pgx.Tx, diff string) (inOneProcess string, err error) {
+	if err := swapMemory(ctx, tx, swapWorkers); err != nil {
+		return "", err
+	}
+	if _, err := tx.Exec(ctx, `SAVEPOINT projector_swap_diff`); err != nil {
+		return "", err
+	}
+	if _, err := tx.Exec(ctx, diff); err != nil {
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || !workersLackedMemory(pgErr) {
+			return "", err
+		}
+		inOneProcess = pgErr.Message
+		if _, err := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT projector_swap_diff`); err != nil {
+			return "", err
+		}
+		if err := swapMemory(ctx, tx, 0); err != nil {
+			return "", err
+		}
+		if _, err := tx.Exec(ctx, diff); err != nil {
+			return "", fmt.Errorf("%w (in one process, after parallel workers lacked shared memory: %s)", err, inOneProcess)
+		}
+	}
+	_, err = tx.Exec(ctx, `RELEASE SAVEPOINT projector_swap_diff`)
+	return inOneProcess, err
 }
 
 func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool, catchUp CatchUp, logStarts LogStarts) (SwapResult, error) {
@@ -573,54 +654,19 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool, catchUp C
 		// while the swap holds the live writers, so the server's cores
 		// are the swap's. The planner is told that workers cost nothing
 		// to start, as the tables are large enough to repay them; how
-		// many it may use stays the server's setting
-		// (max_parallel_workers_per_gather). The left join hashes the
-		// shadow's rows, whose statistics statsForSwap gathered. JIT
-		// compilation is off: each worker compiles the comparison again,
-		// and a million rows were compared faster without it (2.4-2.5 s
-		// against 3.0-3.2 s; docs/performance.md).
-		for _, set := range []string{
-			`SET LOCAL work_mem = '` + swapWorkMem + `'`,
-			`SET LOCAL parallel_setup_cost = 0`,
-			`SET LOCAL parallel_tuple_cost = 0`,
-			`SET LOCAL jit = off`,
-		} {
+		// many, and the memory of each, compareForSwap bounds. The left
+		// join hashes the shadow's rows, whose statistics
+		// [Store.AnalyzeForSwap] gathered. JIT compilation is off: each
+		// worker compiles the comparison again, and a million rows were
+		// compared faster without it (2.4-2.5 s against 3.0-3.2 s;
+		// docs/performance.md).
+		for _, set := range []string{`SET LOCAL parallel_setup_cost = 0`, `SET LOCAL parallel_tuple_cost = 0`, `SET LOCAL jit = off`} {
 			if _, err := exec(set); err != nil {
 				return err
 			}
 		}
-		diff := `CREATE TEMPORARY TABLE projector_swap_diff ON COMMIT DROP AS
-			SELECT l.job_id, s.job_id IS NULL AS gone, false AS added
-			FROM ` + s.jobs + ` AS l LEFT JOIN ` + shadow.jobs + ` AS s ON s.job_id = l.job_id
-			WHERE s.job_id IS NULL
-				OR (` + prefixed("l", compared) + `) IS DISTINCT FROM (` + prefixed("s", compared) + `)
-			UNION ALL
-			SELECT s.job_id, false, true FROM ` + shadow.jobs + ` AS s
-			WHERE NOT EXISTS (SELECT FROM ` + s.jobs + ` AS l WHERE l.job_id = s.job_id)`
-		if _, err := exec(`SAVEPOINT projector_swap_diff`); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, diff); err != nil {
-			// Workers share their hash table through the server's
-			// dynamic shared memory, which a container's /dev/shm may
-			// be too small for (SQLSTATE class 53, insufficient
-			// resources): the comparison then runs in one process.
-			var pgErr *pgconn.PgError
-			if !errors.As(err, &pgErr) || !strings.HasPrefix(pgErr.Code, "53") {
-				return fmt.Errorf("store: swap %s into %s: %w", sh, live, err)
-			}
-			if _, err := exec(`ROLLBACK TO SAVEPOINT projector_swap_diff`); err != nil {
-				return err
-			}
-			if _, err := exec(`SET LOCAL max_parallel_workers_per_gather = 0`); err != nil {
-				return err
-			}
-			if _, err := exec(diff); err != nil {
-				return err
-			}
-		}
-		if _, err := exec(`RELEASE SAVEPOINT projector_swap_diff`); err != nil {
-			return err
+		if res.ComparedInOneProcess, err = compareForSwap(ctx, tx, swapDiff(s.jobs, shadow.jobs, prefixed("l", compared), prefixed("s", compared))); err != nil {
+			return fmt.Errorf("store: swap %s into %s: %w", sh, live, err)
 		}
 		if _, err := exec(`ANALYZE projector_swap_diff`); err != nil {
 			return err

@@ -2,10 +2,12 @@ package store_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -125,4 +127,93 @@ func TestSwapWritesOnlyTheRowsThatDiffer(t *testing.T) {
 			require.Equal(t, `{"b": 1}`, m["added"].state)
 		})
 	}
+}
+
+// TestSwapComparesInParallel: the swap's comparison is planned with
+// parallel workers (a Parallel Append of a parallel left join and a
+// parallel anti join) once the planner is told workers cost nothing to
+// start, as the swap tells it; a full join would get none before
+// PostgreSQL 16. The tables are tiny, so the session lets any table go
+// parallel; the server's max_parallel_workers_per_gather is set here, so
+// the plan does not depend on how the server is configured.
+func TestSwapComparesInParallel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := pgtest.Store(t)
+	shadow, err := s.Shadow()
+	require.NoError(t, err)
+	require.NoError(t, shadow.Reset(ctx))
+	require.NoError(t, shadow.Migrate(ctx))
+	conn, err := s.Pool().Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	for _, set := range []string{`SET min_parallel_table_scan_size = 0`, `SET max_parallel_workers_per_gather = 2`,
+		`SET parallel_setup_cost = 0`, `SET parallel_tuple_cost = 0`} {
+		_, err := conn.Exec(ctx, set)
+		require.NoError(t, err)
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), `RESET ALL`)
+	diff := store.SwapDiff(s.JobsTable(), shadow.JobsTable(), "l.version, l.state", "s.version, s.state")
+	rows, err := conn.Query(ctx, `EXPLAIN (COSTS OFF) `+diff[strings.Index(diff, "SELECT"):])
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	plan := strings.Join(lines, "\n")
+	for _, want := range []string{"Gather", "Parallel Append", "Parallel Hash Left Join", "Parallel Hash Anti Join"} {
+		require.Contains(t, plan, want, "%s", plan)
+	}
+}
+
+// TestSwapComparesInOneProcessWhenWorkersLackMemory: where the parallel
+// comparison fails for want of the server's shared memory, it runs again
+// in one process, and the swap says so; any other error fails the swap.
+// The server cannot be made to run out of shared memory from a test, so
+// the statement raises an error of that class while parallel workers are
+// allowed, and the test of such errors takes that one for one.
+func TestSwapComparesInOneProcessWhenWorkersLackMemory(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	pool := pgtest.Pool(t)
+	fn := pgx.Identifier{schema, "no_shm"}.Sanitize()
+	_, err := pool.Exec(ctx, `CREATE FUNCTION `+fn+`(code text) RETURNS int LANGUAGE plpgsql AS $$
+		BEGIN
+			IF current_setting('max_parallel_workers_per_gather')::int > 0 THEN
+				RAISE EXCEPTION 'test: could not resize shared memory segment' USING ERRCODE = code;
+			END IF;
+			RETURN 1;
+		END $$`)
+	require.NoError(t, err)
+	store.SetWorkersLackedMemory(t, func(e *pgconn.PgError) bool {
+		return strings.HasPrefix(e.Code, "53") && strings.HasPrefix(e.Message, "test: ")
+	})
+	compare := func(code string) (string, int, error) {
+		var why string
+		var n int
+		err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+			var err error
+			if why, err = store.CompareForSwap(ctx, tx, `CREATE TEMPORARY TABLE projector_swap_diff ON COMMIT DROP AS SELECT `+fn+`('`+code+`') AS one`); err != nil {
+				return err
+			}
+			if err := tx.QueryRow(ctx, `SELECT count(*) FROM projector_swap_diff`).Scan(&n); err != nil {
+				return err
+			}
+			var workers int
+			if err := tx.QueryRow(ctx, `SELECT current_setting('max_parallel_workers_per_gather')::int`).Scan(&workers); err != nil {
+				return err
+			}
+			require.Zero(t, workers, "in one process for the rest of the swap")
+			return nil
+		})
+		return why, n, err
+	}
+	why, n, err := compare("53100")
+	require.NoError(t, err)
+	require.Equal(t, "test: could not resize shared memory segment", why)
+	require.Equal(t, 1, n, "the comparison ran again and made its table")
+
+	_, _, err = compare("22012")
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "22012", pgErr.Code, "another error is the swap's, not tried again")
 }
