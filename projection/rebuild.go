@@ -257,7 +257,7 @@ func (r *Rebuild) Run(ctx context.Context) (RebuildResult, error) {
 	if err == nil {
 		phase("swapped")
 		if swap.ComparedInOneProcess != "" && cfg.Logger != nil {
-			cfg.Logger.Warn("rebuild: the swap compared the tables in one process: the server could not give parallel workers their shared memory (raise the database container's /dev/shm, or lower max_parallel_workers_per_gather to 0 to skip the attempt)",
+			cfg.Logger.Warn("rebuild: the swap compared the tables in one process: the server could not give parallel workers their shared memory (give the database container a larger /dev/shm, or skip the attempt with options=-c%20max_parallel_workers_per_gather%3D0 in the rebuild's DATABASE_URL)",
 				"postgres_error", swap.ComparedInOneProcess)
 		}
 	}

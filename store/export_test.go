@@ -1,7 +1,5 @@
 package store
 
-import "github.com/jackc/pgx/v5/pgconn"
-
 // QueryEncoded is queryEncoded, for the external tests.
 var QueryEncoded = queryEncoded
 
@@ -17,17 +15,12 @@ func DrainParamBufs() {
 	}
 }
 
-// SwapDiff and CompareForSwap are swapDiff and compareForSwap, for the
+// SwapDiff, CompareForSwap, SwapPlanning and WorkersLackedMemory are
+// swapDiff, compareForSwap, swapPlanning and workersLackedMemory, for the
 // external tests.
 var (
-	SwapDiff       = swapDiff
-	CompareForSwap = compareForSwap
+	SwapDiff            = swapDiff
+	CompareForSwap      = compareForSwap
+	SwapPlanning        = swapPlanning
+	WorkersLackedMemory = workersLackedMemory
 )
-
-// SetWorkersLackedMemory replaces the test of an error of the server's
-// shared memory until the test ends.
-func SetWorkersLackedMemory(t interface{ Cleanup(func()) }, f func(*pgconn.PgError) bool) {
-	old := workersLackedMemory
-	workersLackedMemory = f
-	t.Cleanup(func() { workersLackedMemory = old })
-}

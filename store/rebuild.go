@@ -430,8 +430,8 @@ func (s *Store) AnalyzeForSwap(ctx context.Context) error {
 
 // swapHashBudget bounds the memory, in kB, each hash of the swap's
 // comparison may take on the server, across its processes: 768 MB, as
-// work_mem 128MB gives with two workers and the default hash_mem_multiplier
-// of 2. A million rows of the bench's shape took 535 MB; in 512 MB the
+// work_mem 128MB gives with two workers and hash_mem_multiplier 2 (the
+// default from PostgreSQL 15; 1 before, so work_mem is 256MB there). A million rows of the bench's shape took 535 MB; in 512 MB the
 // planner split that hash in 4 batches and the comparison took 11.2 s
 // rather than 3.6 (docs/performance.md). Larger tables spill to temporary
 // files in batches rather than take more of the server's memory.
@@ -443,13 +443,24 @@ const swapHashBudget = 768 << 10
 // is set from swapHashBudget for that many.
 const swapWorkers = 2
 
+// swapPlanning tells the planner, for the rest of the swap's transaction,
+// that parallel workers cost nothing to start and turns JIT off (see swap).
+func swapPlanning(ctx context.Context, tx pgx.Tx) error {
+	for _, set := range []string{`SET LOCAL parallel_setup_cost = 0`, `SET LOCAL parallel_tuple_cost = 0`, `SET LOCAL jit = off`} {
+		if _, err := tx.Exec(ctx, set); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // swapMemory sets, for the rest of the swap's transaction, at most
 // workers parallel workers (fewer where the server allows fewer) and a
 // work_mem that keeps each hash of the comparison within swapHashBudget
 // across them: budget / (hash_mem_multiplier x (workers + 1)).
 func swapMemory(ctx context.Context, tx pgx.Tx, workers int) error {
 	_, err := tx.Exec(ctx, `SELECT set_config('max_parallel_workers_per_gather', w::text, true),
-			set_config('work_mem', greatest(64, ($2::float8 / (m * (w + 1)))::int)::text || 'kB', true)
+			set_config('work_mem', greatest(64, floor($2::float8 / (m * (w + 1)))::int)::text || 'kB', true)
 		FROM (SELECT least(current_setting('max_parallel_workers_per_gather')::int, $1::int) AS w,
 			coalesce(current_setting('hash_mem_multiplier', true)::float8, 1) AS m) AS s`, workers, swapHashBudget)
 	return err
@@ -457,9 +468,10 @@ func swapMemory(ctx context.Context, tx pgx.Tx, workers int) error {
 
 // workersLackedMemory reports an error of PostgreSQL's dynamic shared
 // memory, which parallel workers share their hash tables through: a
-// container's /dev/shm too small for them. It is a variable for a test,
-// which cannot make the server run out of it.
-var workersLackedMemory = func(e *pgconn.PgError) bool {
+// container's /dev/shm too small for them. Errors of the same class from
+// elsewhere (temporary files, temp_file_limit, memory of one process) are
+// not: running in one process would not avoid them.
+func workersLackedMemory(e *pgconn.PgError) bool {
 	if !strings.HasPrefix(e.Code, "53") {
 		return false
 	}
@@ -474,7 +486,9 @@ var workersLackedMemory = func(e *pgconn.PgError) bool {
 // rows that differ, with parallel workers where the server allows, and
 // again in one process, with the whole budget, where the workers could not
 // get their shared memory; then it returns PostgreSQL's message for that.
-func compareForSwap(ctx context.Context, tx pgx.Tx, diff string) (inOneProcess string, err error) {
+// lackedMemory is workersLackedMemory but in a test, which cannot make the
+// server run out of shared memory.
+func compareForSwap(ctx context.Context, tx pgx.Tx, diff string, lackedMemory func(*pgconn.PgError) bool) (inOneProcess string, err error) {
 	if err := swapMemory(ctx, tx, swapWorkers); err != nil {
 		return "", err
 	}
@@ -483,7 +497,7 @@ func compareForSwap(ctx context.Context, tx pgx.Tx, diff string) (inOneProcess s
 	}
 	if _, err := tx.Exec(ctx, diff); err != nil {
 		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || !workersLackedMemory(pgErr) {
+		if !errors.As(err, &pgErr) || !lackedMemory(pgErr) {
 			return "", err
 		}
 		inOneProcess = pgErr.Message
@@ -660,12 +674,10 @@ func (s *Store) swap(ctx context.Context, shadow *Store, keepOld bool, catchUp C
 		// worker compiles the comparison again, and a million rows were
 		// compared faster without it (2.4-2.5 s against 3.0-3.2 s;
 		// docs/performance.md).
-		for _, set := range []string{`SET LOCAL parallel_setup_cost = 0`, `SET LOCAL parallel_tuple_cost = 0`, `SET LOCAL jit = off`} {
-			if _, err := exec(set); err != nil {
-				return err
-			}
+		if err := swapPlanning(ctx, tx); err != nil {
+			return fmt.Errorf("store: swap %s into %s: %w", sh, live, err)
 		}
-		if res.ComparedInOneProcess, err = compareForSwap(ctx, tx, swapDiff(s.jobs, shadow.jobs, prefixed("l", compared), prefixed("s", compared))); err != nil {
+		if res.ComparedInOneProcess, err = compareForSwap(ctx, tx, swapDiff(s.jobs, shadow.jobs, prefixed("l", compared), prefixed("s", compared)), workersLackedMemory); err != nil {
 			return fmt.Errorf("store: swap %s into %s: %w", sh, live, err)
 		}
 		if _, err := exec(`ANALYZE projector_swap_diff`); err != nil {

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -129,13 +130,11 @@ func TestSwapWritesOnlyTheRowsThatDiffer(t *testing.T) {
 	}
 }
 
-// TestSwapComparesInParallel: the swap's comparison is planned with
-// parallel workers (a Parallel Append of a parallel left join and a
-// parallel anti join) once the planner is told workers cost nothing to
-// start, as the swap tells it; a full join would get none before
-// PostgreSQL 16. The tables are tiny, so the session lets any table go
-// parallel; the server's max_parallel_workers_per_gather is set here, so
-// the plan does not depend on how the server is configured.
+// TestSwapComparesInParallel: with the swap's own settings, its
+// comparison is planned with parallel workers (a Parallel Append of a
+// parallel left join and a parallel anti join); a full join would get none
+// before PostgreSQL 16. The tables are tiny, so the transaction lets any
+// table go parallel, and allows workers whatever the server's default.
 func TestSwapComparesInParallel(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -144,23 +143,96 @@ func TestSwapComparesInParallel(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, shadow.Reset(ctx))
 	require.NoError(t, shadow.Migrate(ctx))
-	conn, err := s.Pool().Acquire(ctx)
+	var plan string
+	err = pgx.BeginTxFunc(ctx, s.Pool(), pgx.TxOptions{}, func(tx pgx.Tx) error {
+		for _, set := range []string{`SET LOCAL min_parallel_table_scan_size = 0`, `SET LOCAL max_parallel_workers_per_gather = 8`} {
+			if _, err := tx.Exec(ctx, set); err != nil {
+				return err
+			}
+		}
+		if err := store.SwapPlanning(ctx, tx); err != nil {
+			return err
+		}
+		// The comparison's bounds, as it sets them: the statement only
+		// reads what they are.
+		if _, err := store.CompareForSwap(ctx, tx, `CREATE TEMPORARY TABLE projector_swap_diff ON COMMIT DROP AS SELECT 1`, store.WorkersLackedMemory); err != nil {
+			return err
+		}
+		diff := store.SwapDiff(s.JobsTable(), shadow.JobsTable(), "l.version, l.state", "s.version, s.state")
+		rows, err := tx.Query(ctx, `EXPLAIN (COSTS OFF) `+diff[strings.Index(diff, "SELECT"):])
+		if err != nil {
+			return err
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		plan = strings.Join(lines, "\n")
+		return err
+	})
 	require.NoError(t, err)
-	defer conn.Release()
-	for _, set := range []string{`SET min_parallel_table_scan_size = 0`, `SET max_parallel_workers_per_gather = 2`,
-		`SET parallel_setup_cost = 0`, `SET parallel_tuple_cost = 0`} {
-		_, err := conn.Exec(ctx, set)
-		require.NoError(t, err)
-	}
-	defer conn.Exec(context.WithoutCancel(ctx), `RESET ALL`)
-	diff := store.SwapDiff(s.JobsTable(), shadow.JobsTable(), "l.version, l.state", "s.version, s.state")
-	rows, err := conn.Query(ctx, `EXPLAIN (COSTS OFF) `+diff[strings.Index(diff, "SELECT"):])
-	require.NoError(t, err)
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	plan := strings.Join(lines, "\n")
-	for _, want := range []string{"Gather", "Parallel Append", "Parallel Hash Left Join", "Parallel Hash Anti Join"} {
+	require.Contains(t, plan, "Workers Planned: 2", "at most two workers, whatever the server allows: %s", plan)
+	for _, want := range []string{"Gather", "Parallel Append", "Parallel Hash Left Join"} {
 		require.Contains(t, plan, want, "%s", plan)
+	}
+	require.Regexp(t, `Parallel Hash (Right )?Anti Join`, plan)
+}
+
+// TestSwapBoundsItsMemory: the comparison plans at most two workers and
+// sets work_mem so that a hash stays within 768 MB across its processes,
+// whatever hash_mem_multiplier and the workers the server allows; in one
+// process it has the whole 768 MB.
+func TestSwapBoundsItsMemory(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	for _, tc := range []struct {
+		serverWorkers int
+		multiplier    string
+		wantWorkers   int
+		wantWorkMem   string
+	}{
+		{8, "2", 2, "128MB"},
+		{1, "2", 1, "192MB"},
+		{8, "1", 2, "256MB"},
+		{0, "2", 0, "384MB"},
+		{2, "1.5", 2, "174762kB"},
+	} {
+		var workers int
+		var workMem string
+		err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SELECT set_config('max_parallel_workers_per_gather', $1, true), set_config('hash_mem_multiplier', $2, true)`,
+				strconv.Itoa(tc.serverWorkers), tc.multiplier); err != nil {
+				return err
+			}
+			if _, err := store.CompareForSwap(ctx, tx, `CREATE TEMPORARY TABLE projector_swap_diff ON COMMIT DROP AS SELECT 1`, store.WorkersLackedMemory); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, `SELECT current_setting('max_parallel_workers_per_gather')::int, current_setting('work_mem')`).Scan(&workers, &workMem)
+		})
+		require.NoError(t, err)
+		require.Equal(t, tc.wantWorkers, workers, "%+v", tc)
+		require.Equal(t, tc.wantWorkMem, workMem, "%+v", tc)
+	}
+}
+
+// TestSwapTriesInOneProcessOnlyForSharedMemory: an error of class 53 is
+// run again in one process only when it comes from PostgreSQL's dynamic
+// shared memory code; temporary files, temp_file_limit and one process's
+// memory would fail the same way in one process.
+func TestSwapTriesInOneProcessOnlyForSharedMemory(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		code, file string
+		want       bool
+	}{
+		{"53100", "dsm_impl.c", true},
+		{"53200", "dsm_impl.c", true},
+		{"53200", "dsa.c", true},
+		{"53100", "buffile.c", false},
+		{"53400", "fd.c", false},
+		{"53200", "mcxt.c", false},
+		{"53200", "lock.c", false},
+		{"22012", "dsm_impl.c", false},
+	} {
+		require.Equal(t, tc.want, store.WorkersLackedMemory(&pgconn.PgError{Code: tc.code, File: tc.file}), "%+v", tc)
 	}
 }
 
@@ -169,7 +241,7 @@ func TestSwapComparesInParallel(t *testing.T) {
 // in one process, and the swap says so; any other error fails the swap.
 // The server cannot be made to run out of shared memory from a test, so
 // the statement raises an error of that class while parallel workers are
-// allowed, and the test of such errors takes that one for one.
+// allowed, and the test of such errors passed in takes that one for one.
 func TestSwapComparesInOneProcessWhenWorkersLackMemory(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -184,35 +256,34 @@ func TestSwapComparesInOneProcessWhenWorkersLackMemory(t *testing.T) {
 			RETURN 1;
 		END $$`)
 	require.NoError(t, err)
-	store.SetWorkersLackedMemory(t, func(e *pgconn.PgError) bool {
+	lacked := func(e *pgconn.PgError) bool {
 		return strings.HasPrefix(e.Code, "53") && strings.HasPrefix(e.Message, "test: ")
-	})
-	compare := func(code string) (string, int, error) {
+	}
+	compare := func(code string) (string, int, int, error) {
 		var why string
-		var n int
+		var n, workers int
 		err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SET LOCAL max_parallel_workers_per_gather = 2`); err != nil {
+				return err
+			}
 			var err error
-			if why, err = store.CompareForSwap(ctx, tx, `CREATE TEMPORARY TABLE projector_swap_diff ON COMMIT DROP AS SELECT `+fn+`('`+code+`') AS one`); err != nil {
+			if why, err = store.CompareForSwap(ctx, tx, `CREATE TEMPORARY TABLE projector_swap_diff ON COMMIT DROP AS SELECT `+fn+`('`+code+`') AS one`, lacked); err != nil {
 				return err
 			}
 			if err := tx.QueryRow(ctx, `SELECT count(*) FROM projector_swap_diff`).Scan(&n); err != nil {
 				return err
 			}
-			var workers int
-			if err := tx.QueryRow(ctx, `SELECT current_setting('max_parallel_workers_per_gather')::int`).Scan(&workers); err != nil {
-				return err
-			}
-			require.Zero(t, workers, "in one process for the rest of the swap")
-			return nil
+			return tx.QueryRow(ctx, `SELECT current_setting('max_parallel_workers_per_gather')::int`).Scan(&workers)
 		})
-		return why, n, err
+		return why, n, workers, err
 	}
-	why, n, err := compare("53100")
+	why, n, workers, err := compare("53100")
 	require.NoError(t, err)
 	require.Equal(t, "test: could not resize shared memory segment", why)
 	require.Equal(t, 1, n, "the comparison ran again and made its table")
+	require.Zero(t, workers, "in one process for the rest of the swap")
 
-	_, _, err = compare("22012")
+	_, _, _, err = compare("22012")
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, err, &pgErr)
 	require.Equal(t, "22012", pgErr.Code, "another error is the swap's, not tried again")
