@@ -431,10 +431,11 @@ func (s *Store) AnalyzeForSwap(ctx context.Context) error {
 // swapHashBudget bounds the memory, in kB, each hash of the swap's
 // comparison may take on the server, across its processes: 768 MB, as
 // work_mem 128MB gives with two workers and hash_mem_multiplier 2 (the
-// default from PostgreSQL 15; 1 before, so work_mem is 256MB there). A million rows of the bench's shape took 535 MB; in 512 MB the
-// planner split that hash in 4 batches and the comparison took 11.2 s
-// rather than 3.6 (docs/performance.md). Larger tables spill to temporary
-// files in batches rather than take more of the server's memory.
+// default from PostgreSQL 15; 1 before, so work_mem is 256MB there). A
+// million rows of the bench's shape took 535 MB; in 512 MB the planner
+// split that hash in 4 batches and the comparison took 11.2 s rather than
+// 3.6 (docs/performance.md). Larger tables spill to temporary files in
+// batches rather than take more of the server's memory.
 const swapHashBudget = 768 << 10
 
 // swapWorkers is the most parallel workers the comparison plans, whatever
