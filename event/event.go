@@ -111,7 +111,7 @@ func DecodeValue(value []byte) (Event, error) {
 	}
 	var ev Event
 	var err error
-	if ev.JobID, err = jobID(w.jobID); err != nil {
+	if ev.JobID, err = jobID(&w); err != nil {
 		return Event{}, err
 	}
 	if ev.Version, err = version(w.version); err != nil {
@@ -163,25 +163,33 @@ func DecodeValue(value []byte) (Event, error) {
 		}
 	}
 	if raw := w.eventID; len(raw) > 0 && !isNull(raw) {
-		if ev.EventID, err = stringOf(raw); err != nil {
+		if body, ok := w.text(raw, escapedEventID); ok {
+			ev.EventID = string(body)
+		} else if ev.EventID, err = stringOf(raw); err != nil {
 			return Event{}, &FieldError{Field: "event_id", Reason: "must be a string"}
 		}
 	}
 	if raw := w.occurredAt; len(raw) > 0 && !isNull(raw) {
-		if ev.OccurredAt, err = occurredAt(raw); err != nil {
+		if ev.OccurredAt, err = occurredAt(&w, raw); err != nil {
 			return Event{}, err
 		}
 	}
 	return ev, nil
 }
 
-func jobID(raw json.RawMessage) (string, error) {
+func jobID(w *members) (string, error) {
+	raw := w.jobID
 	if len(raw) == 0 || isNull(raw) {
 		return "", &FieldError{Field: "job_id", Reason: "required"}
 	}
-	s, err := stringOf(raw)
-	if err != nil {
-		return "", &FieldError{Field: "job_id", Reason: "must be a string"}
+	var s string
+	if body, ok := w.text(raw, escapedJobID); ok {
+		s = string(body)
+	} else {
+		var err error
+		if s, err = stringOf(raw); err != nil {
+			return "", &FieldError{Field: "job_id", Reason: "must be a string"}
+		}
 	}
 	switch {
 	case s == "":
@@ -289,12 +297,12 @@ func opsOf(w *members, raw []byte) ([]delta.Op, error) {
 	return delta.ParseOpMembers(elems)
 }
 
-// occurredAt parses the occurred_at member. A string with nothing to
-// unescape is parsed where it lies in the record, without a copy: it is
-// only read.
-func occurredAt(raw json.RawMessage) (time.Time, error) {
+// occurredAt parses the occurred_at member raw of w. A string with
+// nothing to unescape is parsed where it lies in the record, without a
+// copy: it is only read.
+func occurredAt(w *members, raw json.RawMessage) (time.Time, error) {
 	var s string
-	if body, ok := plainBody(raw); ok {
+	if body, ok := w.text(raw, escapedOccurredAt); ok {
 		s = unsafe.String(unsafe.SliceData(body), len(body))
 	} else {
 		var err error
@@ -302,12 +310,73 @@ func occurredAt(raw json.RawMessage) (time.Time, error) {
 			return time.Time{}, &FieldError{Field: "occurred_at", Reason: "must be an RFC 3339 time string"}
 		}
 	}
+	if t, ok := parseUTC(s); ok {
+		return t, nil
+	}
 	t, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil {
 		// %q writes a new string: the message does not alias the record.
 		return time.Time{}, &FieldError{Field: "occurred_at", Reason: fmt.Sprintf("%q is not an RFC 3339 time", clip(s))}
 	}
 	return t, nil
+}
+
+// parseUTC parses the form producers write, YYYY-MM-DDTHH:MM:SS with an
+// optional fraction of 1 to 9 digits and Z, to what time.Parse with
+// time.RFC3339Nano returns (a third of its time). ok is false for any
+// other form, or a field out of range: time.Parse then decides.
+func parseUTC(s string) (t time.Time, ok bool) {
+	if len(s) < 20 || s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' || s[16] != ':' || s[len(s)-1] != 'Z' {
+		return time.Time{}, false
+	}
+	year, month, day := digits(s, 0, 4), digits(s, 5, 2), digits(s, 8, 2)
+	hour, minute, sec := digits(s, 11, 2), digits(s, 14, 2), digits(s, 17, 2)
+	if year < 0 || month < 1 || month > 12 || day < 1 || hour < 0 || hour > 23 || minute < 0 || minute > 59 || sec < 0 || sec > 59 {
+		return time.Time{}, false
+	}
+	if day > 28 && day > daysIn(time.Month(month), year) {
+		return time.Time{}, false
+	}
+	nsec := 0
+	if frac := s[19 : len(s)-1]; frac != "" {
+		if frac[0] != '.' || len(frac) < 2 || len(frac) > 10 {
+			return time.Time{}, false
+		}
+		if nsec = digits(s, 20, len(frac)-1); nsec < 0 {
+			return time.Time{}, false
+		}
+		for range 10 - len(frac) {
+			nsec *= 10
+		}
+	}
+	return time.Date(year, time.Month(month), day, hour, minute, sec, nsec, time.UTC), true
+}
+
+// digits is the number the n decimal digits of s from at spell, or -1 if
+// one is not a digit.
+func digits(s string, at, n int) int {
+	v := 0
+	for i := at; i < at+n; i++ {
+		d := s[i] - '0'
+		if d > 9 {
+			return -1
+		}
+		v = v*10 + int(d)
+	}
+	return v
+}
+
+func daysIn(m time.Month, year int) int {
+	switch m {
+	case time.February:
+		if year%4 == 0 && (year%100 != 0 || year%400 == 0) {
+			return 29
+		}
+		return 28
+	case time.April, time.June, time.September, time.November:
+		return 30
+	}
+	return 31
 }
 
 func isNull(raw json.RawMessage) bool { return bytes.Equal(delta.TrimJSONSpace(raw), []byte("null")) }

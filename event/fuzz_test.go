@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -29,6 +30,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte(""), []byte(`{"job_id":"j","version":2,"kind":"delta","ops":[{"op":"set","path":"/a","value":1}],"ops":[1,{"op":"remove","path":"/b"}]}`))
 	f.Add([]byte(""), []byte(`{"job_id":"j","version":2,"kind":"delta","ops":[{"op":"set","path":"/a"}, {"op":"remove"}]}`))
 	f.Add([]byte(""), []byte(`{"job_id":"j","version":2,"kind":"delta","ops":[{"op":"set","path":"/a","value":1}],"ops":5}`))
+	f.Add([]byte(""), []byte(`{"job_id":"j\u00e9","version":1,"kind":"snapshot","state":{"a":"\n"},"event_id":"e\"1","occurred_at":"2026-11-30T10:00:00.25\u005a"}`))
+	f.Add([]byte(""), []byte(`{"job_id":"j","event_id":"e\u0031","version":1,"kind":"delete","occurred_at":"2026-11-30T10:00:00+02:00"}`))
 
 	f.Fuzz(func(t *testing.T, key, value []byte) {
 		ev, err := event.Decode(key, value)
@@ -57,6 +60,26 @@ func FuzzDecode(f *testing.F) {
 		require.LessOrEqual(t, len(value), event.MaxValueBytes)
 		if len(key) > 0 {
 			require.Equal(t, string(key), ev.JobID)
+		}
+		// The strings as encoding/json reads them, escaped or not.
+		var top map[string]json.RawMessage
+		require.NoError(t, json.Unmarshal(value, &top))
+		var jobID, eventID, at string
+		require.NoError(t, json.Unmarshal(top["job_id"], &jobID))
+		require.Equal(t, jobID, ev.JobID)
+		if raw, ok := top["event_id"]; ok {
+			require.NoError(t, json.Unmarshal(raw, &eventID))
+		}
+		require.Equal(t, eventID, ev.EventID)
+		if raw, ok := top["occurred_at"]; ok {
+			require.NoError(t, json.Unmarshal(raw, &at))
+		}
+		if at == "" {
+			require.True(t, ev.OccurredAt.IsZero())
+		} else {
+			want, err := time.Parse(time.RFC3339Nano, at)
+			require.NoError(t, err)
+			require.True(t, want == ev.OccurredAt, "occurred_at %q: %v, time.Parse %v", at, ev.OccurredAt, want)
 		}
 		switch ev.Kind {
 		case event.Snapshot:

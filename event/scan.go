@@ -2,8 +2,10 @@ package event
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math/bits"
 	"unicode/utf8"
 	"unsafe"
 
@@ -18,6 +20,11 @@ const maxDepth = 1000
 // names. A name is never repeated: the scanner refuses that.
 type members struct {
 	jobID, version, kind, state, ops, eventID, occurredAt []byte
+	// escaped marks, by escapedJobID and its siblings, the string members
+	// whose text has an escape. One that has none is its text between the
+	// quotes, as it lies in the record: the scanner has checked that it is
+	// valid UTF-8, so it is taken without a decoder or a second check.
+	escaped uint8
 	// opsObjects reports that every element of the ops array is an
 	// object; opsElems (opsLocal[:opsN]
 	// while it fits) then holds where each one's members lie in the value,
@@ -32,6 +39,13 @@ type members struct {
 	// empty objects would otherwise note 350,000 of them.
 	opsCount int
 }
+
+// The bits of members.escaped.
+const (
+	escapedJobID uint8 = 1 << iota
+	escapedEventID
+	escapedOccurredAt
+)
 
 // opSpans is where the values of an op object's members lie in the record
 // value, by [delta.OpMemberIndex]: start and end, both 0 when absent.
@@ -69,8 +83,8 @@ type scanner struct {
 	i   int
 	key []byte // the raw key of the top-level member being scanned
 	err *scanError
-	// escaped is set by a string with an escape; [scanner.key] clears it
-	// before each member name.
+	// escaped is set by a string with an escape; [scanner.name] clears it
+	// before each member name, and scanObject before each top-level value.
 	escaped bool
 }
 
@@ -93,7 +107,7 @@ func scanObject(b []byte) (members, *scanError) {
 			if !s.name(&seen) {
 				break
 			}
-			key := b[kstart:s.i]
+			key, keyEscaped := b[kstart:s.i], s.escaped
 			s.ws()
 			if !s.expect(':') {
 				break
@@ -101,7 +115,8 @@ func scanObject(b []byte) (members, *scanError) {
 			s.ws()
 			vstart := s.i
 			s.key = key
-			if memberName(key) == "ops" && s.peek() == '[' {
+			s.escaped = false
+			if s.peek() == '[' && memberNameOf(key, keyEscaped) == "ops" {
 				if !s.opsArray(&m) {
 					break
 				}
@@ -109,7 +124,7 @@ func scanObject(b []byte) (members, *scanError) {
 				break
 			}
 			s.key = nil
-			m.set(key, b[vstart:s.i])
+			m.set(key, keyEscaped, b[vstart:s.i], s.escaped)
 			s.ws()
 			if s.peek() == ',' {
 				s.i++
@@ -151,7 +166,13 @@ func unquote(raw []byte) string {
 // memberName is a member name's text, without allocating for a name
 // with no escape (the result is only compared).
 func memberName(rawKey []byte) string {
-	if bytes.IndexByte(rawKey, '\\') >= 0 {
+	return memberNameOf(rawKey, bytes.IndexByte(rawKey, '\\') >= 0)
+}
+
+// memberNameOf is [memberName] for a name known to have an escape or
+// not, as the scanner saw it.
+func memberNameOf(rawKey []byte, escaped bool) string {
+	if escaped {
 		return unquote(rawKey)
 	}
 	return unsafe.String(unsafe.SliceData(rawKey[1:]), len(rawKey)-2)
@@ -246,16 +267,15 @@ func (m *members) addOp(sp opSpans) {
 	}
 }
 
-func (m *members) set(rawKey, v []byte) {
-	name := rawKey[1 : len(rawKey)-1]
-	if bytes.IndexByte(name, '\\') >= 0 {
-		name = []byte(unquote(rawKey))
-	}
-	// A switch on string(name) compares without allocating: this runs
+// set notes the value v of the member named by rawKey; keyEscaped
+// reports that the name has an escape, escaped that a string in v has.
+func (m *members) set(rawKey []byte, keyEscaped bool, v []byte, escaped bool) {
+	// memberNameOf does not allocate for a name with no escape: this runs
 	// for every member of every record.
-	switch string(name) {
+	switch memberNameOf(rawKey, keyEscaped) {
 	case "job_id":
 		m.jobID = v
+		m.mark(escapedJobID, escaped)
 	case "version":
 		m.version = v
 	case "kind":
@@ -266,9 +286,29 @@ func (m *members) set(rawKey, v []byte) {
 		m.ops = v
 	case "event_id":
 		m.eventID = v
+		m.mark(escapedEventID, escaped)
 	case "occurred_at":
 		m.occurredAt = v
+		m.mark(escapedOccurredAt, escaped)
 	}
+}
+
+func (m *members) mark(bit uint8, escaped bool) {
+	if escaped {
+		m.escaped |= bit
+	} else {
+		m.escaped &^= bit
+	}
+}
+
+// text returns the text of the member v, a string the scanner accepted,
+// as it lies in the record when it has no escape (bit of m.escaped).
+// ok is false for an escaped string or a value that is not a string.
+func (m *members) text(v []byte, bit uint8) (body []byte, ok bool) {
+	if m.escaped&bit != 0 || len(v) < 2 || v[0] != '"' {
+		return nil, false
+	}
+	return v[1 : len(v)-1], true
 }
 
 func (s *scanner) fail(format string, args ...any) {
@@ -291,6 +331,14 @@ func (s *scanner) peek() byte {
 }
 
 func (s *scanner) ws() {
+	// Compact JSON, the usual record, has none: one comparison, inlined.
+	if s.i < len(s.b) && s.b[s.i] > ' ' {
+		return
+	}
+	s.skipSpace()
+}
+
+func (s *scanner) skipSpace() {
 	for s.i < len(s.b) {
 		switch s.b[s.i] {
 		case ' ', '\t', '\n', '\r':
@@ -302,16 +350,21 @@ func (s *scanner) ws() {
 }
 
 func (s *scanner) expect(c byte) bool {
-	if s.peek() != c {
-		if s.i >= len(s.b) {
-			s.fail("unexpected end of JSON input, want %q", c)
-		} else {
-			s.fail("invalid character %q, want %q", s.b[s.i], c)
-		}
-		return false
+	if s.i < len(s.b) && s.b[s.i] == c {
+		s.i++
+		return true
 	}
-	s.i++
-	return true
+	return s.unexpected(c)
+}
+
+// unexpected fails the scan where [scanner.expect] wanted c.
+func (s *scanner) unexpected(c byte) bool {
+	if s.i >= len(s.b) {
+		s.fail("unexpected end of JSON input, want %q", c)
+	} else {
+		s.fail("invalid character %q, want %q", s.b[s.i], c)
+	}
+	return false
 }
 
 func (s *scanner) value(depth int) bool {
@@ -476,14 +529,33 @@ var plainByte = func() (t [256]bool) {
 	return t
 }()
 
+// specialBytes marks, by the high bit of its byte, each byte of w that is
+// not plain (plainByte): a quote, a backslash, a control character or a
+// byte of a multi-byte UTF-8 sequence. Bytes above the first one marked
+// may be marked wrongly (a borrow carries upward), never the first one:
+// its lowest mark is exact.
+func specialBytes(w uint64) uint64 {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	zero := func(x uint64) uint64 { return (x - ones) &^ x & highs }
+	return (zero(w^(ones*'"')) | zero(w^(ones*'\\')) | (w-ones*0x20)&^w | w) & highs
+}
+
 // str scans a string, checking escapes and UTF-8.
 func (s *scanner) str() bool {
 	if !s.expect('"') {
 		return false
 	}
 	for s.i < len(s.b) {
-		// Runs of plain bytes, most of every record, in a tight loop.
+		// Runs of plain bytes, most of every record, eight at a time and
+		// then in a tight loop.
 		b, i := s.b, s.i
+		for i+8 <= len(b) {
+			if m := specialBytes(binary.LittleEndian.Uint64(b[i:])); m != 0 {
+				i += bits.TrailingZeros64(m) >> 3
+				break
+			}
+			i += 8
+		}
 		for i < len(b) && plainByte[b[i]] {
 			i++
 		}
