@@ -87,7 +87,9 @@ func DecodeValue(value []byte) (Event, error) {
 	if len(value) > MaxValueBytes {
 		return Event{}, &FieldError{Field: "value", Reason: fmt.Sprintf("%d bytes, over the 1 MiB limit", len(value))}
 	}
-	trimmed := bytes.TrimSpace(value)
+	// JSON's own white space only: bytes.TrimSpace would also take \v,
+	// \f, U+0085 and U+00A0, and let a value that is not JSON through.
+	trimmed := delta.TrimJSONSpace(value)
 	if bytes.Equal(trimmed, []byte("null")) {
 		return Event{}, &FieldError{Field: "value", Reason: "null " + tombstoneReason}
 	}
@@ -163,7 +165,7 @@ func DecodeValue(value []byte) (Event, error) {
 		}
 	}
 	if raw := w.eventID; len(raw) > 0 && !isNull(raw) {
-		if body, ok := w.text(raw, escapedEventID); ok {
+		if body, ok := w.text(raw, plainEventID); ok {
 			ev.EventID = string(body)
 		} else if ev.EventID, err = stringOf(raw); err != nil {
 			return Event{}, &FieldError{Field: "event_id", Reason: "must be a string"}
@@ -183,7 +185,7 @@ func jobID(w *members) (string, error) {
 		return "", &FieldError{Field: "job_id", Reason: "required"}
 	}
 	var s string
-	if body, ok := w.text(raw, escapedJobID); ok {
+	if body, ok := w.text(raw, plainJobID); ok {
 		s = string(body)
 	} else {
 		var err error
@@ -302,7 +304,7 @@ func opsOf(w *members, raw []byte) ([]delta.Op, error) {
 // copy: it is only read.
 func occurredAt(w *members, raw json.RawMessage) (time.Time, error) {
 	var s string
-	if body, ok := w.text(raw, escapedOccurredAt); ok {
+	if body, ok := w.text(raw, plainOccurredAt); ok {
 		s = unsafe.String(unsafe.SliceData(body), len(body))
 	} else {
 		var err error
@@ -323,7 +325,7 @@ func occurredAt(w *members, raw json.RawMessage) (time.Time, error) {
 
 // parseUTC parses the form producers write, YYYY-MM-DDTHH:MM:SS with an
 // optional fraction of 1 to 9 digits and Z, to what time.Parse with
-// time.RFC3339Nano returns (a third of its time). ok is false for any
+// time.RFC3339Nano returns, in about 55% of its time (BenchmarkParseUTC). ok is false for any
 // other form, or a field out of range: time.Parse then decides.
 func parseUTC(s string) (t time.Time, ok bool) {
 	if len(s) < 20 || s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' || s[16] != ':' || s[len(s)-1] != 'Z' {

@@ -2,6 +2,7 @@ package event_test
 
 import (
 	"encoding/json"
+	"errors"
 	"math"
 	"runtime"
 	"strconv"
@@ -391,5 +392,24 @@ func TestAnEscapedKindIsTheConstant(t *testing.T) {
 	}
 	if ev.Kind != event.Delta || unsafe.StringData(string(ev.Kind)) != unsafe.StringData(string(event.Delta)) {
 		t.Fatalf("kind %q is not the constant Delta's string", ev.Kind)
+	}
+}
+
+// TestDecodeRefusesSpaceThatIsNotJSON: around the value, only JSON's own
+// white space is taken; a vertical tab, a form feed, U+0085 or U+00A0
+// make the value something other than JSON, and it is bad input.
+func TestDecodeRefusesSpaceThatIsNotJSON(t *testing.T) {
+	const v = `{"job_id":"j","version":1,"kind":"delete"}`
+	for _, pad := range []string{"\v", "\f", "\u0085", "\u00a0"} {
+		for _, value := range []string{v + pad, pad + v} {
+			_, err := event.Decode(nil, []byte(value))
+			var fe *event.FieldError
+			if !errors.As(err, &fe) || fe.Field != "value" {
+				t.Errorf("Decode(%q) = %v, want a value error", value, err)
+			}
+		}
+	}
+	if _, err := event.Decode(nil, []byte(" \t\r\n"+v+"\n")); err != nil {
+		t.Errorf("JSON white space around the value: %v", err)
 	}
 }

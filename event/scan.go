@@ -20,11 +20,12 @@ const maxDepth = 1000
 // names. A name is never repeated: the scanner refuses that.
 type members struct {
 	jobID, version, kind, state, ops, eventID, occurredAt []byte
-	// escaped marks, by escapedJobID and its siblings, the string members
-	// whose text has an escape. One that has none is its text between the
-	// quotes, as it lies in the record: the scanner has checked that it is
-	// valid UTF-8, so it is taken without a decoder or a second check.
-	escaped uint8
+	// plain marks, by plainJobID and its siblings, the members the scanner
+	// saw as a string with no escape: its text is the bytes between the
+	// quotes, as they lie in the record, and the scanner has checked that
+	// they are valid UTF-8, so it is taken without a decoder or a second
+	// check. A member not marked is decoded (stringOf).
+	plain uint8
 	// opsObjects reports that every element of the ops array is an
 	// object; opsElems (opsLocal[:opsN]
 	// while it fits) then holds where each one's members lie in the value,
@@ -40,11 +41,11 @@ type members struct {
 	opsCount int
 }
 
-// The bits of members.escaped.
+// The bits of members.plain.
 const (
-	escapedJobID uint8 = 1 << iota
-	escapedEventID
-	escapedOccurredAt
+	plainJobID uint8 = 1 << iota
+	plainEventID
+	plainOccurredAt
 )
 
 // opSpans is where the values of an op object's members lie in the record
@@ -275,7 +276,7 @@ func (m *members) set(rawKey []byte, keyEscaped bool, v []byte, escaped bool) {
 	switch memberNameOf(rawKey, keyEscaped) {
 	case "job_id":
 		m.jobID = v
-		m.mark(escapedJobID, escaped)
+		m.markPlain(plainJobID, escaped)
 	case "version":
 		m.version = v
 	case "kind":
@@ -286,26 +287,29 @@ func (m *members) set(rawKey []byte, keyEscaped bool, v []byte, escaped bool) {
 		m.ops = v
 	case "event_id":
 		m.eventID = v
-		m.mark(escapedEventID, escaped)
+		m.markPlain(plainEventID, escaped)
 	case "occurred_at":
 		m.occurredAt = v
-		m.mark(escapedOccurredAt, escaped)
+		m.markPlain(plainOccurredAt, escaped)
 	}
 }
 
-func (m *members) mark(bit uint8, escaped bool) {
+// markPlain sets bit of m.plain when the member's value had no escape
+// (a value that is not a string is told apart by text).
+func (m *members) markPlain(bit uint8, escaped bool) {
 	if escaped {
-		m.escaped |= bit
+		m.plain &^= bit
 	} else {
-		m.escaped &^= bit
+		m.plain |= bit
 	}
 }
 
 // text returns the text of the member v, a string the scanner accepted,
-// as it lies in the record when it has no escape (bit of m.escaped).
-// ok is false for an escaped string or a value that is not a string.
+// as it lies in the record when it has no escape (bit of m.plain). ok is
+// false for a string with an escape, one not marked, or a value that is
+// not a string.
 func (m *members) text(v []byte, bit uint8) (body []byte, ok bool) {
-	if m.escaped&bit != 0 || len(v) < 2 || v[0] != '"' {
+	if m.plain&bit == 0 || len(v) < 2 || v[0] != '"' {
 		return nil, false
 	}
 	return v[1 : len(v)-1], true
