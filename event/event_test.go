@@ -400,14 +400,26 @@ func TestAnEscapedKindIsTheConstant(t *testing.T) {
 // make the value something other than JSON, and it is bad input.
 func TestDecodeRefusesSpaceThatIsNotJSON(t *testing.T) {
 	const v = `{"job_id":"j","version":1,"kind":"delete"}`
-	for _, pad := range []string{"\v", "\f", "\u0085", "\u00a0"} {
+	for pad, name := range map[string]string{"\v": `'\v'`, "\f": `'\f'`, "\u0085": "U+0085", "\u00a0": "U+00A0", "\ufeff": "U+FEFF"} {
 		for _, value := range []string{v + pad, pad + v} {
 			_, err := event.Decode(nil, []byte(value))
 			var fe *event.FieldError
 			if !errors.As(err, &fe) || fe.Field != "value" {
-				t.Errorf("Decode(%q) = %v, want a value error", value, err)
+				t.Fatalf("Decode(%q) = %v, want a value error", value, err)
+			}
+			// The reason names the character and what may surround the
+			// object.
+			for _, want := range []string{name, "only space, tab, line feed and carriage return may surround the object"} {
+				if !strings.Contains(fe.Reason, want) {
+					t.Errorf("Decode(%q): reason %q does not say %q", value, fe.Reason, want)
+				}
 			}
 		}
+	}
+	// A character that is not white space is named, not its first byte.
+	_, err := event.Decode(nil, []byte(v+"é"))
+	if err == nil || !strings.Contains(err.Error(), `'é' (U+00E9)`) {
+		t.Errorf("Decode of a value followed by é: %v", err)
 	}
 	if _, err := event.Decode(nil, []byte(" \t\r\n"+v+"\n")); err != nil {
 		t.Errorf("JSON white space around the value: %v", err)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/bits"
+	"unicode"
 	"unicode/utf8"
 	"unsafe"
 
@@ -20,10 +21,11 @@ const maxDepth = 1000
 // names. A name is never repeated: the scanner refuses that.
 type members struct {
 	jobID, version, kind, state, ops, eventID, occurredAt []byte
-	// plain marks, by plainJobID and its siblings, the members the scanner
-	// saw as a string with no escape: its text is the bytes between the
-	// quotes, as they lie in the record, and the scanner has checked that
-	// they are valid UTF-8, so it is taken without a decoder or a second
+	// plain marks, by plainJobID and its siblings, the members whose value
+	// the scanner saw with no escape in it (a value of any type: text
+	// takes only a string). A string's text is then the bytes between the
+	// quotes, as they lie in the record, which the scanner has checked
+	// are valid UTF-8, so it is taken without a decoder or a second
 	// check. A member not marked is decoded (stringOf).
 	plain uint8
 	// opsObjects reports that every element of the ops array is an
@@ -138,7 +140,7 @@ func scanObject(b []byte) (members, *scanError) {
 	if s.err == nil {
 		s.ws()
 		if s.i < len(b) {
-			s.fail("invalid character %q after the top-level object", b[s.i])
+			s.fail("invalid character %s after the top-level object%s", charAt(b, s.i), notJSONSpace(b, s.i))
 		}
 	}
 	return m, s.err
@@ -315,6 +317,35 @@ func (m *members) text(v []byte, bit uint8) (body []byte, ok bool) {
 	return v[1 : len(v)-1], true
 }
 
+// charAt names the character at b[i] for an error: quoted when it is
+// ASCII, as U+XXXX (quoted too when printable) when it is a UTF-8
+// character, as a byte when it is not UTF-8. Printing the byte alone
+// would name a character the record does not hold (0xC2 of U+00A0 is
+// 'Â').
+func charAt(b []byte, i int) string {
+	if b[i] < utf8.RuneSelf {
+		return fmt.Sprintf("%q", b[i])
+	}
+	r, n := utf8.DecodeRune(b[i:])
+	switch {
+	case r == utf8.RuneError && n <= 1:
+		return fmt.Sprintf("byte 0x%02X (not UTF-8)", b[i])
+	case unicode.IsPrint(r):
+		return fmt.Sprintf("%q (U+%04X)", r, r)
+	}
+	return fmt.Sprintf("U+%04X", r)
+}
+
+// notJSONSpace explains a character at b[i] that is white space to
+// other readers but not to JSON, for an error; "" for any other.
+func notJSONSpace(b []byte, i int) string {
+	r, _ := utf8.DecodeRune(b[i:])
+	if (unicode.IsSpace(r) || r == '\uFEFF') && r != ' ' && r != '\t' && r != '\n' && r != '\r' {
+		return " (only space, tab, line feed and carriage return may surround the object)"
+	}
+	return ""
+}
+
 func (s *scanner) fail(format string, args ...any) {
 	if s.err == nil {
 		s.err = &scanError{malformed: true, msg: fmt.Sprintf(format, args...) + fmt.Sprintf(" at offset %d", s.i)}
@@ -366,7 +397,7 @@ func (s *scanner) unexpected(c byte) bool {
 	if s.i >= len(s.b) {
 		s.fail("unexpected end of JSON input, want %q", c)
 	} else {
-		s.fail("invalid character %q, want %q", s.b[s.i], c)
+		s.fail("invalid character %s, want %q", charAt(s.b, s.i), c)
 	}
 	return false
 }
@@ -411,7 +442,7 @@ func (s *scanner) value(depth int) bool {
 	case s.i >= len(s.b):
 		s.fail("unexpected end of JSON input")
 	default:
-		s.fail("invalid character %q looking for a value", c)
+		s.fail("invalid character %s looking for a value", charAt(s.b, s.i))
 	}
 	return false
 }
