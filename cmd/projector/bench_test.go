@@ -47,7 +47,7 @@ func TestBenchJSON(t *testing.T) {
 	require.Contains(t, got["projector"], "child process", "the projector's memory is measured in a process of its own")
 	for _, k := range []string{"events", "projector_events_per_second", "projector_ratio_to_copy", "projector_ratio_to_naive",
 		"projector_ratio_to_keyed", "peak_heap_bytes", "peak_live_heap_bytes", "peak_rss_bytes", "distinct_jobs_per_batch", "growth_ratio", "empty_table_events_per_second", "rebuild_seconds",
-		"rebuild_ratio_to_copy", "latency_p50_ms", "latency_p99_ms", "latency_max_ms"} {
+		"rebuild_ratio_to_copy", "rebuild_peak_rss_bytes", "rebuild_cpu_seconds", "latency_p50_ms", "latency_p99_ms", "latency_max_ms"} {
 		v, ok := got[k].(float64)
 		require.True(t, ok, "%s is a number: %s", k, r.stdout)
 		require.Greater(t, v, 0.0, "%s", k)
