@@ -343,7 +343,8 @@ func parseUTC(s string) (t time.Time, ok bool) {
 	if year < 0 || month < 1 || month > 12 || day < 1 || hour < 0 || hour > 23 || minute < 0 || minute > 59 || sec < 0 || sec > 59 {
 		return time.Time{}, false
 	}
-	if day > 28 && day > daysIn(time.Month(month), year) {
+	// Day 0 of the next month is the last of this one.
+	if day > 28 && day > time.Date(year, time.Month(month)+1, 0, 0, 0, 0, 0, time.UTC).Day() {
 		return time.Time{}, false
 	}
 	nsec := 0
@@ -373,19 +374,6 @@ func digits(s string, at, n int) int {
 		v = v*10 + int(d)
 	}
 	return v
-}
-
-func daysIn(m time.Month, year int) int {
-	switch m {
-	case time.February:
-		if year%4 == 0 && (year%100 != 0 || year%400 == 0) {
-			return 29
-		}
-		return 28
-	case time.April, time.June, time.September, time.November:
-		return 30
-	}
-	return 31
 }
 
 func isNull(raw json.RawMessage) bool { return bytes.Equal(delta.TrimJSONSpace(raw), []byte("null")) }
