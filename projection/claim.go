@@ -241,6 +241,13 @@ func (w *worker) resync(ctx context.Context, ids []string) (map[string]gapfill.J
 // deltas it knows; one without an owner's view takes the stored held
 // deltas as they are ([worker.resync]).
 func (w *worker) reload(ctx context.Context, ids []string) error {
+	if w.written != nil {
+		// Rows the set said were never written moved under the batch:
+		// the next plan reads them ([writtenSet]).
+		for _, id := range ids {
+			w.written.add(id)
+		}
+	}
 	if w.unowned() {
 		_, err := w.resync(ctx, ids)
 		return err

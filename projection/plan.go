@@ -210,7 +210,7 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 
 	// Jobs that only received snapshots and hold nothing take the fast
 	// path: one conditional upsert, no row read. The rest need their row.
-	var need []string
+	var need, absent []string
 	for _, id := range order {
 		j, cached := w.cache.get(id)
 		if hasDelta[id] || (cached && len(j.Held) > 0) {
@@ -218,7 +218,12 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 			// have moved the row since it was cached: read it, unless the
 			// job holds deltas. The conditional writes are what is correct
 			// either way; owning the partition only saves this read.
-			if !cached || (w.unowned() && len(j.Held) == 0) {
+			switch {
+			case !cached && w.written != nil && !w.written.mayHold(id):
+				// A rebuild from an empty shadow never wrote it: no row,
+				// no tombstone (see [writtenSet]).
+				absent = append(absent, id)
+			case !cached || (w.unowned() && len(j.Held) == 0):
 				need = append(need, id)
 			}
 		}
@@ -236,6 +241,9 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 		if _, found := known[id]; !found {
 			known[id] = gapfill.Job{ID: id} // neither row nor tombstone: version 0
 		}
+	}
+	for _, id := range absent {
+		known[id] = gapfill.Job{ID: id}
 	}
 	if err := w.unspill(ctx, order, known); err != nil {
 		return nil, err
@@ -262,6 +270,15 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 		p.advance(w, j, inputs[id], now)
 	}
 	p.attempts(res)
+	if w.written != nil {
+		// Before the batch can commit: a plan that follows, in any
+		// partition, reads these jobs.
+		for _, ws := range [][]store.Write{p.batch.Snapshots, p.batch.Updates, p.batch.Deletes} {
+			for i := range ws {
+				w.written.add(ws[i].JobID)
+			}
+		}
+	}
 	return p, nil
 }
 

@@ -17,6 +17,9 @@ import (
 // Projector runs the projection of one topic into one store.
 type Projector struct {
 	cfg Config
+	// written is set by a rebuild that started from an empty shadow: the
+	// jobs it has written, so it reads only those ([writtenSet]).
+	written *writtenSet
 	// src hands the engine its lanes (Config.From, or the source the
 	// configuration describes).
 	src      source.Source

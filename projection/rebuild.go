@@ -146,7 +146,8 @@ func (r *Rebuild) Run(ctx context.Context) (RebuildResult, error) {
 	if err != nil {
 		return res, &RebuildSetupError{fmt.Sprintf("--table: %v", err)}
 	}
-	if err := r.prepareShadow(ctx, shadow, target); err != nil {
+	fresh, err := r.prepareShadow(ctx, shadow, target)
+	if err != nil {
 		return res, err
 	}
 	phase := r.phases(began)
@@ -159,6 +160,11 @@ func (r *Rebuild) Run(ctx context.Context) (RebuildResult, error) {
 	p, err := New(cfg)
 	if err != nil {
 		return res, &RebuildSetupError{err.Error()}
+	}
+	if fresh {
+		// Only this process writes the shadow, which started empty: a
+		// job it has not written is not there to read.
+		p.written = newWrittenSet()
 	}
 	if r.Started != nil {
 		stop, err := r.Started(p)
@@ -301,30 +307,30 @@ func (r *Rebuild) say(format string, args ...any) {
 
 // prepareShadow continues from what an earlier rebuild stored in the
 // shadow, or starts it over (Restart, or nothing to continue from), and
-// says which.
-func (r *Rebuild) prepareShadow(ctx context.Context, shadow *store.Store, target map[int]int64) error {
+// says which; fresh reports that the shadow is new and empty.
+func (r *Rebuild) prepareShadow(ctx context.Context, shadow *store.Store, target map[int]int64) (fresh bool, err error) {
 	topic, schema, table := r.Config.Topic, r.Live.Schema(), r.Live.Projection()
 	prog, err := shadow.Progress(ctx, topic)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if len(prog.OtherTopics) > 0 && !r.Restart {
-		return &RebuildSetupError{fmt.Sprintf("the shadow %s holds an unfinished rebuild of topic %s, not %s: pass --restart to discard it and start over",
+		return false, &RebuildSetupError{fmt.Sprintf("the shadow %s holds an unfinished rebuild of topic %s, not %s: pass --restart to discard it and start over",
 			r.shadowName(), strings.Join(prog.OtherTopics, ", "), topic)}
 	}
 	if !r.Restart && prog.TableExists && prog.Read() > 0 {
 		if err := shadow.Migrate(ctx); err != nil {
-			return err
+			return false, err
 		}
 		r.say("resuming the rebuild of %s.%s from the shadow's stored positions: %d of %d records already read (--restart starts over)",
 			schema, table, prog.Read(), sum(target))
-		return r.copyChecks(ctx, shadow)
+		return false, r.copyChecks(ctx, shadow)
 	}
 	if err := shadow.Reset(ctx); err != nil {
-		return err
+		return false, err
 	}
 	if err := shadow.Migrate(ctx); err != nil {
-		return err
+		return false, err
 	}
 	how := "starting"
 	if r.Restart && prog.Read() > 0 {
@@ -332,7 +338,7 @@ func (r *Rebuild) prepareShadow(ctx context.Context, shadow *store.Store, target
 	}
 	r.say("%s the rebuild of %s.%s from the start of %s into %s (%d partitions, %d records to read)",
 		how, schema, table, topic, r.shadowName(), len(target), sum(target))
-	return r.copyChecks(ctx, shadow)
+	return true, r.copyChecks(ctx, shadow)
 }
 
 // copyChecks gives the shadow the checks users put on the live table, so

@@ -115,6 +115,9 @@ type workerDeps struct {
 	applying   *sync.Map
 	// beforeApply, when set (by tests), runs before each batch commit.
 	beforeApply func(partition int)
+	// written is the jobs a rebuild from an empty shadow has written, nil
+	// elsewhere ([writtenSet]).
+	written *writtenSet
 }
 
 // workerConfig is the part of [Config] a worker reads.
@@ -150,6 +153,7 @@ func (p *Projector) workerDeps() workerDeps {
 		databaseAnswered: p.databaseAnswered, databaseFailed: p.databaseFailed,
 		quarantineLog: &p.quarantineLog, swapWaitAt: &p.swapWaitAt, applying: &p.applying,
 		beforeApply: cfg.testBeforeApply,
+		written:     p.written,
 	}
 }
 
