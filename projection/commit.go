@@ -160,6 +160,7 @@ func (w *worker) timedOut(id string, cut *snapshot.TimeoutError) {
 func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolution) error {
 	bo := retryPolicy()
 	staleRetries := 0
+	guessedAgain := false
 	for {
 		w.beat.Now()
 		// A slot is held from planning to settling, each attempt apart:
@@ -244,6 +245,21 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 			}
 		}
 		if store.IsBadData(err) {
+			if pl != nil && len(pl.guessed) > 0 && !guessedAgain {
+				// Jobs taken as new without a read were planned from
+				// nothing: should one have a row after all (written by
+				// anything but this rebuild), a check of the user's on
+				// the state it made fails before the insert's conflict
+				// could say so. Plan once more with their rows read
+				// before calling any record bad.
+				guessedAgain = true
+				for _, id := range pl.guessed {
+					w.written.add(id)
+				}
+				w.log.Info("a batch with jobs planned as new was refused as bad data; planning it again with their rows read",
+					"jobs", len(pl.guessed), "first", pl.guessed[0], "err", err)
+				continue
+			}
 			return w.isolate(ctx, msgs, res, err)
 		}
 		if ctx.Err() != nil {

@@ -35,6 +35,8 @@ type plan struct {
 	// its held row: the batch's coordinates by offset alone are ambiguous
 	// when two messages share an offset. Nil for Kafka.
 	messages map[messageKey]store.Coordinate
+	// guessed are the jobs planned as new without a read ([writtenSet]).
+	guessed []string
 }
 
 // messageKey finds the SQS message a held delta was read from.
@@ -214,25 +216,27 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 	for _, id := range order {
 		j, cached := w.cache.get(id)
 		if hasDelta[id] || (cached && len(j.Held) > 0) {
-			// Without an owner (an unfenced source), another engine may
-			// have moved the row since it was cached: read it, unless the
-			// job holds deltas. The conditional writes are what is correct
-			// either way; owning the partition only saves this read.
 			switch {
 			case !cached && w.written != nil && !w.written.mayHold(id):
 				// A rebuild from an empty shadow never wrote it: no row,
 				// no tombstone (see [writtenSet]).
 				absent = append(absent, id)
 			case !cached || (w.unowned() && len(j.Held) == 0):
+				// Without an owner (an unfenced source), another engine
+				// may have moved the row since it was cached: read it,
+				// unless the job holds deltas. The conditional writes are
+				// what is correct either way; owning the partition only
+				// saves this read.
 				need = append(need, id)
 			}
 		}
 	}
+	p.guessed = absent
 	// Rows read for this plan stay here, not in the cache, which may drop
 	// entries as it fills; the cache learns them once the batch commits.
 	// They go into this map as they are read (a map of the rows first, then
 	// this one, was a tenth of what planning allocated).
-	known := make(map[string]gapfill.Job, len(need))
+	known := make(map[string]gapfill.Job, len(need)+len(absent))
 	err := w.store.EachJob(ctx, need, func(j store.Job) { known[j.ID] = rowOf(j).TrustedJob(j.ID, nil) })
 	if err != nil {
 		return nil, err

@@ -13,14 +13,15 @@ const writtenBits = 1 << 24
 // writtenSet is a Bloom filter of the jobs a rebuild that started from an
 // empty shadow has planned a write for, in any of its partitions. A job it
 // has not seen has no row and no tombstone in the shadow (this process is
-// its only writer, and adds a job before its write can commit), so the
-// plan takes it as new without reading it: a rebuild from scratch read
-// every job it met, and found none. Should the shadow hold the job all the
-// same, the batch's conditional write finds it, the batch is stale, and
-// the job is read again ([worker.reload]) and cached: a wrong answer costs
-// a retry, never a wrong row. Its memory is fixed, whatever the number of
-// jobs; more jobs only make "maybe" more frequent. Safe for concurrent
-// use.
+// its only writer while it holds [store.Store.LockRebuild], and adds a job
+// before its write can commit), so the plan takes it as new without reading
+// it: a rebuild from scratch read every job it met, and found none. Should
+// the shadow hold the job all the same, the batch's conditional write finds
+// it, the batch is stale, and the job is read again ([worker.reload]) and
+// cached: a wrong answer costs a retry, never a wrong row (a check
+// constraint the state planned from nothing fails gets the batch planned
+// again too: [worker.commit]). Its memory is fixed, whatever the number of
+// jobs; more jobs only make "maybe" more frequent. Safe for concurrent use.
 type writtenSet struct {
 	bits []atomic.Uint64
 	seed maphash.Seed
