@@ -245,18 +245,20 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 			}
 		}
 		if store.IsBadData(err) {
-			if pl != nil && len(pl.guessed) > 0 && !guessedAgain {
+			if pl != nil && len(pl.guessed) > 0 && !guessedAgain && ctx.Err() == nil {
 				// Jobs taken as new without a read were planned from
 				// nothing: should one have a row after all (written by
-				// anything but this rebuild), a check of the user's on
-				// the state it made fails before the insert's conflict
-				// could say so. Plan once more with their rows read
-				// before calling any record bad.
+				// anything but this rebuild), a check constraint may
+				// refuse the state planned for it before the insert's
+				// conflict could say so. Plan once more with their rows
+				// read before calling any record bad. The jobs the
+				// batch wrote are in the set already (plan); the others
+				// join it here all the same.
 				guessedAgain = true
 				for _, id := range pl.guessed {
 					w.written.add(id)
 				}
-				w.log.Info("a batch with jobs planned as new was refused as bad data; planning it again with their rows read",
+				w.log.Info("a batch with jobs planned as new was refused as bad data; planning it again with their rows read before isolating its records",
 					"jobs", len(pl.guessed), "first", pl.guessed[0], "err", err)
 				continue
 			}

@@ -18,10 +18,11 @@ const writtenBits = 1 << 24
 // it: a rebuild from scratch read every job it met, and found none. Should
 // the shadow hold the job all the same, the batch's conditional write finds
 // it, the batch is stale, and the job is read again ([worker.reload]) and
-// cached: a wrong answer costs a retry, never a wrong row (a check
-// constraint the state planned from nothing fails gets the batch planned
-// again too: [worker.commit]). Its memory is fixed, whatever the number of
-// jobs; more jobs only make "maybe" more frequent. Safe for concurrent use.
+// cached: a wrong answer costs a retry, never a wrong row (if a check
+// constraint refuses the state planned from nothing, [worker.commit] plans
+// the batch again with those rows read). Its memory is fixed, whatever the
+// number of jobs; more jobs only make "maybe" more frequent. Safe for
+// concurrent use.
 type writtenSet struct {
 	bits []atomic.Uint64
 	seed maphash.Seed

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/projector/projector/store"
 )
 
 // TestWrittenSetNeverForgetsAndSeldomGuesses: every job added is reported
@@ -104,8 +107,9 @@ func TestWrittenSetWrongAnswerCostsARetryNotARow(t *testing.T) {
 // on the table runs before the insert's conflict, so a job wrongly taken
 // as new, planned from nothing, makes a state the check refuses: bad data
 // to the engine. The batch is planned once more with the job's row read
-// before any record is called bad; the one record here, a duplicate of
-// the row's version, would otherwise be quarantined.
+// before any record is called bad. The one record here, a duplicate of
+// the row's version, would otherwise be quarantined: a batch of one record
+// is not planned again by the isolation of its records.
 func TestWrittenSetWrongGuessUnderACheckIsPlannedAgain(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -143,10 +147,10 @@ func TestWrittenSetWrongGuessUnderACheckIsPlannedAgain(t *testing.T) {
 	require.JSONEq(t, `{"name":"a","n":21}`, string(row.State))
 }
 
-// TestRebuildReadsOnlyWhatItWroteWhenItStartsAfresh: a rebuild that starts
-// from an empty shadow keeps the set, and has every job it wrote in it; one
-// that resumes a shadow others' batches may have written has none.
-func TestRebuildReadsOnlyWhatItWroteWhenItStartsAfresh(t *testing.T) {
+// TestRebuildKeepsTheWrittenSetOnlyWhenItStartsAfresh: a rebuild that
+// starts from an empty shadow keeps the set, and has every job it wrote in
+// it; one that resumes a shadow others' batches may have written has none.
+func TestRebuildKeepsTheWrittenSetOnlyWhenItStartsAfresh(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, 1)
 	ids := jobIDs("fresh", 20)
@@ -167,6 +171,7 @@ func TestRebuildReadsOnlyWhatItWroteWhenItStartsAfresh(t *testing.T) {
 		defer cancel()
 		_, err := rb.Run(ctx)
 		require.NoError(t, err)
+		require.NotNil(t, seen, "the rebuild's engine was not started")
 		return seen
 	}
 	fresh := rebuild()
@@ -175,5 +180,45 @@ func TestRebuildReadsOnlyWhatItWroteWhenItStartsAfresh(t *testing.T) {
 		require.True(t, fresh.written.mayHold(id), "job %s was written but is not in the set", id)
 	}
 	// The dry run leaves its shadow: this one continues from it.
-	require.Nil(t, rebuild().written, "a resumed rebuild has no set: its shadow holds rows it did not see written")
+	require.True(t, rebuild().written == nil, "a resumed rebuild has no set: its shadow holds rows it did not see written")
+}
+
+// TestWrittenSetPlanningAgainStillQuarantinesABadRecord: the second plan
+// does not hide a record that is bad in itself. Here a job the check
+// refuses whatever is read sits in a batch with a good job: the batch is
+// planned again once, then its records are isolated, the bad one is
+// quarantined and the good one applied.
+func TestWrittenSetPlanningAgainStillQuarantinesABadRecord(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := newRig(t, 1)
+	require.NoError(t, r.store.Migrate(ctx))
+	_, err := r.store.Pool().Exec(ctx, `ALTER TABLE `+r.store.JobsTable()+` ADD CONSTRAINT has_name CHECK (state ? 'name')`)
+	require.NoError(t, err)
+	logs := &lockedBuffer{}
+	p, err := New(r.config(func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(logs, testWriter{t}), &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}))
+	require.NoError(t, err)
+	p.written = newWrittenSet()
+	rctx, cancel := context.WithCancel(ctx)
+	run := &running{p: p, stop: cancel, done: make(chan error, 1)}
+	go func() { run.done <- p.Run(rctx) }()
+	t.Cleanup(func() { run.halt(t) })
+	inc := `[{"op":"increment","path":"/n","by":1}]`
+	r.produce(
+		rec{0, "good", snap("good", 1, `{"name":"g","n":0}`)},
+		rec{0, "good", dlt("good", 2, inc)},
+		rec{0, "bad", dlt("bad", 1, inc)},
+	)
+	r.caughtUp(30*time.Second, run)
+	bad, err := r.store.QuarantineRecords(ctx, store.QuarantineFilter{})
+	require.NoError(t, err)
+	require.Len(t, bad, 1)
+	require.Equal(t, int64(2), bad[0].Offset, "the bad job's record, and only it, is quarantined")
+	require.Equal(t, 1, strings.Count(logs.String(), "planning it again with their rows read"), "planned again once")
+	rows := r.rows()
+	require.EqualValues(t, 2, rows["good"].Version)
+	require.JSONEq(t, `{"name":"g","n":1}`, string(rows["good"].State))
+	require.NotContains(t, rows, "bad")
 }
