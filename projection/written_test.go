@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -221,4 +222,46 @@ func TestWrittenSetPlanningAgainStillQuarantinesABadRecord(t *testing.T) {
 	require.EqualValues(t, 2, rows["good"].Version)
 	require.JSONEq(t, `{"name":"g","n":1}`, string(rows["good"].State))
 	require.NotContains(t, rows, "bad")
+}
+
+// TestWrittenSetNoSecondPlanOnceStopping: a batch refused as bad data while
+// the worker is told to stop is not planned and applied again: a batch
+// that did not land is abandoned at shutdown, to be read again by the
+// partition's next owner.
+func TestWrittenSetNoSecondPlanOnceStopping(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := newRig(t, 1)
+	r.produce(rec{0, "checked", snap("checked", 1, `{"name":"a","n":20}`)})
+	first := r.start(r.config())
+	r.caughtUp(30*time.Second, first)
+	first.halt(t)
+	_, err := r.store.Pool().Exec(ctx, `ALTER TABLE `+r.store.JobsTable()+` ADD CONSTRAINT has_name CHECK (state ? 'name')`)
+	require.NoError(t, err)
+
+	var applies atomic.Int32
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	p, err := New(r.config(func(c *Config) {
+		c.testBeforeApply = func(int) {
+			if applies.Add(1) == 1 {
+				cancel() // told to stop while the first attempt runs
+			}
+		}
+	}))
+	require.NoError(t, err)
+	p.written = newWrittenSet()
+	done := make(chan error, 1)
+	go func() { done <- p.Run(rctx) }()
+	r.produce(rec{0, "checked", dlt("checked", 1, `[{"op":"increment","path":"/n","by":1}]`)})
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the projector did not stop within 30s")
+	}
+	require.EqualValues(t, 1, applies.Load(), "a batch was planned and applied again after the stop")
+	ids, err := r.store.QuarantineIDs(ctx)
+	require.NoError(t, err)
+	require.Empty(t, ids, "the batch was abandoned, not isolated")
 }
