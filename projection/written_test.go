@@ -50,6 +50,42 @@ func TestWrittenSetNeverForgetsAndSeldomGuesses(t *testing.T) {
 	require.False(t, newWrittenSet().mayHold("job-1"), "an empty set holds nothing")
 }
 
+// projectFirst projects recs with an engine of its own and stops it: rows
+// the next engine's set has not seen.
+func projectFirst(t *testing.T, r *rig, recs ...rec) {
+	t.Helper()
+	r.produce(recs...)
+	first := r.start(r.config())
+	r.caughtUp(30*time.Second, first)
+	first.halt(t)
+}
+
+// requireName puts a user's check on the jobs table: a state without
+// "name" is refused.
+func requireName(t *testing.T, r *rig) {
+	t.Helper()
+	_, err := r.store.Pool().Exec(context.Background(), `ALTER TABLE `+r.store.JobsTable()+` ADD CONSTRAINT has_name CHECK (state ? 'name')`)
+	require.NoError(t, err)
+}
+
+// startWithEmptySet runs the projection, reading on from its stored
+// positions, with a set that has seen nothing (as a rebuild's would if
+// anything else wrote its shadow), until the test ends; logs has its log.
+func startWithEmptySet(t *testing.T, r *rig) (run *running, logs *lockedBuffer) {
+	t.Helper()
+	logs = &lockedBuffer{}
+	p, err := New(r.config(func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(logs, testWriter{t}), &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}))
+	require.NoError(t, err)
+	p.written = newWrittenSet()
+	ctx, cancel := context.WithCancel(context.Background())
+	run = &running{p: p, stop: cancel, done: make(chan error, 1)}
+	go func() { run.done <- p.Run(ctx) }()
+	t.Cleanup(func() { run.halt(t) })
+	return run, logs
+}
+
 // TestWrittenSetWrongAnswerCostsARetryNotARow: an engine whose set says
 // "never written" for jobs the table does hold (as it would if anything
 // but the rebuild's own process wrote the shadow) still leaves exact rows.
@@ -63,23 +99,8 @@ func TestWrittenSetWrongAnswerCostsARetryNotARow(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, 1)
 	inc := `[{"op":"increment","path":"/n","by":1}]`
-	r.produce(rec{0, "ahead", snap("ahead", 1, `{"n":10}`)}, rec{0, "same", snap("same", 1, `{"n":20}`)})
-	first := r.start(r.config())
-	r.caughtUp(30*time.Second, first)
-	first.halt(t)
-
-	// The same projection again, reading on from its stored positions,
-	// with a set that has seen nothing.
-	logs := &lockedBuffer{}
-	p, err := New(r.config(func(c *Config) {
-		c.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(logs, testWriter{t}), &slog.HandlerOptions{Level: slog.LevelInfo}))
-	}))
-	require.NoError(t, err)
-	p.written = newWrittenSet()
-	ctx, cancel := context.WithCancel(context.Background())
-	run := &running{p: p, stop: cancel, done: make(chan error, 1)}
-	go func() { run.done <- p.Run(ctx) }()
-	t.Cleanup(func() { run.halt(t) })
+	projectFirst(t, r, rec{0, "ahead", snap("ahead", 1, `{"n":10}`)}, rec{0, "same", snap("same", 1, `{"n":20}`)})
+	run, logs := startWithEmptySet(t, r)
 	r.produce(
 		rec{0, "ahead", dlt("ahead", 2, inc)},
 		// Version 1 again, with ops: from an empty state it would make n 1.
@@ -115,23 +136,9 @@ func TestWrittenSetWrongGuessUnderACheckIsPlannedAgain(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	r := newRig(t, 1)
-	r.produce(rec{0, "checked", snap("checked", 1, `{"name":"a","n":20}`)})
-	first := r.start(r.config())
-	r.caughtUp(30*time.Second, first)
-	first.halt(t)
-	_, err := r.store.Pool().Exec(ctx, `ALTER TABLE `+r.store.JobsTable()+` ADD CONSTRAINT has_name CHECK (state ? 'name')`)
-	require.NoError(t, err)
-
-	logs := &lockedBuffer{}
-	p, err := New(r.config(func(c *Config) {
-		c.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(logs, testWriter{t}), &slog.HandlerOptions{Level: slog.LevelInfo}))
-	}))
-	require.NoError(t, err)
-	p.written = newWrittenSet()
-	rctx, cancel := context.WithCancel(ctx)
-	run := &running{p: p, stop: cancel, done: make(chan error, 1)}
-	go func() { run.done <- p.Run(rctx) }()
-	t.Cleanup(func() { run.halt(t) })
+	projectFirst(t, r, rec{0, "checked", snap("checked", 1, `{"name":"a","n":20}`)})
+	requireName(t, r)
+	run, logs := startWithEmptySet(t, r)
 	inc := `[{"op":"increment","path":"/n","by":1}]`
 	r.produce(rec{0, "checked", dlt("checked", 1, inc)})
 	r.caughtUp(30*time.Second, run)
@@ -139,7 +146,7 @@ func TestWrittenSetWrongGuessUnderACheckIsPlannedAgain(t *testing.T) {
 	bad, err := r.store.QuarantineIDs(ctx)
 	require.NoError(t, err)
 	require.Empty(t, bad, "a duplicate of the row's version was quarantined")
-	require.EqualValues(t, 1, p.Status().Counters.Duplicates)
+	require.EqualValues(t, 1, run.p.Status().Counters.Duplicates)
 
 	r.produce(rec{0, "checked", dlt("checked", 2, inc)})
 	r.caughtUp(30*time.Second, run)
@@ -194,18 +201,8 @@ func TestWrittenSetPlanningAgainStillQuarantinesABadRecord(t *testing.T) {
 	ctx := context.Background()
 	r := newRig(t, 1)
 	require.NoError(t, r.store.Migrate(ctx))
-	_, err := r.store.Pool().Exec(ctx, `ALTER TABLE `+r.store.JobsTable()+` ADD CONSTRAINT has_name CHECK (state ? 'name')`)
-	require.NoError(t, err)
-	logs := &lockedBuffer{}
-	p, err := New(r.config(func(c *Config) {
-		c.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(logs, testWriter{t}), &slog.HandlerOptions{Level: slog.LevelInfo}))
-	}))
-	require.NoError(t, err)
-	p.written = newWrittenSet()
-	rctx, cancel := context.WithCancel(ctx)
-	run := &running{p: p, stop: cancel, done: make(chan error, 1)}
-	go func() { run.done <- p.Run(rctx) }()
-	t.Cleanup(func() { run.halt(t) })
+	requireName(t, r)
+	run, logs := startWithEmptySet(t, r)
 	inc := `[{"op":"increment","path":"/n","by":1}]`
 	r.produce(
 		rec{0, "good", snap("good", 1, `{"name":"g","n":0}`)},
@@ -232,12 +229,8 @@ func TestWrittenSetNoSecondPlanOnceStopping(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	r := newRig(t, 1)
-	r.produce(rec{0, "checked", snap("checked", 1, `{"name":"a","n":20}`)})
-	first := r.start(r.config())
-	r.caughtUp(30*time.Second, first)
-	first.halt(t)
-	_, err := r.store.Pool().Exec(ctx, `ALTER TABLE `+r.store.JobsTable()+` ADD CONSTRAINT has_name CHECK (state ? 'name')`)
-	require.NoError(t, err)
+	projectFirst(t, r, rec{0, "checked", snap("checked", 1, `{"name":"a","n":20}`)})
+	requireName(t, r)
 
 	var applies atomic.Int32
 	rctx, cancel := context.WithCancel(ctx)
