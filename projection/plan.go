@@ -246,8 +246,13 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 			known[id] = gapfill.Job{ID: id} // neither row nor tombstone: version 0
 		}
 	}
+	var fresh map[string]bool
+	if len(absent) > 0 {
+		fresh = make(map[string]bool, len(absent))
+	}
 	for _, id := range absent {
 		known[id] = gapfill.Job{ID: id}
+		fresh[id] = true
 	}
 	if err := w.unspill(ctx, order, known); err != nil {
 		return nil, err
@@ -271,7 +276,7 @@ func (w *worker) plan(ctx context.Context, msgs []Record, res []gapfill.Resoluti
 			j = moved
 		}
 
-		p.advance(w, j, inputs[id], now)
+		p.advance(w, j, inputs[id], now, fresh[id])
 	}
 	p.attempts(res)
 	if w.written != nil {
@@ -352,7 +357,9 @@ func keptEventID(head snapshot.Head, snaps []event.Event, i int) string {
 }
 
 // advance runs a job's inputs through the gap detector's version rules.
-func (p *plan) advance(w *worker, j gapfill.Job, ins []gapfill.Input, now time.Time) {
+// A job planned as new without a read ([writtenSet]) is written as new
+// ([store.Write.New]): copied in, not inserted with a conflict check.
+func (p *plan) advance(w *worker, j gapfill.Job, ins []gapfill.Input, now time.Time, guessed bool) {
 	next, out := gapfill.Advance(j, ins)
 	p.tally.applied += int64(out.Applied)
 	p.tally.deleted += int64(out.Deleted)
@@ -372,6 +379,7 @@ func (p *plan) advance(w *worker, j gapfill.Job, ins []gapfill.Input, now time.T
 			JobID: j.ID, Version: next.Version, State: next.Raw, Deleted: next.Deleted,
 			Expect: j.Version, ExpectDeleted: j.Deleted, ExpectEventID: j.EventID,
 			Offset: out.LastOffset, EventID: out.LastEventID, LastOps: next.LastOps,
+			New: guessed && j.Version == 0 && !j.Deleted,
 		})
 	}
 	for _, h := range out.NewlyHeld {

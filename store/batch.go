@@ -2,14 +2,17 @@ package store
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"strings"
 	"unsafe"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/projector/projector/internal/buildhook/failpoint"
 )
@@ -109,6 +112,7 @@ type writeKind uint8
 const (
 	kindUpdate   writeKind = iota // a row at the expected version
 	kindInsert                    // no row and no tombstone
+	kindNew                       // no row and no tombstone, known so (Write.New)
 	kindRevive                    // a tombstone the write replaces by a row
 	kindDelRow                    // a delete of a row
 	kindDelNew                    // a delete of a job never written
@@ -126,6 +130,8 @@ func kindOf(w *Write) writeKind {
 		return kindDelRow
 	case w.ExpectDeleted:
 		return kindRevive
+	case w.Expect == 0 && w.New:
+		return kindNew
 	case w.Expect == 0:
 		return kindInsert
 	}
@@ -159,6 +165,14 @@ type Write struct {
 	// LastOps are the ops of the delta that made Version, for an update;
 	// nil when a snapshot did.
 	LastOps json.RawMessage
+	// New says, for an [Batch.Updates] write with Expect 0, that the
+	// writer knows the job has neither row nor tombstone (a rebuild into
+	// an empty table that keeps the set of jobs it wrote). Such writes
+	// are copied in (COPY), PostgreSQL's cheapest way to take rows,
+	// without the insert's conflict check. Knowing wrong costs a retry,
+	// not a row: a tombstone, or a row met by the copy, fails the batch
+	// with a *[StaleError] naming the jobs, and nothing of it is written.
+	New bool
 }
 
 // Bad is a record that broke the wire format.
@@ -530,7 +544,13 @@ func (s *Store) applyUpdates(ctx context.Context, tx pgx.Tx, b *Batch) error {
 		}
 	}
 	upd, ins, revive, delRow, delNew, redelete := byKind[kindUpdate], byKind[kindInsert], byKind[kindRevive], byKind[kindDelRow], byKind[kindDelNew], byKind[kindRedelete]
+	if err := s.copyNew(ctx, tx, b, byKind[kindNew]); err != nil {
+		return fmt.Errorf("store: apply %s/%d@%d: new jobs: %w", b.Topic, b.Partition, b.NextOffset, err)
+	}
 	applied := make(map[string]struct{}, len(b.Updates))
+	for _, w := range byKind[kindNew] {
+		applied[w.JobID] = struct{}{}
+	}
 	collect := func(rows pgx.Rows, err error) error {
 		if err != nil {
 			return err
@@ -634,6 +654,131 @@ func inChunks(ws []Write, write func([]Write) error) error {
 		ws = ws[n:]
 	}
 	return nil
+}
+
+// copyNewSQL is the COPY of [Store.copyNew] into table: updated_at takes its
+// default, now(), the transaction's time as the insert's now() is.
+func copyNewSQL(table string) string {
+	return `COPY ` + table + ` (job_id, version, state, source_topic, source_partition, source_offset, event_id, last_ops) FROM STDIN BINARY`
+}
+
+// copyNew writes jobs known to have neither row nor tombstone ([Write.New])
+// with COPY. The insert it replaces looked up each job in the tombstones and
+// in the table's key before writing it, planned a statement for its
+// arguments and confirmed each row in the WAL; COPY writes rows a page at a
+// time and meets the key only in the index, where a job that has a row
+// after all fails the copy. The tombstones are read first, in one
+// statement, for the same reason: a job known wrong fails the batch as
+// stale (the caller reads it and tries again); it never gets a row its
+// tombstone or its row would have refused.
+func (s *Store) copyNew(ctx context.Context, tx pgx.Tx, b *Batch, ws []Write) error {
+	if len(ws) == 0 {
+		return nil
+	}
+	ids := make([]string, len(ws))
+	for i := range ws {
+		ids[i] = ws[i].JobID
+	}
+	rows, err := s.query(ctx, tx, `SELECT job_id FROM `+s.tombstones+` WHERE projection = $1 AND job_id = ANY($2::text[])`, s.projection, ids)
+	if err != nil {
+		return err
+	}
+	deleted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	if len(deleted) > 0 {
+		return &StaleError{Jobs: deleted}
+	}
+	p := getParams()
+	defer putParams(p)
+	r := &newRows{ws: ws, topic: b.Topic, partition: int32(b.Partition), buf: p.buf[:0]}
+	tag, err := tx.Conn().PgConn().CopyFrom(ctx, r, copyNewSQL(s.jobs))
+	p.buf = r.buf[:0]
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "23505":
+		return &StaleError{Jobs: ids}
+	case err != nil:
+		return err
+	case tag.RowsAffected() != int64(len(ws)):
+		return fmt.Errorf("copied %d of %d new jobs", tag.RowsAffected(), len(ws))
+	}
+	return nil
+}
+
+// newRows is the stream [Store.copyNew] sends: ws in PostgreSQL's binary
+// COPY format (a header; each row its fields, each a length and its bytes,
+// -1 for NULL; a trailer), encoded a row at a time as the server reads it,
+// so a batch of new jobs takes a buffer of one read, not of the batch.
+type newRows struct {
+	ws        []Write
+	topic     string
+	partition int32
+	buf       []byte
+	off       int  // what of buf was read
+	next      int  // the row to encode next
+	started   bool // the header is out
+	done      bool // the trailer is out
+}
+
+// copyHeader starts a binary COPY: its signature, no flags, no extension.
+const copyHeader = "PGCOPY\n\xff\r\n\x00\x00\x00\x00\x00\x00\x00\x00\x00"
+
+func (r *newRows) Read(p []byte) (int, error) {
+	if r.off == len(r.buf) {
+		r.buf, r.off = r.buf[:0], 0
+	}
+	for len(r.buf)-r.off < len(p) && !r.done {
+		switch {
+		case !r.started:
+			r.buf, r.started = append(r.buf, copyHeader...), true
+		case r.next == len(r.ws):
+			r.buf, r.done = binary.BigEndian.AppendUint16(r.buf, 0xffff), true
+		default:
+			r.buf = r.appendRow(r.buf, &r.ws[r.next])
+			r.next++
+		}
+	}
+	n := copy(p, r.buf[r.off:])
+	r.off += n
+	if n == 0 && r.done {
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+// appendRow appends w's row: job_id, version, state, source_topic,
+// source_partition, source_offset, event_id, last_ops (copyNewSQL's order),
+// an empty event id or ops as NULL, as the insert writes them. jsonb's
+// binary form is its version, 1, and the JSON text.
+func (r *newRows) appendRow(buf []byte, w *Write) []byte {
+	be := binary.BigEndian
+	buf = be.AppendUint16(buf, 8)
+	buf = appendField(buf, w.JobID)
+	buf = be.AppendUint64(be.AppendUint32(buf, 8), uint64(w.Version))
+	buf = append(be.AppendUint32(buf, uint32(len(w.State)+1)), 1)
+	buf = append(buf, w.State...)
+	buf = appendField(buf, r.topic)
+	buf = be.AppendUint32(be.AppendUint32(buf, 4), uint32(r.partition))
+	buf = be.AppendUint64(be.AppendUint32(buf, 8), uint64(w.Offset))
+	if w.EventID == "" {
+		buf = be.AppendUint32(buf, math.MaxUint32) // -1: NULL
+	} else {
+		buf = appendField(buf, w.EventID)
+	}
+	if len(w.LastOps) == 0 {
+		buf = be.AppendUint32(buf, math.MaxUint32)
+	} else {
+		buf = append(be.AppendUint32(buf, uint32(len(w.LastOps)+1)), 1)
+		buf = append(buf, w.LastOps...)
+	}
+	return buf
+}
+
+// appendField appends a text field: its length and its bytes.
+func appendField(buf []byte, v string) []byte {
+	return append(binary.BigEndian.AppendUint32(buf, uint32(len(v))), v...)
 }
 
 // columns are ws's writes as the columns of an unnest. The states are the
