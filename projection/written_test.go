@@ -258,3 +258,43 @@ func TestWrittenSetNoSecondPlanOnceStopping(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, ids, "the batch was abandoned, not isolated")
 }
+
+// TestWrittenSetNewJobsAreCopiedIn: the jobs a set that has not seen them
+// calls new are written by a COPY, not by the insert, and the job it has
+// seen by an update. A trigger records which statement wrote each row.
+func TestWrittenSetNewJobsAreCopiedIn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := newRig(t, 1)
+	require.NoError(t, r.store.Migrate(ctx))
+	var schema string
+	require.NoError(t, r.store.Pool().QueryRow(ctx, `SELECT quote_ident(n.nspname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.oid = $1::regclass`, r.store.JobsTable()).Scan(&schema))
+	_, err := r.store.Pool().Exec(ctx, `CREATE TABLE `+schema+`.probe (job_id text, version bigint, stmt text);
+		CREATE FUNCTION `+schema+`.probe() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO `+schema+`.probe VALUES (NEW.job_id, NEW.version, split_part(ltrim(current_query()), ' ', 1));
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER probe BEFORE INSERT OR UPDATE ON `+r.store.JobsTable()+` FOR EACH ROW EXECUTE FUNCTION `+schema+`.probe()`)
+	require.NoError(t, err)
+	run, _ := startWithEmptySet(t, r)
+	inc := `[{"op":"increment","path":"/n","by":1}]`
+	r.produce(rec{0, "a", dlt("a", 1, inc)}, rec{0, "b", dlt("b", 1, inc)})
+	r.caughtUp(30*time.Second, run)
+	r.produce(rec{0, "a", dlt("a", 2, inc)})
+	r.caughtUp(30*time.Second, run)
+
+	rows, err := r.store.Pool().Query(ctx, `SELECT job_id || '@' || version || ' ' || upper(stmt) FROM `+schema+`.probe ORDER BY 1`)
+	require.NoError(t, err)
+	var got []string
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		got = append(got, s)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"a@1 COPY", "a@2 UPDATE", "b@1 COPY"}, got)
+	require.EqualValues(t, 2, r.rows()["a"].Version)
+	require.JSONEq(t, `{"n": 2}`, string(r.rows()["a"].State))
+}

@@ -172,6 +172,10 @@ type Write struct {
 	// without the insert's conflict check. Knowing wrong costs a retry,
 	// not a row: a tombstone, or a row met by the copy, fails the batch
 	// with a *[StaleError] naming the jobs, and nothing of it is written.
+	// Only for a table written through this package alone, with no rules
+	// or row-level security (COPY ignores the one and refuses the other):
+	// a rebuild's shadow, made by the migrations. COPY is not seen by a
+	// pool's query tracer.
 	New bool
 }
 
@@ -691,18 +695,28 @@ func (s *Store) copyNew(ctx context.Context, tx pgx.Tx, b *Batch, ws []Write) er
 		return &StaleError{Jobs: deleted}
 	}
 	p := getParams()
-	defer putParams(p)
 	r := &newRows{ws: ws, topic: b.Topic, partition: int32(b.Partition), buf: p.buf[:0]}
 	tag, err := tx.Conn().PgConn().CopyFrom(ctx, r, copyNewSQL(s.jobs))
-	p.buf = r.buf[:0]
 	var pgErr *pgconn.PgError
+	if err == nil || errors.As(err, &pgErr) {
+		// pgconn has waited for its reader: the buffer is free again.
+		// Where the connection broke or the context ended mid-copy it may
+		// not have, and the buffer is left to the collector.
+		p.buf = r.buf[:0]
+		putParams(p)
+	}
 	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "23505":
+	case pgErr != nil && pgErr.Code == "23505":
+		// Which job met a row only the server's detail says: every job
+		// of the copy is read again (the rest are in the caller's set
+		// already, so the retry copies none of them).
 		return &StaleError{Jobs: ids}
 	case err != nil:
 		return err
 	case tag.RowsAffected() != int64(len(ws)):
-		return fmt.Errorf("copied %d of %d new jobs", tag.RowsAffected(), len(ws))
+		// A trigger kept some rows out, as the insert would have
+		// reported by not returning them.
+		return &StaleError{Jobs: ids}
 	}
 	return nil
 }
@@ -710,7 +724,10 @@ func (s *Store) copyNew(ctx context.Context, tx pgx.Tx, b *Batch, ws []Write) er
 // newRows is the stream [Store.copyNew] sends: ws in PostgreSQL's binary
 // COPY format (a header; each row its fields, each a length and its bytes,
 // -1 for NULL; a trailer), encoded a row at a time as the server reads it,
-// so a batch of new jobs takes a buffer of one read, not of the batch.
+// so a batch of new jobs takes a buffer of about one read (pgconn reads 64
+// KiB at a time) and its largest row, not one of the batch. The column
+// types are the migrations' (store/migrations); the copy's tests write
+// through them.
 type newRows struct {
 	ws        []Write
 	topic     string
@@ -726,8 +743,10 @@ type newRows struct {
 const copyHeader = "PGCOPY\n\xff\r\n\x00\x00\x00\x00\x00\x00\x00\x00\x00"
 
 func (r *newRows) Read(p []byte) (int, error) {
-	if r.off == len(r.buf) {
-		r.buf, r.off = r.buf[:0], 0
+	if r.off > 0 {
+		// What the last read left of a row goes to the front, so the
+		// buffer holds one read's rows, not every row read so far.
+		r.buf, r.off = r.buf[:copy(r.buf, r.buf[r.off:])], 0
 	}
 	for len(r.buf)-r.off < len(p) && !r.done {
 		switch {
