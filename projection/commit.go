@@ -249,8 +249,8 @@ func (w *worker) commit(ctx context.Context, msgs []Record, res []gapfill.Resolu
 				// Jobs taken as new without a read were planned from
 				// nothing: should one have a row after all (written by
 				// anything but this rebuild), a check constraint may
-				// refuse the state planned for it before the insert's
-				// conflict could say so. Plan once more with their rows
+				// refuse the state planned for it before the copy's key
+				// could say so. Plan once more with their rows
 				// read before calling any record bad. The jobs the
 				// batch wrote are in the set already (plan); the others
 				// join it here all the same.

@@ -15,9 +15,10 @@ const writtenBits = 1 << 24
 // has not seen has no row and no tombstone in the shadow (this process is
 // its only writer while it holds [store.Store.LockRebuild], and adds a job
 // before its write can commit), so the plan takes it as new without reading
-// it: a rebuild from scratch read every job it met, and found none. Should
-// the shadow hold the job all the same, the batch's conditional write finds
-// it, the batch is stale, and the job is read again ([worker.reload]) and
+// it: a rebuild from scratch read every job it met, and found none; its
+// write copies it in ([store.Write.New]). Should the shadow hold the job all
+// the same, the copy meets its key (or the read before it its tombstone),
+// the batch is stale, and the job is read again ([worker.reload]) and
 // cached: a wrong answer costs a retry, never a wrong row (if a check
 // constraint refuses the state planned from nothing, [worker.commit] plans
 // the batch again with those rows read). Its memory is fixed, whatever the
